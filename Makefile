@@ -1,0 +1,40 @@
+# `make demo` and `make test` create .venv and install on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint unit integration bench-quick install clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch and torchvision pinned together (open_clip needs torchvision; an unpinned one drags in another torch)
+	$(BIN)/python -m pip install --quiet torch==2.14.1 torchvision==0.29.1
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/lethe demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest tests/unit -q
+
+integration: $(STAMP)
+	$(BIN)/python -m pytest tests/integration -q
+
+test: lint
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+bench-quick: $(STAMP)
+	$(BIN)/python bench/intake.py --quick
+
+clean:
+	rm -rf $(VENV) var

@@ -1,0 +1,151 @@
+"""`lethe`: serve, worker, dispatcher, migrate, keys, demo, submit, status."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="Lethe: unlearning as a service.", no_args_is_help=True)
+keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+
+
+def _logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@app.command()
+def migrate() -> None:
+    """Create or upgrade the database schema (Alembic)."""
+    from app.db import migrate as run_migrations
+
+    run_migrations()
+    typer.echo("database at the newest revision")
+
+
+@keys_app.command("create")
+def keys_create(
+    scope: Annotated[list[str], typer.Option("--scope", "-s", help="Repeat for several scopes.")],
+    name: Annotated[str, typer.Option(help="A label for the key.")] = "cli",
+) -> None:
+    """Create an API key and print it once (only its HMAC is stored)."""
+    from app.auth.service import create_key
+    from app.db import migrate as run_migrations
+    from app.db import session_scope
+
+    run_migrations()
+    try:
+        with session_scope() as session:
+            row, key = create_key(session, name, scope)
+            key_id = row.id
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    typer.echo(key)
+    typer.echo(f"(key id {key_id}; scopes {sorted(set(scope))}; it will not be shown again)", err=True)
+
+
+@app.command()
+def serve(host: str = "127.0.0.1", port: int = 8000, workers: int = 1, log_level: str = "warning") -> None:
+    """Run the API (uvicorn). On the embedded default it also runs the in-process executor."""
+    import uvicorn
+
+    from app.db import migrate as run_migrations
+
+    run_migrations()
+    uvicorn.run("app.asgi:app", host=host, port=port, workers=workers, log_level=log_level)
+
+
+@app.command()
+def worker(queues: str = "gpu,cpu", concurrency: int = 1, loglevel: str = "INFO") -> None:
+    """Run a Celery worker (one per GPU, prefetch 1)."""
+    from workers.celery_app import celery_app
+
+    celery_app.worker_main(
+        [
+            "worker",
+            "-Q",
+            queues,
+            "--concurrency",
+            str(concurrency),
+            "--loglevel",
+            loglevel,
+            "--prefetch-multiplier",
+            "1",
+            "-P",
+            "prefork" if concurrency > 1 else "solo",
+        ]
+    )
+
+
+@app.command()
+def dispatcher() -> None:
+    """Run the dispatcher and reconciler loop on its own (when the API runs with LETHE_RUN_DISPATCHER=false)."""
+    from app.jobs.dispatcher import Dispatcher, celery_sender
+
+    _logging()
+    Dispatcher(celery_sender()).run_forever()
+
+
+@app.command()
+def demo(keep: bool = typer.Option(False, help="Keep the demo's folder (var/demo) from the last run.")) -> None:
+    """Run the end-to-end demo on the embedded default (SQLite + in-process worker), with real data."""
+    from app.demo import run_demo
+
+    run_demo(keep=keep)
+
+
+def _client():
+    import httpx
+
+    base = os.environ.get("LETHE_URL", "http://127.0.0.1:8000")
+    key = os.environ.get("LETHE_API_KEY")
+    if not key:
+        raise typer.BadParameter("set LETHE_API_KEY (create one with `lethe keys create`)")
+    return httpx.Client(base_url=base, headers={"authorization": f"Bearer {key}"}, timeout=30)
+
+
+@app.command()
+def submit(
+    model_id: str,
+    sample_id: Annotated[list[str], typer.Option("--sample-id")],
+    subject: str,
+    method: str = "retrain",
+    wait: bool = True,
+) -> None:
+    """Submit a deletion request for some rows, and follow it to the end."""
+    with _client() as client:
+        response = client.post(
+            "/v1/deletion-requests",
+            json={
+                "subject_ref": subject,
+                "model_id": model_id,
+                "method": method,
+                "scope": {"kind": "samples", "sample_ids": sample_id},
+            },
+        )
+        typer.echo(json.dumps(response.json(), indent=2))
+        if response.status_code != 202 or not wait:
+            raise typer.Exit(0 if response.status_code == 202 else 1)
+        location = response.headers["location"]
+        while True:
+            body = client.get(location).json()
+            typer.echo(f"{body['status']:>10}  {body['progress']:.0%}  {body.get('message') or ''}")
+            if body["status"] in ("completed", "failed", "rejected"):
+                break
+            time.sleep(1)
+
+
+@app.command()
+def status(request_id: str) -> None:
+    """Show a deletion request."""
+    with _client() as client:
+        typer.echo(json.dumps(client.get(f"/v1/deletion-requests/{request_id}").json(), indent=2))
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,129 @@
+"""Hands due jobs from the outbox to workers, and runs the reconciler.
+
+Production: jobs go to Celery (Redis broker) on the queue their model kind needs ("gpu", "cpu"); any number of
+dispatchers may run (marking a job dispatched is a compare-and-set). Embedded default: the same loop hands them to an
+in-process executor thread, so the demo needs no server.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+from collections.abc import Callable
+
+from app.config import get_settings
+from app.db import session_scope
+from app.jobs.service import mark_dispatched, reconcile
+from app.jobs.tables import Job
+
+log = logging.getLogger("lethe.dispatcher")
+
+
+def worker_identity() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+
+
+def celery_sender() -> Callable[[Job], None]:
+    from workers.celery_app import celery_app  # imported here: the embedded default never loads Celery
+
+    def send(job: Job) -> None:
+        celery_app.send_task("workers.tasks.execute_job", args=[job.id], queue=job.queue)
+
+    return send
+
+
+class InProcessExecutor:
+    """One worker thread running jobs one at a time (the ML uses every core)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="lethe-executor", daemon=True)
+        self.idle = threading.Event()
+        self.idle.set()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def send(self, job: Job) -> None:
+        self.idle.clear()
+        self._queue.put(job.id)
+
+    def stop(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=30)
+
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+    def _run(self) -> None:
+        from app.jobs.pipeline import execute_job  # the ML stack loads in the executor thread only
+
+        while True:
+            job_id = self._queue.get()
+            if job_id is None:
+                return
+            try:
+                execute_job(job_id, worker_identity())
+            except Exception:  # the pipeline records failures itself; this keeps the thread alive
+                log.exception("job %s crashed the executor loop", job_id)
+            finally:
+                if self._queue.empty():
+                    self.idle.set()
+
+
+class Dispatcher:
+    def __init__(self, send: Callable[[Job], None]):
+        self.send = send
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def tick(self) -> int:
+        """One pass: reconcile, then dispatch due jobs. Sending happens after the commit (the outbox pattern)."""
+        with session_scope() as session:
+            counts = reconcile(session)
+            if counts["reoffered"] or counts["failed"]:
+                log.warning("reconciler: %s", counts)
+            jobs = mark_dispatched(session)
+        sent = 0
+        for job in jobs:
+            try:
+                self.send(job)
+                sent += 1
+            except Exception:
+                log.exception("could not send job %s; it will be re-offered after the dispatch timeout", job.id)
+        return sent
+
+    def run_forever(self) -> None:
+        interval = get_settings().poll_seconds
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:
+                log.exception("dispatcher tick failed; retrying")
+            self._stop.wait(interval)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run_forever, name="lethe-dispatcher", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=10)
+
+
+def start_background(settings=None) -> tuple[Dispatcher, InProcessExecutor | None]:
+    """Start the dispatcher loop (and, on the embedded default, the in-process executor)."""
+    settings = settings or get_settings()
+    executor = None
+    if settings.embedded_executor:
+        executor = InProcessExecutor()
+        executor.start()
+        dispatcher = Dispatcher(executor.send)
+    else:
+        dispatcher = Dispatcher(celery_sender())
+    dispatcher.start()
+    return dispatcher, executor

@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Index, Integer, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.db import Base, JSONType, UTCDateTime, new_id, utcnow
+
+JOB_STATUSES = ("pending", "dispatched", "running", "succeeded", "failed")
+
+
+class Job(Base):
+    """The outbox row and the lease: PostgreSQL is the source of truth, Celery only carries the id."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_status_available", "status", "available_at"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    kind: Mapped[str] = mapped_column(String(32))  # train_model | deletion | prepare_method
+    queue: Mapped[str] = mapped_column(String(16), default="cpu")
+    model_id: Mapped[str] = mapped_column(String(36), index=True)
+    request_id: Mapped[str | None] = mapped_column(String(36), nullable=True, index=True)
+    payload: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(Integer, default=3)
+    lease_owner: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    available_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    progress: Mapped[float] = mapped_column(default=0.0)
+    message: Mapped[str | None] = mapped_column(String(2000), nullable=True)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    error: Mapped[str | None] = mapped_column(String(4000), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

@@ -1,0 +1,108 @@
+"""create_app(): routers, problem+json handlers, body limits, and (optionally) the dispatcher in the lifespan."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from sqlalchemy import text
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from app.audit.router import router as audit_router
+from app.config import get_settings
+from app.db import get_engine
+from app.problems import Problem, install_problem_handlers, problem_response
+from app.registry.router import router as registry_router
+from app.requests.router import router as requests_router
+
+log = logging.getLogger("lethe")
+
+
+class BodyLimitMiddleware:
+    """Refuse oversized bodies with 413 before they are read: JSON bodies get a small limit, uploads a large one."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        settings = get_settings()
+        headers = dict(scope.get("headers") or [])
+        content_type = headers.get(b"content-type", b"").decode("latin-1").lower()
+        limit = settings.max_upload_bytes if content_type.startswith("multipart/") else settings.max_body_bytes
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await self._reject(scope, receive, send, limit)
+            return
+        received = 0
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise _TooLarge()
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except _TooLarge:
+            await self._reject(scope, receive, send, limit)
+
+    @staticmethod
+    async def _reject(scope, receive, send, limit: int) -> None:
+        from starlette.requests import Request
+
+        problem = Problem(
+            413, "payload-too-large", "Request body too large", f"The limit is {limit} bytes.", limit_bytes=limit
+        )
+        response = problem_response(problem, Request(scope).url.path)
+        await response(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def create_app(run_background: bool | None = None) -> FastAPI:
+    settings = get_settings()
+    background = settings.run_dispatcher if run_background is None else run_background
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        handles = None
+        if background:
+            from app.jobs.dispatcher import start_background
+
+            handles = start_background(settings)
+            app.state.executor = handles[1]
+        yield
+        if handles:
+            dispatcher, executor = handles
+            dispatcher.stop()
+            if executor:
+                executor.stop()
+
+    app = FastAPI(
+        title="Lethe",
+        version="0.1.0",
+        description="Unlearning as a service: deletion requests, unlearning jobs, audit log.",
+        lifespan=lifespan,
+    )
+    install_problem_handlers(app)
+    app.add_middleware(BodyLimitMiddleware)
+    app.include_router(registry_router)
+    app.include_router(requests_router)
+    app.include_router(audit_router)
+
+    @app.get("/healthz", tags=["health"])
+    def healthz():
+        with get_engine().connect() as connection:
+            connection.execute(text("SELECT 1"))
+        return {"status": "ok", "executor": "in-process" if settings.embedded_executor else "celery"}
+
+    return app

@@ -1,0 +1,181 @@
+"""The unlearning-method contract and registry.
+
+A method is registered once with ``register_method(name, config_cls, method_cls, model_kinds=..., scopes=...)``
+(the pattern of peft's tuner registry); the worker looks it up by name and never needs editing when a method is
+added. Everything here is pure: arrays and tensors in, arrays and tensors out, method state as opaque bytes that the
+worker stores in the artifact store.
+
+``config_cls`` and ``method_cls`` may be given as ``"module:attribute"`` strings, resolved on first use, so that a
+method package's ``__init__`` registers without importing torch: the API validates method names, model kinds and
+scopes against this registry without loading any ML code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # the API process reads the registry and must not load torch (it hands work to jobs)
+    import numpy as np
+    import torch
+
+ProgressFn = Callable[[float, str], None]
+"""progress(fraction in [0, 1], message) — the worker writes it to the job row."""
+
+
+def no_progress(fraction: float, message: str) -> None:  # noqa: ARG001 - the default sink
+    """Progress sink for callers that do not report progress."""
+
+
+@dataclass
+class TabularProblem:
+    """One tabular deletion (or, with an all-False ``forget_mask``, one preparation run).
+
+    ``X``/``y`` hold every row of the registered data set in registry order; the masks say which rows the new
+    version may learn from (``retain_mask``: neither tombstoned earlier nor deleted now) and which rows this request
+    deletes (``forget_mask``). ``tombstone_mask`` marks rows deleted by earlier requests.
+    """
+
+    recipe: Any  # app.ml.tabular.TabularRecipe
+    X: np.ndarray
+    y: np.ndarray
+    n_classes: int
+    theta: torch.Tensor
+    retain_mask: np.ndarray
+    forget_mask: np.ndarray
+    tombstone_mask: np.ndarray
+    artifacts: Mapping[str, bytes] = field(default_factory=dict)
+    progress: ProgressFn = no_progress
+
+
+@dataclass
+class UnlearningResult:
+    """The unlearned parameters, JSON-serialisable facts for the report/certificate, and updated method state."""
+
+    theta: torch.Tensor
+    info: dict[str, Any] = field(default_factory=dict)
+    artifacts: dict[str, bytes] = field(default_factory=dict)
+
+
+@runtime_checkable
+class UnlearningMethod(Protocol):
+    """What every method implements; a method with a one-off cost (L2UL meta-training) also has ``prepare``."""
+
+    def unlearn(self, problem: Any) -> UnlearningResult: ...
+
+
+def _resolve(ref: type | str) -> type:
+    if not isinstance(ref, str):
+        return ref
+    module, _, attribute = ref.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    config_ref: type | str
+    method_ref: type | str
+    model_kinds: frozenset[str]
+    scopes: frozenset[str]
+    needs_preparation: bool = False
+
+    @property
+    def config_cls(self) -> type:
+        return _resolve(self.config_ref)
+
+    @property
+    def method_cls(self) -> type:
+        return _resolve(self.method_ref)
+
+    def make_config(self, settings: Mapping[str, Any] | None = None) -> Any:
+        return make_config(self.config_cls, settings or {})
+
+    def build(self, settings: Mapping[str, Any] | None = None) -> UnlearningMethod:
+        """Validate ``settings`` against the config dataclass and instantiate the method."""
+        return self.method_cls(self.make_config(settings))
+
+
+class UnknownMethodError(KeyError):
+    pass
+
+
+class InvalidMethodSettingsError(ValueError):
+    pass
+
+
+_REGISTRY: dict[str, MethodSpec] = {}
+
+
+def register_method(
+    name: str,
+    config_cls: type | str,
+    method_cls: type | str,
+    *,
+    model_kinds: set[str] | frozenset[str],
+    scopes: set[str] | frozenset[str],
+    needs_preparation: bool = False,
+) -> MethodSpec:
+    """Register a method under ``name``. Registering the same name twice with another class is a bug."""
+    spec = MethodSpec(name, config_cls, method_cls, frozenset(model_kinds), frozenset(scopes), needs_preparation)
+    existing = _REGISTRY.get(name)
+    if existing is not None and existing.method_ref != method_cls:
+        raise ValueError(f"method {name!r} is already registered by {existing.method_ref!r}")
+    _REGISTRY[name] = spec
+    return spec
+
+
+def get_method(name: str) -> MethodSpec:
+    _load_builtin_methods()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownMethodError(name) from None
+
+
+def available_methods(model_kind: str | None = None, scope: str | None = None) -> list[MethodSpec]:
+    _load_builtin_methods()
+    return [
+        spec
+        for spec in _REGISTRY.values()
+        if (model_kind is None or model_kind in spec.model_kinds) and (scope is None or scope in spec.scopes)
+    ]
+
+
+def make_config(config_cls: type, settings: Mapping[str, Any]) -> Any:
+    """Build a config dataclass from a JSON mapping, refusing unknown keys (a typo must not silently fall back)."""
+    if not dataclasses.is_dataclass(config_cls):
+        return config_cls(**settings)
+    known = {f.name for f in dataclasses.fields(config_cls)}
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise InvalidMethodSettingsError(f"unknown settings {unknown}; known: {sorted(known)}")
+    try:
+        return config_cls(**settings)
+    except (TypeError, ValueError) as exc:
+        raise InvalidMethodSettingsError(str(exc)) from exc
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(vars(config))
+
+
+_BUILTIN_MODULES = (
+    "app.ml.unlearning.retrain",
+    "app.ml.unlearning.l2ul",
+    "app.ml.unlearning.baselines",
+    "app.ml.unlearning.ease",
+)
+
+
+def _load_builtin_methods() -> None:
+    """Import the built-in method modules so that their ``register_method`` calls run (missing ones are skipped)."""
+    for module in _BUILTIN_MODULES:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not module.startswith(exc.name):
+                raise

@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MODEL_KINDS = ("tabular", "clip_federated")
+SCOPES_BY_KIND = {"tabular": ("samples", "class"), "clip_federated": ("client", "class", "samples")}
+
+
+class TabularRecipeIn(BaseModel):
+    """The training recipe (validated again by app.ml.tabular.TabularRecipe in the job)."""
+
+    model_config = ConfigDict(extra="forbid")
+    hidden_units: int = Field(10, ge=1, le=4096)
+    l2: float = Field(1e-4, ge=0)
+    max_iter: int = Field(500, ge=1, le=100_000)
+    tol: float = Field(1e-9, gt=0)
+    seed: int = 0
+    solver: Literal["auto", "newton", "lbfgs"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+class DatasetRef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str | None = Field(None, description="A CSV/Parquet file the service can read (under an allowed root).")
+    format: Literal["csv", "parquet"] | None = None
+    row_id_column: str = Field(..., min_length=1, max_length=200)
+    label_column: str = Field(..., min_length=1, max_length=200)
+
+
+class ModelCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(..., min_length=1, max_length=200)
+    kind: Literal["tabular"] = "tabular"
+    family: Literal["logistic_regression", "mlp"] = "logistic_regression"
+    dataset: DatasetRef
+    recipe: TabularRecipeIn = Field(default_factory=TabularRecipeIn)
+    unlearning: list[str] = Field(default_factory=list, description="Methods to prepare at registration (e.g. l2ul).")
+    method_settings: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    holdout_fraction: float = Field(0.2, ge=0.0, lt=0.9, description="Rows kept out of training, for test accuracy.")
+
+
+class VersionOut(BaseModel):
+    id: str
+    number: int
+    parent_id: str | None
+    digest: str
+    method: str
+    request_id: str | None
+    metrics: dict[str, Any]
+    created_at: datetime
+
+
+class ModelOut(BaseModel):
+    id: str
+    name: str
+    kind: str
+    status: str
+    family: str | None
+    dataset_id: str | None
+    current_version: VersionOut | None
+    unlearning: dict[str, Any]
+    error: str | None
+    created_at: datetime
+    links: dict[str, str]

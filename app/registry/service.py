@@ -1,0 +1,201 @@
+"""Model registry: register a tabular model (data set stored content-addressed, version 1 trained by a job)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.audit.service import append_event
+from app.auth.service import Principal
+from app.config import get_settings
+from app.jobs.service import new_job
+from app.ml.unlearning.base import UnknownMethodError, get_method
+from app.problems import Problem
+from app.registry.schemas import ModelCreate, ModelOut, VersionOut
+from app.registry.tables import Dataset, Model, ModelVersion
+from app.storage import get_store
+
+
+def read_columns(data: bytes, fmt: str) -> list[str]:
+    """The header only: the API checks columns without parsing the table (the job does that)."""
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return list(pq.read_schema(io.BytesIO(data)).names)
+        except Exception as exc:  # pyarrow raises several types for a broken file
+            raise Problem(422, "invalid-dataset", "The Parquet file cannot be read", str(exc)) from None
+    try:
+        first = data.split(b"\n", 1)[0].decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise Problem(422, "invalid-dataset", "The CSV file is not UTF-8") from None
+    header = next(csv.reader([first], skipinitialspace=True), [])
+    if not header:
+        raise Problem(422, "invalid-dataset", "The CSV file has no header row")
+    return [h.strip() for h in header]
+
+
+def detect_format(name: str | None, declared: str | None, data: bytes) -> str:
+    if declared:
+        return declared
+    if data[:4] == b"PAR1" or (name or "").lower().endswith((".parquet", ".pq")):
+        return "parquet"
+    return "csv"
+
+
+def read_allowed_path(path: str) -> bytes:
+    settings = get_settings()
+    resolved = Path(path).expanduser().resolve()
+    roots = [Path(r).expanduser().resolve() for r in settings.data_roots]
+    if not any(resolved.is_relative_to(root) for root in roots):
+        raise Problem(
+            422,
+            "dataset-path-not-allowed",
+            "The data set path is outside the allowed roots",
+            f"Allowed roots: {[str(r) for r in roots]} (LETHE_DATA_ROOTS).",
+        )
+    if not resolved.is_file():
+        raise Problem(422, "dataset-not-found", "The data set path is not a readable file", str(path))
+    if resolved.stat().st_size > settings.max_upload_bytes:
+        raise Problem(
+            413,
+            "payload-too-large",
+            "The data set is larger than the limit",
+            f"limit {settings.max_upload_bytes} bytes",
+        )
+    return resolved.read_bytes()
+
+
+def register_model(
+    session: Session, principal: Principal, body: ModelCreate, data: bytes, filename: str | None
+) -> Model:
+    fmt = detect_format(filename, body.dataset.format, data)
+    columns = read_columns(data, fmt)
+    for role, column in (("row-id", body.dataset.row_id_column), ("label", body.dataset.label_column)):
+        if column not in columns:
+            raise Problem(
+                422,
+                "unknown-column",
+                f"The {role} column is not in the data set",
+                f"{column!r} is not one of {columns}",
+                column=column,
+                columns=columns,
+            )
+    for name in body.unlearning:
+        try:
+            spec = get_method(name)
+        except UnknownMethodError:
+            raise Problem(422, "unknown-method", "Unknown unlearning method", name) from None
+        if body.kind not in spec.model_kinds:
+            raise Problem(
+                422,
+                "method-not-supported",
+                "The method does not support this model kind",
+                f"{name} supports {sorted(spec.model_kinds)}",
+            )
+    digest = get_store().put_bytes(data)
+    dataset = Dataset(
+        name=filename or body.dataset.path or body.name,
+        format=fmt,
+        digest=digest,
+        row_id_column=body.dataset.row_id_column,
+        label_column=body.dataset.label_column,
+        columns=columns,
+    )
+    session.add(dataset)
+    session.flush()
+    spec: dict[str, Any] = {
+        "family": body.family,
+        "recipe": {"family": body.family, **body.recipe.model_dump()},
+        "unlearning": list(dict.fromkeys(body.unlearning)),
+        "method_settings": body.method_settings,
+        "holdout_fraction": body.holdout_fraction,
+    }
+    model = Model(name=body.name, kind=body.kind, dataset_id=dataset.id, spec=spec, state={})
+    session.add(model)
+    session.flush()
+    job = new_job(session, kind="train_model", model_id=model.id, model_kind=model.kind)
+    append_event(
+        session,
+        actor=principal.actor,
+        action="model.registered",
+        entity_type="model",
+        entity_id=model.id,
+        payload={
+            "name": body.name,
+            "kind": body.kind,
+            "dataset_digest": digest,
+            "job_id": job.id,
+            "family": body.family,
+            "unlearning": spec["unlearning"],
+        },
+    )
+    return model
+
+
+def spool_upload(stream, limit: int) -> bytes:
+    """Read an upload with a hard size cap (413 past it)."""
+    buffer = io.BytesIO()
+    while chunk := stream.read(1 << 20):
+        buffer.write(chunk)
+        if buffer.tell() > limit:
+            raise Problem(413, "payload-too-large", "The upload is larger than the limit", f"limit {limit} bytes")
+    return buffer.getvalue()
+
+
+def version_out(version: ModelVersion | None) -> VersionOut | None:
+    if version is None:
+        return None
+    return VersionOut(
+        id=version.id,
+        number=version.number,
+        parent_id=version.parent_id,
+        digest=version.digest,
+        method=version.method,
+        request_id=version.request_id,
+        metrics=version.metrics,
+        created_at=version.created_at,
+    )
+
+
+def model_out(session: Session, model: Model) -> ModelOut:
+    current = session.get(ModelVersion, model.current_version_id) if model.current_version_id else None
+    methods = {
+        name: {"status": entry.get("status"), "info": entry.get("info", {})}
+        for name, entry in model.state.get("methods", {}).items()
+    }
+    for name in model.spec.get("unlearning", []):
+        methods.setdefault(name, {"status": "preparing" if model.status != "failed" else "failed"})
+    return ModelOut(
+        id=model.id,
+        name=model.name,
+        kind=model.kind,
+        status=model.status,
+        family=model.spec.get("family"),
+        dataset_id=model.dataset_id,
+        current_version=version_out(current),
+        unlearning=methods,
+        error=model.error,
+        created_at=model.created_at,
+        links={"self": f"/v1/models/{model.id}", "versions": f"/v1/models/{model.id}/versions"},
+    )
+
+
+def get_model_or_404(session: Session, model_id: str) -> Model:
+    model = session.get(Model, model_id)
+    if model is None:
+        raise Problem(404, "model-not-found", "No such model", model_id)
+    return model
+
+
+def list_versions(session: Session, model_id: str) -> list[ModelVersion]:
+    return list(
+        session.execute(
+            select(ModelVersion).where(ModelVersion.model_id == model_id).order_by(ModelVersion.number)
+        ).scalars()
+    )

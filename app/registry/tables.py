@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.db import Base, JSONType, UTCDateTime, new_id, utcnow
+
+
+class Dataset(Base):
+    """A training table the service holds (content-addressed in the artifact store)."""
+
+    __tablename__ = "datasets"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(200))
+    format: Mapped[str] = mapped_column(String(16))
+    digest: Mapped[str] = mapped_column(String(64))
+    row_id_column: Mapped[str] = mapped_column(String(200))
+    label_column: Mapped[str] = mapped_column(String(200))
+    columns: Mapped[list[str]] = mapped_column(JSONType)
+    n_rows: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class DatasetRow(Base):
+    """One row's id, label and position in the table; ``deleted_by`` makes it a tombstone (never trained on again)."""
+
+    __tablename__ = "dataset_rows"
+    __table_args__ = (
+        UniqueConstraint("dataset_id", "row_id", name="uq_dataset_rows_dataset_row"),
+        Index("ix_dataset_rows_dataset_label", "dataset_id", "label"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"))
+    row_id: Mapped[str] = mapped_column(String(200))
+    position: Mapped[int] = mapped_column(Integer)
+    label: Mapped[str] = mapped_column(String(200))
+    deleted_by: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class Model(Base):
+    __tablename__ = "models"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(32))  # "tabular" | "clip_federated"
+    status: Mapped[str] = mapped_column(String(16), default="registering")  # registering | ready | failed
+    dataset_id: Mapped[str | None] = mapped_column(ForeignKey("datasets.id"), nullable=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSONType)  # family, recipe, label column, unlearning methods
+    state: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)  # encoder, classes, method artifacts
+    current_version_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    error: Mapped[str | None] = mapped_column(String(4000), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+
+
+class ModelVersion(Base):
+    """An immutable model version: safetensors content-addressed by sha256, with its parent (the lineage)."""
+
+    __tablename__ = "model_versions"
+    __table_args__ = (UniqueConstraint("model_id", "number", name="uq_model_versions_model_number"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    model_id: Mapped[str] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    parent_id: Mapped[str | None] = mapped_column(ForeignKey("model_versions.id"), nullable=True)
+    digest: Mapped[str] = mapped_column(String(64))
+    method: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[str] = mapped_column(String(36), unique=True)  # one version per job, whatever the retries
+    request_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy.orm import Session
+
+from app.auth.service import Principal, require_scope
+from app.config import get_settings
+from app.db import get_session
+from app.problems import Problem
+from app.requests import service
+from app.requests.schemas import DeletionRequestCreate, DeletionRequestOut, DeletionRequestPage
+from app.requests.tables import REQUEST_STATUSES
+
+router = APIRouter(prefix="/v1/deletion-requests", tags=["deletion requests"])
+
+
+def require_json(request: Request) -> None:
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type != "application/json":
+        raise Problem(415, "unsupported-media-type", "Unsupported media type", "Send application/json.")
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=DeletionRequestOut,
+    dependencies=[Depends(require_json)],
+    responses={202: {"description": "Accepted; poll the Location for progress."}},
+)
+def create_deletion_request(
+    body: DeletionRequestCreate,
+    principal: Principal = Depends(require_scope("requests:write")),
+    session: Session = Depends(get_session),
+    idempotency_key: str | None = Header(None, alias="Idempotency-Key", max_length=200),
+):
+    request, _created = service.create_request(session, principal, body, idempotency_key)
+    return JSONResponse(
+        service.to_out(request).model_dump(mode="json"),
+        status_code=202,
+        headers={
+            "Location": f"/v1/deletion-requests/{request.id}",
+            "Retry-After": str(get_settings().retry_after_seconds),
+        },
+    )
+
+
+@router.get("/{request_id}", response_model=DeletionRequestOut)
+def get_deletion_request(
+    request_id: str, _: Principal = Depends(require_scope("requests:read")), session: Session = Depends(get_session)
+):
+    return service.to_out(service.get_request_or_404(session, request_id))
+
+
+@router.get("", response_model=DeletionRequestPage)
+def list_deletion_requests(
+    _: Principal = Depends(require_scope("requests:read")),
+    session: Session = Depends(get_session),
+    status: Literal[REQUEST_STATUSES] | None = Query(None),  # type: ignore[valid-type]
+    model_id: str | None = Query(None),
+    limit: int = Query(50, ge=1, le=500),
+    cursor: str | None = Query(None),
+):
+    rows, next_cursor = service.list_requests(session, status, model_id, limit, cursor)
+    return DeletionRequestPage(items=[service.to_out(r) for r in rows], next_cursor=next_cursor)

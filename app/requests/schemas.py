@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, field_validator
+
+SampleId = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class SamplesScope(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["samples"]
+    sample_ids: list[SampleId] = Field(..., min_length=1)
+    client_id: str | None = Field(None, description="Federated models: the client holding the samples.")
+
+    @field_validator("sample_ids", mode="before")
+    @classmethod
+    def _ids_as_strings(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
+        return value
+
+
+class ClassScope(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["class"]
+    label: str = Field(..., min_length=1, max_length=200)
+
+    @field_validator("label", mode="before")
+    @classmethod
+    def _label_as_string(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
+class ClientScope(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["client"]
+    client_id: str = Field(..., min_length=1, max_length=200)
+
+
+Scope = Annotated[SamplesScope | ClassScope | ClientScope, Field(discriminator="kind")]
+
+
+class DeletionRequestCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    subject_ref: str = Field(..., min_length=1, max_length=500, description="Stored only as a keyed hash.")
+    model_id: str = Field(..., min_length=1, max_length=64)
+    scope: Scope
+    method: str = Field("retrain", min_length=1, max_length=64, description="retrain | l2ul | ease | auto | ...")
+    method_settings: dict[str, Any] = Field(default_factory=dict)
+    callback_url: AnyHttpUrl | None = None
+
+
+class DeletionRequestOut(BaseModel):
+    id: str
+    model_id: str
+    subject_hash: str
+    scope: dict[str, Any]
+    method: str
+    status: str
+    progress: float
+    message: str | None
+    attempts: int
+    error: dict[str, Any] | None
+    result_version_id: str | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    completed_at: datetime | None
+    links: dict[str, str]
+
+
+class DeletionRequestPage(BaseModel):
+    items: list[DeletionRequestOut]
+    next_cursor: str | None

@@ -1,0 +1,278 @@
+"""Deletion-request intake: validate against the registry, then ONE transaction writes the request, its job (the
+outbox) and the audit event. Idempotency-Key: the same key and body answers the same request; another body is 422."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from datetime import datetime
+
+from sqlalchemy import and_, or_, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.audit.service import append_event, hash_subject
+from app.auth.service import Principal
+from app.config import get_settings
+from app.jobs.service import new_job
+from app.ml.unlearning.base import UnknownMethodError, get_method
+from app.problems import Problem
+from app.registry.schemas import SCOPES_BY_KIND
+from app.registry.tables import DatasetRow, Model
+from app.requests.schemas import DeletionRequestCreate, DeletionRequestOut
+from app.requests.tables import DeletionRequest
+
+META_METHODS = {"auto"}
+
+
+def body_fingerprint(body: DeletionRequestCreate) -> str:
+    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def to_out(request: DeletionRequest) -> DeletionRequestOut:
+    return DeletionRequestOut(
+        id=request.id,
+        model_id=request.model_id,
+        subject_hash=request.subject_hash,
+        scope=request.scope,
+        method=request.method,
+        status=request.status,
+        progress=request.progress,
+        message=request.message,
+        attempts=request.attempts,
+        error=request.error,
+        result_version_id=request.result_version_id,
+        created_at=request.created_at,
+        updated_at=request.updated_at,
+        started_at=request.started_at,
+        completed_at=request.completed_at,
+        links={"self": f"/v1/deletion-requests/{request.id}", "model": f"/v1/models/{request.model_id}"},
+    )
+
+
+def _find_idempotent(session: Session, principal: Principal, key: str) -> DeletionRequest | None:
+    return session.execute(
+        select(DeletionRequest).where(
+            DeletionRequest.api_key_id == principal.key_id, DeletionRequest.idempotency_key == key
+        )
+    ).scalar_one_or_none()
+
+
+def _replay(existing: DeletionRequest, fingerprint: str) -> DeletionRequest:
+    if existing.body_hash != fingerprint:
+        raise Problem(
+            422,
+            "idempotency-key-reused",
+            "The Idempotency-Key was used with another body",
+            "Use a new key for a new request.",
+            request_id=existing.id,
+        )
+    return existing
+
+
+def validate_against_registry(session: Session, body: DeletionRequestCreate) -> Model:
+    model = session.get(Model, body.model_id)
+    if model is None:
+        raise Problem(404, "model-not-found", "No such model", body.model_id, model_id=body.model_id)
+    if model.status != "ready":
+        raise Problem(
+            409,
+            "model-not-ready",
+            "The model is not ready for deletions",
+            f"status is {model.status!r}",
+            model_status=model.status,
+        )
+    scope_kind = body.scope.kind
+    if scope_kind not in SCOPES_BY_KIND.get(model.kind, ()):
+        raise Problem(
+            422,
+            "scope-not-supported",
+            "This model kind cannot take that scope",
+            f"a {model.kind} model takes {list(SCOPES_BY_KIND.get(model.kind, ()))}, not {scope_kind!r}",
+        )
+    if body.method not in META_METHODS:
+        try:
+            spec = get_method(body.method)
+        except UnknownMethodError:
+            raise Problem(422, "unknown-method", "Unknown unlearning method", body.method) from None
+        if model.kind not in spec.model_kinds or scope_kind not in spec.scopes:
+            raise Problem(
+                422,
+                "method-not-supported",
+                "The method cannot do this deletion",
+                f"{body.method} supports kinds {sorted(spec.model_kinds)} and scopes {sorted(spec.scopes)}",
+            )
+        if spec.needs_preparation and model.state.get("methods", {}).get(body.method, {}).get("status") != "ready":
+            raise Problem(
+                409,
+                "method-not-prepared",
+                "The method is not prepared for this model",
+                f'register the model with "unlearning": ["{body.method}"] and wait for it to be ready, '
+                'or use method "auto"',
+            )
+    if model.kind == "tabular":
+        _validate_rows(session, model, body)
+    return model
+
+
+def _validate_rows(session: Session, model: Model, body: DeletionRequestCreate) -> None:
+    scope = body.scope
+    if scope.kind == "samples":
+        ids = list(dict.fromkeys(scope.sample_ids))
+        if len(ids) > get_settings().max_sample_ids:
+            raise Problem(
+                422,
+                "too-many-sample-ids",
+                "Too many sample ids in one request",
+                f"at most {get_settings().max_sample_ids}",
+            )
+        found: dict[str, str | None] = {}
+        for start in range(0, len(ids), 5000):
+            chunk = ids[start : start + 5000]
+            found.update(
+                session.execute(
+                    select(DatasetRow.row_id, DatasetRow.deleted_by).where(
+                        DatasetRow.dataset_id == model.dataset_id, DatasetRow.row_id.in_(chunk)
+                    )
+                ).all()
+            )
+        unknown = [i for i in ids if i not in found]
+        if unknown:
+            raise Problem(
+                422,
+                "unknown-sample-ids",
+                "Some sample ids do not exist in the model's data set",
+                f"{len(unknown)} of {len(ids)} ids are unknown",
+                unknown_sample_ids=unknown[:1000],
+            )
+        deleted = [i for i in ids if found[i] is not None]
+        if deleted:
+            raise Problem(
+                409,
+                "already-deleted",
+                "Some samples were already deleted",
+                f"{len(deleted)} ids are tombstones",
+                deleted_sample_ids=deleted[:1000],
+            )
+    elif scope.kind == "class":
+        hit = session.execute(
+            select(DatasetRow.id)
+            .where(
+                DatasetRow.dataset_id == model.dataset_id,
+                DatasetRow.label == scope.label,
+                DatasetRow.deleted_by.is_(None),
+            )
+            .limit(1)
+        ).first()
+        if hit is None:
+            raise Problem(
+                422,
+                "unknown-label",
+                "No remaining rows carry that label",
+                f"known classes: {model.state.get('classes', [])}",
+            )
+
+
+def create_request(
+    session: Session, principal: Principal, body: DeletionRequestCreate, idempotency_key: str | None
+) -> tuple[DeletionRequest, bool]:
+    """Returns (request, created). Commits."""
+    fingerprint = body_fingerprint(body)
+    if idempotency_key:
+        existing = _find_idempotent(session, principal, idempotency_key)
+        if existing is not None:
+            return _replay(existing, fingerprint), False
+    model = validate_against_registry(session, body)
+    request = DeletionRequest(
+        model_id=model.id,
+        subject_hash=hash_subject(get_settings().secret(), body.subject_ref),
+        scope=body.scope.model_dump(exclude_none=True),
+        method=body.method,
+        method_settings=body.method_settings,
+        callback_url=str(body.callback_url) if body.callback_url else None,
+        api_key_id=principal.key_id,
+        idempotency_key=idempotency_key,
+        body_hash=fingerprint,
+        status="received",
+    )
+    try:
+        session.add(request)
+        session.flush()  # a concurrent twin with the same Idempotency-Key fails here, before the audit append
+        job = new_job(session, kind="deletion", model_id=model.id, model_kind=model.kind, request_id=request.id)
+        request.job_id = job.id
+        scope_summary = {k: v for k, v in request.scope.items() if k != "sample_ids"}
+        if "sample_ids" in request.scope:
+            scope_summary["n_samples"] = len(request.scope["sample_ids"])
+        append_event(
+            session,
+            actor=principal.actor,
+            action="deletion_request.received",
+            entity_type="deletion_request",
+            entity_id=request.id,
+            payload={
+                "model_id": model.id,
+                "subject_hash": request.subject_hash,
+                "scope": scope_summary,
+                "method": body.method,
+                "job_id": job.id,
+            },
+        )
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        if not idempotency_key:
+            raise
+        existing = _find_idempotent(session, principal, idempotency_key)
+        if existing is None:
+            raise
+        return _replay(existing, fingerprint), False
+    return request, True
+
+
+def get_request_or_404(session: Session, request_id: str) -> DeletionRequest:
+    request = session.get(DeletionRequest, request_id)
+    if request is None:
+        raise Problem(404, "request-not-found", "No such deletion request", request_id)
+    return request
+
+
+def encode_cursor(created_at: datetime, request_id: str) -> str:
+    return base64.urlsafe_b64encode(json.dumps([created_at.isoformat(), request_id]).encode()).decode()
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        created, request_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        return datetime.fromisoformat(created), str(request_id)
+    except (ValueError, TypeError, json.JSONDecodeError):
+        raise Problem(
+            400, "invalid-cursor", "The cursor is not valid", "Use `next_cursor` from a previous page."
+        ) from None
+
+
+def list_requests(
+    session: Session, status: str | None, model_id: str | None, limit: int, cursor: str | None
+) -> tuple[list[DeletionRequest], str | None]:
+    """Newest first, keyset-paged on (created_at, id) so pages stay stable while requests arrive."""
+    query = select(DeletionRequest)
+    if status:
+        query = query.where(DeletionRequest.status == status)
+    if model_id:
+        query = query.where(DeletionRequest.model_id == model_id)
+    if cursor:
+        created, request_id = decode_cursor(cursor)
+        query = query.where(
+            or_(
+                DeletionRequest.created_at < created,
+                and_(DeletionRequest.created_at == created, DeletionRequest.id < request_id),
+            )
+        )
+    rows = list(
+        session.execute(
+            query.order_by(DeletionRequest.created_at.desc(), DeletionRequest.id.desc()).limit(limit + 1)
+        ).scalars()
+    )
+    next_cursor = encode_cursor(rows[limit - 1].created_at, rows[limit - 1].id) if len(rows) > limit else None
+    return rows[:limit], next_cursor

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ForeignKey, Index, Integer, String, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.db import Base, JSONType, UTCDateTime, new_id, utcnow
+
+REQUEST_STATUSES = ("received", "queued", "running", "completed", "failed", "rejected")
+
+
+class DeletionRequest(Base):
+    __tablename__ = "deletion_requests"
+    __table_args__ = (
+        UniqueConstraint("api_key_id", "idempotency_key", name="uq_deletion_requests_key_idem"),
+        Index("ix_deletion_requests_status_created", "status", "created_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
+    model_id: Mapped[str] = mapped_column(ForeignKey("models.id"), index=True)
+    subject_hash: Mapped[str] = mapped_column(String(64), index=True)  # HMAC of subject_ref, never the raw value
+    scope: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    method: Mapped[str] = mapped_column(String(64))
+    method_settings: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    callback_url: Mapped[str | None] = mapped_column(String(2000), nullable=True)
+    status: Mapped[str] = mapped_column(String(16), default="received")
+    progress: Mapped[float] = mapped_column(default=0.0)
+    message: Mapped[str | None] = mapped_column(String(2000), nullable=True)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    api_key_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    body_hash: Mapped[str] = mapped_column(String(64))
+    result_version_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    job_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

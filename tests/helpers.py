@@ -1,0 +1,71 @@
+"""Shared test plumbing: point Lethe at a database/artifact folder, migrate it, make keys, wait for jobs."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from app.auth.service import create_key, key_cache
+from app.config import get_settings
+from app.db import migrate, reset_engine_cache, session_scope
+from app.storage import get_store
+
+ALL_SCOPES = ["models:write", "requests:write", "requests:read", "audit:read"]
+
+
+def configure(home: Path, **env: str) -> None:
+    """Set LETHE_* for this process and forget every cached settings/engine/store."""
+    for key in [k for k in os.environ if k.startswith("LETHE_")]:
+        del os.environ[key]
+    os.environ["LETHE_HOME"] = str(home)
+    os.environ["LETHE_SECRET_KEY"] = "test-secret-key"
+    os.environ["LETHE_DATA_ROOTS"] = f'["{home}"]'
+    for key, value in env.items():
+        os.environ[f"LETHE_{key.upper()}"] = value
+    get_settings.cache_clear()
+    get_store.cache_clear()
+    key_cache.clear()
+    reset_engine_cache()
+    migrate()
+
+
+def make_key(scopes: list[str] | None = None, name: str = "test") -> str:
+    with session_scope() as session:
+        return create_key(session, name, scopes or ALL_SCOPES)[1]
+
+
+def write_table(path: Path, n: int = 400, seed: int = 0, n_features: int = 6, classes: int = 2) -> pd.DataFrame:
+    """A small CSV with a row-id column, numeric and categorical features and a label that depends on them."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, n_features))
+    colour = rng.choice(["red", "green", "blue"], size=n)
+    score = X[:, 0] - 0.5 * X[:, 1] + (colour == "red") * 0.8 + rng.normal(scale=0.5, size=n)
+    if classes == 2:
+        label = np.where(score > 0, "yes", "no")
+    else:
+        label = np.array(["low", "mid", "high"])[np.digitize(score, np.quantile(score, [1 / 3, 2 / 3]))]
+    frame = pd.DataFrame(X, columns=[f"x{i}" for i in range(n_features)])
+    frame.insert(0, "row_id", [f"r{i}" for i in range(n)])
+    frame["colour"] = colour
+    frame["label"] = label
+    if path.suffix == ".parquet":
+        frame.to_parquet(path, index=False)
+    else:
+        frame.to_csv(path, index=False)
+    return frame
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 120, interval: float = 0.1, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(interval)
