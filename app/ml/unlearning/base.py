@@ -171,8 +171,15 @@ _BUILTIN_MODULES = (
 )
 
 
+_loaded = False
+
+
 def _load_builtin_methods() -> None:
-    """Import the built-in method modules so that their ``register_method`` calls run (missing ones are skipped)."""
+    """Import the built-in method modules once so that their ``register_method`` calls run (missing ones skipped)."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
     for module in _BUILTIN_MODULES:
         try:
             importlib.import_module(module)
