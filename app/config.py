@@ -31,6 +31,8 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(1_000_000, description="Largest JSON body accepted (uploads: max_upload_bytes).")
     max_upload_bytes: int = Field(512 * 1024 * 1024, description="Largest data-set upload accepted.")
     max_sample_ids: int = Field(100_000, description="Most sample ids in one deletion request.")
+    intake_batch_max: int = Field(64, description="Most deletion requests committed together (group commit).")
+    intake_batch_wait_ms: float = Field(2.0, description="How long a request waits for others to share a commit.")
     lease_seconds: float = Field(300.0, description="How long a worker's lease on a job lasts between heartbeats.")
     dispatch_timeout_seconds: float = Field(600.0, description="Re-offer a dispatched job no worker took by then.")
     max_attempts: int = Field(3, description="Attempts before a job fails for good.")

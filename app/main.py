@@ -14,6 +14,7 @@ from app.config import get_settings
 from app.db import get_engine
 from app.problems import Problem, install_problem_handlers, problem_response
 from app.registry.router import router as registry_router
+from app.requests.intake import reset_batcher
 from app.requests.router import router as requests_router
 
 log = logging.getLogger("lethe")
@@ -81,6 +82,7 @@ def create_app(run_background: bool | None = None) -> FastAPI:
             handles = start_background(settings)
             app.state.executor = handles[1]
         yield
+        reset_batcher()
         if handles:
             dispatcher, executor = handles
             dispatcher.stop()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, text
+from sqlalchemy import event, select, text
 from sqlalchemy.orm import Session
 
 from app.audit.tables import AuditEvent
@@ -56,6 +56,21 @@ def hash_subject(secret: bytes, subject_ref: str) -> str:
     return hmac.new(secret, subject_ref.encode(), hashlib.sha256).hexdigest()
 
 
+_HEAD_KEY = "lethe.audit_head"
+
+
+@event.listens_for(Session, "after_transaction_end")
+def _forget_head(session: Session, transaction) -> None:
+    """The head cached for a transaction (see append_event) dies with it."""
+    if transaction.parent is None:
+        session.info.pop(_HEAD_KEY, None)
+
+
+def forget_head(session: Session) -> None:
+    """Call after rolling back a SAVEPOINT that may have appended (its lock and rows are gone)."""
+    session.info.pop(_HEAD_KEY, None)
+
+
 def append_event(
     session: Session,
     *,
@@ -65,11 +80,18 @@ def append_event(
     entity_id: str,
     payload: dict[str, Any] | None = None,
 ) -> AuditEvent:
-    """Append one event inside the caller's transaction (so it commits or rolls back with the change it records)."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": _ADVISORY_LOCK_ID})
-    last = session.execute(select(AuditEvent.seq, AuditEvent.hash).order_by(AuditEvent.seq.desc()).limit(1)).first()
-    seq, prev_hash = (last.seq + 1, last.hash) if last else (1, GENESIS_HASH)
+    """Append one event inside the caller's transaction (so it commits or rolls back with the change it records).
+
+    The first append of a transaction takes the log's lock and reads the head; later appends in the same
+    transaction (a batch of intake requests) reuse that head instead of asking the database again.
+    """
+    head = session.info.get(_HEAD_KEY)
+    if head is None:
+        if session.get_bind().dialect.name == "postgresql":
+            session.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": _ADVISORY_LOCK_ID})
+        last = session.execute(select(AuditEvent.seq, AuditEvent.hash).order_by(AuditEvent.seq.desc()).limit(1)).first()
+        head = (last.seq, last.hash) if last else (0, GENESIS_HASH)
+    seq, prev_hash = head[0] + 1, head[1]
     at = utcnow()
     payload = json.loads(canonical_json(payload or {}))  # what is hashed is exactly what is stored
     event = AuditEvent(
@@ -85,6 +107,7 @@ def append_event(
     )
     session.add(event)
     session.flush()
+    session.info[_HEAD_KEY] = (seq, event.hash)
     return event
 
 

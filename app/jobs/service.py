@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from app.audit.service import append_event
 from app.config import get_settings
-from app.db import session_scope, utcnow
+from app.db import new_id, session_scope, utcnow
 from app.jobs.tables import Job
 from app.requests.tables import DeletionRequest
 
@@ -41,8 +41,10 @@ def new_job(
     model_kind: str,
     request_id: str | None = None,
     payload: dict[str, Any] | None = None,
+    flush: bool = True,
 ) -> Job:
     job = Job(
+        id=new_id(),
         kind=kind,
         model_id=model_id,
         request_id=request_id,
@@ -51,7 +53,8 @@ def new_job(
         max_attempts=get_settings().max_attempts,
     )
     session.add(job)
-    session.flush()
+    if flush:
+        session.flush()
     return job
 
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 from typing import Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request
@@ -11,6 +12,7 @@ from app.config import get_settings
 from app.db import get_session
 from app.problems import Problem
 from app.requests import service
+from app.requests.intake import get_batcher
 from app.requests.schemas import DeletionRequestCreate, DeletionRequestOut, DeletionRequestPage
 from app.requests.tables import REQUEST_STATUSES
 
@@ -30,18 +32,18 @@ def require_json(request: Request) -> None:
     dependencies=[Depends(require_json)],
     responses={202: {"description": "Accepted; poll the Location for progress."}},
 )
-def create_deletion_request(
+async def create_deletion_request(
     body: DeletionRequestCreate,
     principal: Principal = Depends(require_scope("requests:write")),
-    session: Session = Depends(get_session),
     idempotency_key: str | None = Header(None, alias="Idempotency-Key", max_length=200),
 ):
-    request, _created = service.create_request(session, principal, body, idempotency_key)
+    """Validated and made durable (request, job and audit event in one commit) before the 202 is sent."""
+    out, _created = await asyncio.wrap_future(get_batcher().submit(principal, body, idempotency_key))
     return JSONResponse(
-        service.to_out(request).model_dump(mode="json"),
+        out.model_dump(mode="json"),
         status_code=202,
         headers={
-            "Location": f"/v1/deletion-requests/{request.id}",
+            "Location": f"/v1/deletion-requests/{out.id}",
             "Retry-After": str(get_settings().retry_after_seconds),
         },
     )

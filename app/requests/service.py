@@ -12,9 +12,10 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.audit.service import append_event, hash_subject
+from app.audit.service import append_event, forget_head, hash_subject
 from app.auth.service import Principal
 from app.config import get_settings
+from app.db import new_id
 from app.jobs.service import new_job
 from app.ml.unlearning.base import UnknownMethodError, get_method
 from app.problems import Problem
@@ -175,37 +176,38 @@ def _validate_rows(session: Session, model: Model, body: DeletionRequestCreate) 
             )
 
 
-def create_request(
+def stage_request(
     session: Session, principal: Principal, body: DeletionRequestCreate, idempotency_key: str | None
 ) -> tuple[DeletionRequest, bool]:
-    """Returns (request, created). Commits."""
+    """Validate and write request + job + audit event inside a SAVEPOINT of the caller's transaction (no commit).
+
+    Returns (request, created). A replay is found by the unique (api key, Idempotency-Key) constraint at insert time
+    rather than by a look-up first: one round trip less on the hot path, and the only check that is right under
+    concurrency anyway. A Problem leaves the outer transaction untouched, so a batch can go on with the next request.
+    """
     fingerprint = body_fingerprint(body)
-    # A replay is found by the unique (api key, Idempotency-Key) constraint at insert time rather than by a look-up
-    # first: one round trip less on the hot path, and it is the only check that is right under concurrency anyway.
+    savepoint = session.begin_nested()
     try:
         model = validate_against_registry(session, body)
-    except Problem:
-        existing = _find_idempotent(session, principal, idempotency_key) if idempotency_key else None
-        if existing is None:
-            raise
-        return _replay(existing, fingerprint), False
-    request = DeletionRequest(
-        model_id=model.id,
-        subject_hash=hash_subject(get_settings().secret(), body.subject_ref),
-        scope=body.scope.model_dump(exclude_none=True),
-        method=body.method,
-        method_settings=body.method_settings,
-        callback_url=str(body.callback_url) if body.callback_url else None,
-        api_key_id=principal.key_id,
-        idempotency_key=idempotency_key,
-        body_hash=fingerprint,
-        status="received",
-    )
-    try:
-        session.add(request)
-        session.flush()  # a concurrent twin with the same Idempotency-Key fails here, before the audit append
-        job = new_job(session, kind="deletion", model_id=model.id, model_kind=model.kind, request_id=request.id)
+        request = DeletionRequest(
+            model_id=model.id,
+            subject_hash=hash_subject(get_settings().secret(), body.subject_ref),
+            scope=body.scope.model_dump(exclude_none=True),
+            method=body.method,
+            method_settings=body.method_settings,
+            callback_url=str(body.callback_url) if body.callback_url else None,
+            api_key_id=principal.key_id,
+            idempotency_key=idempotency_key,
+            body_hash=fingerprint,
+            status="received",
+        )
+        request.id = new_id()
+        job = new_job(
+            session, kind="deletion", model_id=model.id, model_kind=model.kind, request_id=request.id, flush=False
+        )
         request.job_id = job.id
+        session.add(request)
+        session.flush()  # a twin with the same Idempotency-Key fails here, before the audit append
         scope_summary = {k: v for k, v in request.scope.items() if k != "sample_ids"}
         if "sample_ids" in request.scope:
             scope_summary["n_samples"] = len(request.scope["sample_ids"])
@@ -223,16 +225,24 @@ def create_request(
                 "job_id": job.id,
             },
         )
-        session.commit()
-    except IntegrityError:
-        session.rollback()
-        if not idempotency_key:
-            raise
-        existing = _find_idempotent(session, principal, idempotency_key)
+        savepoint.commit()
+        return request, True
+    except (Problem, IntegrityError):
+        savepoint.rollback()
+        forget_head(session)
+        existing = _find_idempotent(session, principal, idempotency_key) if idempotency_key else None
         if existing is None:
             raise
         return _replay(existing, fingerprint), False
-    return request, True
+
+
+def create_request(
+    session: Session, principal: Principal, body: DeletionRequestCreate, idempotency_key: str | None
+) -> tuple[DeletionRequest, bool]:
+    """One request in its own transaction (the batcher in intake.py commits many at once)."""
+    request, created = stage_request(session, principal, body, idempotency_key)
+    session.commit()
+    return request, created
 
 
 def get_request_or_404(session: Session, request_id: str) -> DeletionRequest:
