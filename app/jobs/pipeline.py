@@ -29,7 +29,7 @@ from app.jobs import service as jobs
 from app.jobs.tables import Job
 from app.ml import tabular
 from app.ml.data.tabular import TableEncoder, load_table
-from app.ml.unlearning.base import InvalidMethodSettingsError, TabularProblem, get_method
+from app.ml.unlearning.base import InvalidMethodSettingsError, TabularProblem, UnlearningResult, get_method
 from app.registry.tables import Dataset, DatasetRow, Model, ModelVersion
 from app.requests.tables import DeletionRequest
 from app.storage import get_store
@@ -366,7 +366,8 @@ def run_deletion(job: Job, ctx: JobContext) -> None:
                 f"method {method_name!r} cannot take a {request.scope['kind']!r} scope on a {model.kind} model",
                 "method-not-supported",
             )
-        method = spec.build(request.method_settings)
+        # the model's registered settings for the method (e.g. L2UL's meta-training sizes), then the request's own
+        method = spec.build({**model.spec.get("method_settings", {}).get(method_name, {}), **request.method_settings})
         problem = TabularProblem(
             recipe=recipe,
             X=data.X,
@@ -379,9 +380,19 @@ def run_deletion(job: Job, ctx: JobContext) -> None:
             artifacts=_method_artifacts(model, method_name) if spec.needs_preparation else {},
             progress=lambda f, m: ctx.progress(0.1 + 0.75 * f, f"{method_name}: {m}"),
         )
-        ctx.progress(0.1, f"unlearning {int(forget.sum())} rows with {method_name}")
+        trained_forget = forget & ~holdout & ~tombstone
         started = time.perf_counter()
-        result = method.unlearn(problem)
+        if not trained_forget.any():
+            # every row to forget is one the model never trained on (held out for testing): the parameters carry no
+            # trace of them, so the new version keeps them and only the tombstones change.
+            method_name = "none-needed"
+            result = UnlearningResult(theta=theta_parent, info={"reason": "the rows were held out of training"})
+        else:
+            ctx.progress(0.1, f"unlearning {int(trained_forget.sum())} rows with {method_name}")
+            try:
+                result = method.unlearn(problem)
+            except ValueError as exc:  # the method refuses this input: retrying cannot help
+                raise PermanentJobError(f"{method_name} cannot do this deletion: {exc}", "unlearning-refused") from exc
         unlearn_seconds = time.perf_counter() - started
         digest = get_store().put_bytes(theta_to_bytes(result.theta))
         ctx.progress(0.9, "evaluating")

@@ -1,0 +1,95 @@
+"""L2UL through the service on PostgreSQL + Celery: registration meta-trains the unlearner as a job with progress,
+deletions with method "l2ul" and "auto" run the forward pass, sequential deletions keep working."""
+
+from __future__ import annotations
+
+import json
+
+from tests.helpers import wait_for, write_table
+
+SMALL_L2UL = {"m": 40, "subset_size": 200, "t": 20, "epochs": 60, "refit_epochs": 10, "workers": 1}
+
+
+def _finished(stack, request_id):
+    return wait_for(
+        lambda: (
+            (b := stack.client.get(f"/v1/deletion-requests/{request_id}").json())["status"]
+            in ("completed", "failed", "rejected")
+            and b
+        ),
+        timeout=600,
+        interval=0.3,
+        what="deletion",
+    )
+
+
+def test_l2ul_deletions_through_the_api(stack, tmp_path):
+    path = tmp_path / "table.csv"
+    write_table(path, n=1500, seed=11)
+    metadata = {
+        "name": "l2ul-it",
+        "unlearning": ["l2ul"],
+        "method_settings": {"l2ul": SMALL_L2UL},
+        "dataset": {"row_id_column": "row_id", "label_column": "label"},
+    }
+    with path.open("rb") as handle:
+        response = stack.client.post(
+            "/v1/models", data={"metadata": json.dumps(metadata)}, files={"file": ("table.csv", handle, "text/csv")}
+        )
+    assert response.status_code == 202, response.text
+    model_id = response.json()["id"]
+    assert response.json()["unlearning"]["l2ul"]["status"] == "preparing"
+    model = wait_for(
+        lambda: (
+            (b := stack.client.get(f"/v1/models/{model_id}").json())["unlearning"]["l2ul"].get("status") == "ready"
+            and b
+        ),
+        timeout=600,
+        interval=0.5,
+        what="L2UL meta-training",
+    )
+    assert model["unlearning"]["l2ul"]["info"]["prepare_seconds"] > 0
+
+    first = stack.client.post(
+        "/v1/deletion-requests",
+        json={
+            "subject_ref": "erin",
+            "model_id": model_id,
+            "method": "l2ul",
+            "scope": {"kind": "samples", "sample_ids": ["r1", "r2", "r3"]},
+        },
+    )
+    assert first.status_code == 202, first.text
+    done = _finished(stack, first.json()["id"])
+    assert done["status"] == "completed", done
+
+    second = stack.client.post(
+        "/v1/deletion-requests",
+        json={
+            "subject_ref": "frank",
+            "model_id": model_id,
+            "method": "auto",
+            "scope": {"kind": "samples", "sample_ids": ["r4", "r5", "r6", "r7", "r8"]},
+        },
+    )
+    done2 = _finished(stack, second.json()["id"])
+    assert done2["status"] == "completed", done2
+
+    versions = stack.client.get(f"/v1/models/{model_id}/versions").json()
+    assert [v["method"] for v in versions] == ["train", "l2ul", "l2ul"], versions
+    assert [v["parent_id"] for v in versions[1:]] == [versions[0]["id"], versions[1]["id"]]
+    info = versions[1]["metrics"]["method_info"]
+    assert info  # what the purge did is recorded with the version
+    after = versions[2]["metrics"]["after"]
+    assert after["accuracy_holdout"] > 0.6  # the unlearned model still works
+    # the deleted rows are tombstones for every later method
+    again = stack.client.post(
+        "/v1/deletion-requests",
+        json={
+            "subject_ref": "erin",
+            "model_id": model_id,
+            "method": "retrain",
+            "scope": {"kind": "samples", "sample_ids": ["r2"]},
+        },
+    )
+    assert again.status_code == 409
