@@ -12,6 +12,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from app.audit.router import router as audit_router
 from app.config import get_settings
 from app.db import get_engine
+from app.jobs.router import router as jobs_router
 from app.problems import Problem, install_problem_handlers, problem_response
 from app.registry.router import router as registry_router
 from app.requests.intake import reset_batcher
@@ -100,6 +101,7 @@ def create_app(run_background: bool | None = None) -> FastAPI:
     app.include_router(registry_router)
     app.include_router(requests_router)
     app.include_router(audit_router)
+    app.include_router(jobs_router)
 
     @app.get("/healthz", tags=["health"])
     def healthz():

@@ -26,6 +26,7 @@ from app.audit.service import append_event
 from app.config import get_settings
 from app.db import session_scope, utcnow
 from app.jobs import service as jobs
+from app.jobs.service import PermanentJobError
 from app.jobs.tables import Job
 from app.ml import tabular
 from app.ml.data.tabular import TableEncoder, load_table
@@ -36,14 +37,6 @@ from app.storage import get_store
 from app.webhooks.service import deliver_webhook
 
 log = logging.getLogger("lethe.pipeline")
-
-
-class PermanentJobError(Exception):
-    """Bad input or an impossible request: retrying will not help, so the request is rejected at once."""
-
-    def __init__(self, message: str, problem_type: str = "unprocessable"):
-        super().__init__(message)
-        self.problem_type = problem_type
 
 
 class JobContext:
@@ -105,7 +98,11 @@ def execute_job(job_id: str, owner: str) -> str:
         log.warning("job %s: lease lost to another worker; stopping without writing", job_id)
         return "lease-lost"
     except (PermanentJobError, InvalidMethodSettingsError) as exc:
-        problem = getattr(exc, "problem_type", "invalid-method-settings")
+        problem = getattr(
+            exc,
+            "problem_type",
+            "invalid-method-settings" if isinstance(exc, InvalidMethodSettingsError) else "unprocessable",
+        )
         jobs.fail(job_id, owner, str(exc), permanent=True, request_status="rejected", problem_type=problem)
         return "rejected"
     except Exception as exc:
@@ -198,6 +195,12 @@ def _store_method_artifacts(state: dict[str, Any], method: str, artifacts: dict[
 # --------------------------------------------------------------------------------------------------- train
 def run_train_model(job: Job, ctx: JobContext) -> None:
     """Train version 1 of a registered tabular model, then run the one-off preparation of its unlearning methods."""
+    with session_scope() as session:
+        kind = session.get(Model, job.model_id).kind
+    if kind == "clip_federated":
+        from app.jobs.federated import run_train_clip
+
+        return run_train_clip(job, ctx)
     with session_scope() as session:
         model = session.get(Model, job.model_id)
         dataset = session.get(Dataset, model.dataset_id)
@@ -328,8 +331,10 @@ def run_deletion(job: Job, ctx: JobContext) -> None:
     with session_scope() as session:
         request = session.get(DeletionRequest, job.request_id)
         model = session.get(Model, job.model_id)
-        if model.kind != "tabular":
-            raise PermanentJobError(f"model kind {model.kind!r} has no deletion pipeline yet", "scope-not-supported")
+        if model.kind == "clip_federated":
+            parent = session.get(ModelVersion, model.current_version_id)
+            session.expunge_all()
+            return _run_federated_deletion(job, ctx, request, model, parent)
         dataset = session.get(Dataset, model.dataset_id)
         parent = session.get(ModelVersion, model.current_version_id)
         existing = session.execute(select(ModelVersion).where(ModelVersion.job_id == job.id)).scalar_one_or_none()
@@ -439,6 +444,33 @@ def run_deletion(job: Job, ctx: JobContext) -> None:
     _notify(job.request_id)
 
 
+def _run_federated_deletion(
+    job: Job, ctx: JobContext, request: DeletionRequest, model: Model, parent: ModelVersion
+) -> None:
+    from app.jobs.federated import run_federated_deletion
+
+    method_name = "ease" if request.method == "auto" else request.method
+
+    def publish(version: ModelVersion, positions: list[int], state_update: dict[str, Any]) -> None:
+        with session_scope() as session:
+            jobs.assert_lease(session, job.id, ctx.owner)
+            row = session.get(Model, model.id)
+            if version.id is None or session.get(ModelVersion, version.id) is None:
+                if row.current_version_id != parent.id:
+                    raise RuntimeError("the model moved to a newer version while this job ran; retrying on it")
+                session.add(version)
+                session.flush()
+                if "forget_lock" in state_update:
+                    state_update["forget_lock"] = {**state_update["forget_lock"], "version_id": version.id}
+                row.state = {**row.state, **state_update}
+            else:
+                version = session.get(ModelVersion, version.id)
+            _publish(session, job, request, row, version, positions)
+        _notify(job.request_id)
+
+    run_federated_deletion(job, ctx, request, model, parent, method_name, publish)
+
+
 def _publish(session, job: Job, request: DeletionRequest, model: Model, version: ModelVersion, positions) -> None:
     """One transaction: new current version, tombstones, request completed, audit event, job finished."""
     now = utcnow()
@@ -499,4 +531,10 @@ def _notify(request_id: str) -> None:
     deliver_webhook(url, body)
 
 
-HANDLERS = {"train_model": run_train_model, "deletion": run_deletion}
+def run_aggregate_round(job: Job, ctx: JobContext) -> None:
+    from app.jobs.federated import run_aggregate_round as aggregate
+
+    aggregate(job, ctx)
+
+
+HANDLERS = {"train_model": run_train_model, "deletion": run_deletion, "aggregate_round": run_aggregate_round}

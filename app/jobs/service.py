@@ -25,6 +25,14 @@ log = logging.getLogger("lethe.jobs")
 GPU_KINDS = {"clip_federated"}
 
 
+class PermanentJobError(Exception):
+    """Bad input or an impossible request: retrying will not help, so the request is rejected at once."""
+
+    def __init__(self, message: str, problem_type: str = "unprocessable"):
+        super().__init__(message)
+        self.problem_type = problem_type
+
+
 class LeaseLostError(RuntimeError):
     """Another worker holds the job now (our lease expired): stop without writing anything."""
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
@@ -12,12 +12,13 @@ from app.config import get_settings
 from app.db import get_session
 from app.problems import Problem
 from app.registry import service
-from app.registry.schemas import ModelCreate, ModelOut, VersionOut
+from app.registry.schemas import ClipModelCreate, ForgetLockOut, ModelCreate, ModelOut, VersionOut
+from app.storage import get_store
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 
 
-async def _parse_registration(request: Request) -> tuple[ModelCreate, bytes, str | None]:
+async def _parse_registration(request: Request) -> tuple[ModelCreate | ClipModelCreate, bytes, str | None]:
     """JSON with a server-side ``dataset.path``, or multipart with ``metadata`` (JSON) and ``file`` (CSV/Parquet)."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     settings = get_settings()
@@ -27,6 +28,8 @@ async def _parse_registration(request: Request) -> tuple[ModelCreate, bytes, str
             payload = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise Problem(400, "malformed-json", "The body is not valid JSON", str(exc)) from None
+        if isinstance(payload, dict) and payload.get("kind") == "clip_federated":
+            return _validate(payload, ClipModelCreate), b"", None
         body = _validate(payload)
         if not body.dataset.path:
             raise Problem(
@@ -53,9 +56,9 @@ async def _parse_registration(request: Request) -> tuple[ModelCreate, bytes, str
     )
 
 
-def _validate(payload) -> ModelCreate:
+def _validate(payload, schema=ModelCreate):
     try:
-        return ModelCreate.model_validate(payload)
+        return schema.model_validate(payload)
     except ValidationError as exc:
         errors = [
             {"location": [str(p) for p in e["loc"]], "message": e["msg"], "type": e["type"]} for e in exc.errors()
@@ -75,7 +78,10 @@ async def register_model(
     session: Session = Depends(get_session),
 ):
     body, data, filename = await _parse_registration(request)
-    model = service.register_model(session, principal, body, data, filename)
+    if isinstance(body, ClipModelCreate):
+        model = service.register_clip_model(session, principal, body)
+    else:
+        model = service.register_model(session, principal, body, data, filename)
     session.commit()
     out = service.model_out(session, model)
     return JSONResponse(
@@ -98,3 +104,106 @@ def get_versions(
 ):
     service.get_model_or_404(session, model_id)
     return [service.version_out(v) for v in service.list_versions(session, model_id)]
+
+
+@router.post(
+    "/{model_id}/rounds",
+    status_code=202,
+    responses={202: {"description": "The round is queued for aggregation into a new version."}},
+)
+async def submit_round(
+    model_id: str,
+    request: Request,
+    principal: Principal = Depends(require_scope("models:write")),
+    session: Session = Depends(get_session),
+):
+    """One FedAvg round of a federated model: a safetensors file with ``updates`` [clients, params] (float32) and,
+    optionally, ``weights`` [clients]. Sent raw (application/octet-stream) or as multipart field ``file``. After an
+    EASE unlearning, the aggregated update is projected off the forget-exclusive directions before it is applied."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    settings = get_settings()
+    if content_type == "application/octet-stream":
+        data = await request.body()
+    elif content_type == "multipart/form-data":
+        form = await request.form(max_part_size=settings.max_upload_bytes)
+        upload = form.get("file")
+        if upload is None or isinstance(upload, str):
+            raise Problem(422, "validation-error", "Multipart round upload needs a `file` field")
+        data = service.spool_upload(upload.file, settings.max_upload_bytes)
+    else:
+        raise Problem(
+            415,
+            "unsupported-media-type",
+            "Unsupported media type",
+            "Send application/octet-stream or multipart/form-data.",
+        )
+    model = service.get_model_or_404(session, model_id)
+    job = service.submit_round(session, principal, model, data)
+    session.commit()
+    return JSONResponse(
+        {"job_id": job.id, "model_id": model.id, "status": "queued"},
+        status_code=202,
+        headers={"Location": f"/v1/models/{model.id}", "Retry-After": "2"},
+    )
+
+
+def _lock_entry(model) -> dict:
+    lock = model.state.get("forget_lock")
+    if not lock:
+        raise Problem(
+            404,
+            "no-forget-lock",
+            "The model has no forget lock",
+            "A forget lock exists after an EASE unlearning of a federated model.",
+        )
+    return lock
+
+
+@router.get("/{model_id}/forget-lock", response_model=ForgetLockOut)
+def get_forget_lock(
+    model_id: str, _: Principal = Depends(require_scope("requests:read")), session: Session = Depends(get_session)
+):
+    """U_mu and alpha for federated clients (EASE, Projection with Forget Lock)."""
+    model = service.get_model_or_404(session, model_id)
+    lock = _lock_entry(model)
+    return ForgetLockOut(
+        model_id=model.id,
+        request_id=lock["request_id"],
+        version_id=lock["version_id"],
+        alpha=lock["alpha"],
+        rank=lock["rank"],
+        n_params=lock["n_params"],
+        digest=lock["digest"],
+        links={"tensors": f"/v1/models/{model.id}/forget-lock.safetensors"},
+    )
+
+
+@router.get("/{model_id}/forget-lock.safetensors", response_class=Response)
+def get_forget_lock_tensors(
+    model_id: str, _: Principal = Depends(require_scope("requests:read")), session: Session = Depends(get_session)
+):
+    lock = _lock_entry(service.get_model_or_404(session, model_id))
+    return Response(
+        get_store().get_bytes(lock["digest"]),
+        media_type="application/octet-stream",
+        headers={"ETag": f'"{lock["digest"]}"'},
+    )
+
+
+@router.get("/{model_id}/versions/{number}/weights", response_class=Response)
+def get_version_weights(
+    model_id: str,
+    number: int,
+    _: Principal = Depends(require_scope("requests:read")),
+    session: Session = Depends(get_session),
+):
+    """A version's parameters (safetensors, key ``theta``): what federated clients download each round."""
+    service.get_model_or_404(session, model_id)
+    version = next((v for v in service.list_versions(session, model_id) if v.number == number), None)
+    if version is None:
+        raise Problem(404, "version-not-found", "No such version", f"model {model_id} has no version {number}")
+    return Response(
+        get_store().get_bytes(version.digest),
+        media_type="application/octet-stream",
+        headers={"ETag": f'"{version.digest}"'},
+    )

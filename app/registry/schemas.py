@@ -65,3 +65,54 @@ class ModelOut(BaseModel):
     error: str | None
     created_at: datetime
     links: dict[str, str]
+    federation: dict[str, Any] | None = None
+
+
+class ClipSpecIn(BaseModel):
+    """A frozen open_clip backbone: the tiny test architecture, or a real one (ViT-B-32...) from a local checkpoint."""
+
+    model_config = ConfigDict(extra="forbid")
+    arch: str = Field("lethe-tiny-clip", min_length=1, max_length=100)
+    checkpoint_path: str | None = Field(
+        None,
+        description="Local checkpoint (under LETHE_DATA_ROOTS); none = the "
+        "tiny model pretrained on the synthetic base concepts (cached).",
+    )
+    lora: dict[str, Any] = Field(default_factory=dict, description="app.ml.clip.LoraSettings fields.")
+
+
+class SyntheticFederationIn(BaseModel):
+    """The clients' data: the seeded compositional image–caption generator (app.ml.data.captions)."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["synthetic"] = "synthetic"
+    seed: int = 0
+    n_clients: int = Field(5, ge=3, le=64)
+    pairs_per_client: int = Field(200, ge=10, le=20_000)
+    n_test: int = Field(300, ge=10, le=20_000)
+
+
+class ClipModelCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(..., min_length=1, max_length=200)
+    kind: Literal["clip_federated"]
+    clip: ClipSpecIn = Field(default_factory=ClipSpecIn)
+    data: SyntheticFederationIn = Field(default_factory=SyntheticFederationIn)
+    fed_settings: dict[str, Any] = Field(default_factory=dict, description="app.ml.federation.FedSettings fields.")
+    unlearning: list[str] = Field(default_factory=lambda: ["ease"])
+    method_settings: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+
+class ForgetLockOut(BaseModel):
+    """What federated clients need to keep forgotten knowledge out of later rounds (EASE's Projection with Forget
+    Lock): add ``alpha * ||U_mu^T (theta - theta_unl)||^2`` to the local loss; the server projects aggregated updates
+    off U_mu before applying them. The tensors are at ``links.tensors`` (safetensors: basis [p, k], theta_unl [p])."""
+
+    model_id: str
+    request_id: str
+    version_id: str
+    alpha: float
+    rank: int
+    n_params: int
+    digest: str
+    links: dict[str, str]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,10 @@ from app.audit.service import append_event
 from app.auth.service import Principal
 from app.config import get_settings
 from app.jobs.service import new_job
+from app.jobs.tables import Job
 from app.ml.unlearning.base import UnknownMethodError, get_method
 from app.problems import Problem
-from app.registry.schemas import ModelCreate, ModelOut, VersionOut
+from app.registry.schemas import ClipModelCreate, ModelCreate, ModelOut, VersionOut
 from app.registry.tables import Dataset, Model, ModelVersion
 from app.storage import get_store
 
@@ -48,7 +50,7 @@ def detect_format(name: str | None, declared: str | None, data: bytes) -> str:
     return "csv"
 
 
-def read_allowed_path(path: str) -> bytes:
+def read_allowed_path(path: str, check_only: bool = False) -> bytes:
     settings = get_settings()
     resolved = Path(path).expanduser().resolve()
     roots = [Path(r).expanduser().resolve() for r in settings.data_roots]
@@ -61,14 +63,14 @@ def read_allowed_path(path: str) -> bytes:
         )
     if not resolved.is_file():
         raise Problem(422, "dataset-not-found", "The data set path is not a readable file", str(path))
-    if resolved.stat().st_size > settings.max_upload_bytes:
+    if not check_only and resolved.stat().st_size > settings.max_upload_bytes:
         raise Problem(
             413,
             "payload-too-large",
             "The data set is larger than the limit",
             f"limit {settings.max_upload_bytes} bytes",
         )
-    return resolved.read_bytes()
+    return b"" if check_only else resolved.read_bytes()
 
 
 def register_model(
@@ -163,6 +165,16 @@ def version_out(version: ModelVersion | None) -> VersionOut | None:
     )
 
 
+def _method_status(model: Model, name: str) -> str:
+    try:
+        needs_preparation = get_method(name).needs_preparation
+    except UnknownMethodError:
+        return "unknown"
+    if not needs_preparation:
+        return "ready" if model.status == "ready" else model.status
+    return "failed" if model.status == "failed" else "preparing"
+
+
 def model_out(session: Session, model: Model) -> ModelOut:
     current = session.get(ModelVersion, model.current_version_id) if model.current_version_id else None
     methods = {
@@ -170,7 +182,23 @@ def model_out(session: Session, model: Model) -> ModelOut:
         for name, entry in model.state.get("methods", {}).items()
     }
     for name in model.spec.get("unlearning", []):
-        methods.setdefault(name, {"status": "preparing" if model.status != "failed" else "failed"})
+        methods.setdefault(name, {"status": _method_status(model, name)})
+    links = {"self": f"/v1/models/{model.id}", "versions": f"/v1/models/{model.id}/versions"}
+    federation = None
+    if model.kind == "clip_federated":
+        links["rounds"] = f"/v1/models/{model.id}/rounds"
+        if model.state.get("forget_lock"):
+            links["forget_lock"] = f"/v1/models/{model.id}/forget-lock"
+        federation = {
+            "clients": model.state.get("clients", []),
+            "removed_clients": model.state.get("removed", []),
+            "rounds": len(model.state.get("rounds", [])),
+            "n_params": model.state.get("n_params"),
+            "forget_lock_active": bool(model.state.get("forget_lock")),
+            "spec": model.state.get("spec"),
+            "data": model.spec.get("data"),
+            "fed_settings": model.spec.get("fed_settings", {}),
+        }
     return ModelOut(
         id=model.id,
         name=model.name,
@@ -182,7 +210,8 @@ def model_out(session: Session, model: Model) -> ModelOut:
         unlearning=methods,
         error=model.error,
         created_at=model.created_at,
-        links={"self": f"/v1/models/{model.id}", "versions": f"/v1/models/{model.id}/versions"},
+        links=links,
+        federation=federation,
     )
 
 
@@ -199,3 +228,92 @@ def list_versions(session: Session, model_id: str) -> list[ModelVersion]:
             select(ModelVersion).where(ModelVersion.model_id == model_id).order_by(ModelVersion.number)
         ).scalars()
     )
+
+
+def register_clip_model(session: Session, principal: Principal, body: ClipModelCreate) -> Model:
+    """A federated CLIP + LoRA model: version 1 is the LoRA initialisation (built by a job); rounds come later."""
+    if body.clip.checkpoint_path:
+        read_allowed_path(body.clip.checkpoint_path, check_only=True)
+    for name in body.unlearning:
+        try:
+            spec = get_method(name)
+        except UnknownMethodError:
+            raise Problem(422, "unknown-method", "Unknown unlearning method", name) from None
+        if body.kind not in spec.model_kinds:
+            raise Problem(
+                422,
+                "method-not-supported",
+                "The method does not support this model kind",
+                f"{name} supports {sorted(spec.model_kinds)}",
+            )
+    spec_json: dict[str, Any] = {
+        "clip": body.clip.model_dump(),
+        "data": body.data.model_dump(),
+        "fed_settings": body.fed_settings,
+        "unlearning": list(dict.fromkeys(body.unlearning)),
+        "method_settings": body.method_settings,
+    }
+    model = Model(name=body.name, kind=body.kind, spec=spec_json, state={})
+    session.add(model)
+    session.flush()
+    job = new_job(session, kind="train_model", model_id=model.id, model_kind=model.kind)
+    append_event(
+        session,
+        actor=principal.actor,
+        action="model.registered",
+        entity_type="model",
+        entity_id=model.id,
+        payload={"name": body.name, "kind": body.kind, "arch": body.clip.arch, "job_id": job.id},
+    )
+    return model
+
+
+def parse_safetensors_header(data: bytes) -> dict[str, Any]:
+    """Shapes and dtypes of a safetensors file from its JSON header, without loading tensors (the API has no torch)."""
+    if len(data) < 8:
+        raise Problem(422, "invalid-round", "Not a safetensors file", "too short")
+    size = int.from_bytes(data[:8], "little")
+    if size <= 0 or 8 + size > len(data):
+        raise Problem(422, "invalid-round", "Not a safetensors file", "bad header length")
+    try:
+        header = json.loads(data[8 : 8 + size])
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise Problem(422, "invalid-round", "Not a safetensors file", "header is not JSON") from None
+    if not isinstance(header, dict):
+        raise Problem(422, "invalid-round", "Not a safetensors file", "header is not an object")
+    header.pop("__metadata__", None)
+    return header
+
+
+def submit_round(session: Session, principal: Principal, model: Model, data: bytes) -> Job:
+    """Validate one round of client updates (shapes only) and queue its aggregation as a job."""
+    if model.kind != "clip_federated":
+        raise Problem(422, "scope-not-supported", "Only federated models take rounds", f"model kind {model.kind}")
+    if model.status != "ready":
+        raise Problem(409, "model-not-ready", "The model is not ready", f"status is {model.status!r}")
+    header = parse_safetensors_header(data)
+    n_clients, p = len(model.state["clients"]), model.state["n_params"]
+    updates = header.get("updates")
+    if not updates or updates.get("dtype") != "F32" or updates.get("shape") != [n_clients, p]:
+        raise Problem(
+            422,
+            "invalid-round",
+            "`updates` must be float32 [clients, params]",
+            f"expected F32 {[n_clients, p]}, got {updates and (updates.get('dtype'), updates.get('shape'))}",
+        )
+    weights = header.get("weights")
+    if weights is not None and (weights.get("dtype") != "F32" or weights.get("shape") != [n_clients]):
+        raise Problem(422, "invalid-round", "`weights` must be float32 [clients]")
+    digest = get_store().put_bytes(data)
+    job = new_job(
+        session, kind="aggregate_round", model_id=model.id, model_kind=model.kind, payload={"updates_digest": digest}
+    )
+    append_event(
+        session,
+        actor=principal.actor,
+        action="round.received",
+        entity_type="model",
+        entity_id=model.id,
+        payload={"digest": digest, "job_id": job.id},
+    )
+    return job

@@ -113,8 +113,22 @@ def validate_against_registry(session: Session, body: DeletionRequestCreate) -> 
                 f'register the model with "unlearning": ["{body.method}"] and wait for it to be ready, '
                 'or use method "auto"',
             )
-    if model.kind == "tabular":
+    if model.kind == "tabular" or body.scope.kind == "samples":
         _validate_rows(session, model, body)
+    elif body.scope.kind == "client":
+        if body.scope.client_id not in model.state.get("clients", []):
+            raise Problem(
+                422, "unknown-client", "No such client in the federation", f"clients: {model.state.get('clients', [])}"
+            )
+        if body.scope.client_id in model.state.get("removed", []):
+            raise Problem(409, "already-deleted", "The client was already forgotten", body.scope.client_id)
+    elif body.scope.kind == "class" and body.scope.label not in model.state.get("vocabulary", []):
+        raise Problem(
+            422,
+            "unknown-label",
+            "No caption holds that word",
+            f"class scope names a caption word (an attribute value), one of {model.state.get('vocabulary', [])}",
+        )
     return model
 
 

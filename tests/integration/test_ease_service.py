@@ -1,0 +1,127 @@
+"""EASE through the service on PostgreSQL + Celery, on the tiny CLIP: register a federated model, upload rounds,
+delete a whole client, read the forget lock, and see later rounds projected and the forgotten client refused."""
+
+from __future__ import annotations
+
+import torch
+from safetensors.torch import save as save_tensors
+
+from app.fedclient import SimulatedClients
+from tests.helpers import wait_for
+
+DATA = {"kind": "synthetic", "seed": 0, "n_clients": 4, "pairs_per_client": 40, "n_test": 40}
+FED = {"rounds": 3, "batch_size": 20, "local_epochs": 1.0}
+
+
+def test_client_deletion_with_ease(stack):
+    response = stack.client.post(
+        "/v1/models",
+        json={
+            "name": "fed-clip",
+            "kind": "clip_federated",
+            "data": DATA,
+            "fed_settings": FED,
+            "method_settings": {"ease": {"excision_steps": 5, "replay_points": 2}},
+        },
+    )
+    assert response.status_code == 202, response.text
+    model_id = response.json()["id"]
+    model = wait_for(
+        lambda: (b := stack.client.get(f"/v1/models/{model_id}").json())["status"] != "registering" and b,
+        timeout=900,
+        interval=0.5,
+        what="version 1 (tiny CLIP, LoRA init)",
+    )
+    assert model["status"] == "ready", model
+    assert model["federation"]["clients"] == ["c0", "c1", "c2", "c3"]
+
+    clients = SimulatedClients(stack.client, model_id)
+    for r in range(FED["rounds"]):
+        job = clients.round(r)
+        assert job["status"] == "succeeded", job
+    versions = stack.client.get(f"/v1/models/{model_id}/versions").json()
+    assert [v["method"] for v in versions] == ["lora-init", "fedavg", "fedavg", "fedavg"]
+
+    response = stack.client.post(
+        "/v1/deletion-requests",
+        json={
+            "subject_ref": "client c1 leaves",
+            "model_id": model_id,
+            "method": "ease",
+            "scope": {"kind": "client", "client_id": "c1"},
+        },
+    )
+    assert response.status_code == 202, response.text
+    request_id = response.json()["id"]
+    done = wait_for(
+        lambda: (
+            (b := stack.client.get(f"/v1/deletion-requests/{request_id}").json())["status"]
+            in ("completed", "failed", "rejected")
+            and b
+        ),
+        timeout=900,
+        interval=0.5,
+        what="EASE",
+    )
+    assert done["status"] == "completed", done
+    version = stack.client.get(f"/v1/models/{model_id}/versions").json()[-1]
+    assert version["method"] == "ease" and version["request_id"] == request_id
+    before, after = version["metrics"]["before"], version["metrics"]["after"]
+    assert {"forget_r1", "retain_r1", "test_r1"} <= set(before) and {"forget_r1", "retain_r1"} <= set(after)
+
+    lock = stack.client.get(f"/v1/models/{model_id}/forget-lock").json()
+    assert lock["request_id"] == request_id and lock["rank"] >= 1 and lock["alpha"] > 0
+    tensors = stack.client.get(lock["links"]["tensors"])
+    assert tensors.status_code == 200 and len(tensors.content) > lock["n_params"] * 4
+    model = stack.client.get(f"/v1/models/{model_id}").json()
+    assert model["federation"]["removed_clients"] == ["c1"]
+
+    # the forgotten client may not send updates any more
+    p = lock["n_params"]
+    bad = torch.zeros(4, p)
+    bad[1] = 0.01
+    response = stack.client.post(
+        f"/v1/models/{model_id}/rounds",
+        content=save_tensors({"updates": bad}),
+        headers={"content-type": "application/octet-stream"},
+    )
+    job = wait_for(
+        lambda: (
+            (b := stack.client.get(f"/v1/jobs/{response.json()['job_id']}").json())["status"] in ("succeeded", "failed")
+            and b
+        ),
+        timeout=120,
+        what="refused round",
+    )
+    assert job["status"] == "failed" and "c1" in job["error"]
+
+    # a later round is projected off the forget-exclusive directions before it is applied
+    job = clients.round(FED["rounds"], use_lock=True)
+    assert job["status"] == "succeeded", job
+    latest = stack.client.get(f"/v1/models/{model_id}/versions").json()[-1]
+    assert latest["method"] == "fedavg+forget-lock" and latest["metrics"]["projected"] is True
+    assert latest["metrics"]["lock_drift"] < 1e-3
+
+    # wrong shapes are refused at the door
+    response = stack.client.post(
+        f"/v1/models/{model_id}/rounds",
+        content=save_tensors({"updates": torch.zeros(2, 3)}),
+        headers={"content-type": "application/octet-stream"},
+    )
+    assert response.status_code == 422 and response.json()["type"].endswith("/invalid-round")
+    response = stack.client.post(
+        f"/v1/models/{model_id}/rounds",
+        content=b"not safetensors",
+        headers={"content-type": "application/octet-stream"},
+    )
+    assert response.status_code == 422
+    unknown = stack.client.post(
+        "/v1/deletion-requests",
+        json={
+            "subject_ref": "x",
+            "model_id": model_id,
+            "method": "ease",
+            "scope": {"kind": "client", "client_id": "c9"},
+        },
+    )
+    assert unknown.status_code == 422 and unknown.json()["type"].endswith("/unknown-client")
