@@ -331,10 +331,15 @@ def run_deletion(job: Job, ctx: JobContext) -> None:
     with session_scope() as session:
         request = session.get(DeletionRequest, job.request_id)
         model = session.get(Model, job.model_id)
-        if model.kind == "clip_federated":
+        federated = model.kind == "clip_federated"
+        if federated:
             parent = session.get(ModelVersion, model.current_version_id)
             session.expunge_all()
-            return _run_federated_deletion(job, ctx, request, model, parent)
+    if federated:  # outside the transaction: SQLite would hold its write lock for the whole unlearning
+        return _run_federated_deletion(job, ctx, request, model, parent)
+    with session_scope() as session:
+        request = session.get(DeletionRequest, job.request_id)
+        model = session.get(Model, job.model_id)
         dataset = session.get(Dataset, model.dataset_id)
         parent = session.get(ModelVersion, model.current_version_id)
         existing = session.execute(select(ModelVersion).where(ModelVersion.job_id == job.id)).scalar_one_or_none()

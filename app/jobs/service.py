@@ -217,9 +217,9 @@ def _fail_request(session: Session, job: Job, error: str, status: str, problem_t
     if job.request_id:
         request = session.get(DeletionRequest, job.request_id)
         request.status, request.updated_at, request.completed_at = status, now, now
-        request.error = {
+        request.error = {  # the first line only: tracebacks stay in the worker's log and the job row
             "type": f"https://lethe.dev/problems/{problem_type}",
-            "detail": error[:2000],
+            "detail": error.split("\n", 1)[0][:2000],
             "attempts": job.attempts,
         }
         append_event(
@@ -228,7 +228,7 @@ def _fail_request(session: Session, job: Job, error: str, status: str, problem_t
             action=f"deletion_request.{status}",
             entity_type="deletion_request",
             entity_id=request.id,
-            payload={"job_id": job.id, "error": error[:500], "attempts": job.attempts},
+            payload={"job_id": job.id, "error": error.split("\n", 1)[0][:500], "attempts": job.attempts},
         )
     elif job.kind == "train_model":
         model = session.get(Model, job.model_id)
@@ -239,7 +239,7 @@ def _fail_request(session: Session, job: Job, error: str, status: str, problem_t
             action="model.failed",
             entity_type="model",
             entity_id=model.id,
-            payload={"job_id": job.id, "error": error[:500]},
+            payload={"job_id": job.id, "error": error.split("\n", 1)[0][:500]},
         )
 
 
