@@ -157,6 +157,12 @@ def test_listing_with_cursor_and_filter(client, tmp_path):
 
 
 def test_api_process_never_loads_torch():
-    code = "import sys; from app.main import create_app; create_app(False); print('torch' in sys.modules)"
+    code = (
+        "import sys; from app.main import create_app; create_app(False)\n"
+        "from app.ml.unlearning.base import available_methods\n"
+        "names = sorted(m.name for m in available_methods())\n"
+        "assert {'retrain', 'l2ul', 'ease', 'sisa'} <= set(names), names\n"
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"

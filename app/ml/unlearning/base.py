@@ -67,6 +67,11 @@ class UnlearningMethod(Protocol):
     def unlearn(self, problem: Any) -> UnlearningResult: ...
 
 
+def _ref_name(ref: type | str) -> str:
+    """``"module:Qualname"`` of a class or of a string reference (a package may register lazily, the module eagerly)."""
+    return ref if isinstance(ref, str) else f"{ref.__module__}:{ref.__qualname__}"
+
+
 def _resolve(ref: type | str) -> type:
     if not isinstance(ref, str):
         return ref
@@ -122,7 +127,7 @@ def register_method(
     """Register a method under ``name``. Registering the same name twice with another class is a bug."""
     spec = MethodSpec(name, config_cls, method_cls, frozenset(model_kinds), frozenset(scopes), needs_preparation)
     existing = _REGISTRY.get(name)
-    if existing is not None and existing.method_ref != method_cls:
+    if existing is not None and _ref_name(existing.method_ref) != _ref_name(method_cls):
         raise ValueError(f"method {name!r} is already registered by {existing.method_ref!r}")
     _REGISTRY[name] = spec
     return spec
