@@ -166,3 +166,24 @@ def test_api_process_never_loads_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"
+
+
+def test_rows_never_trained_on_need_no_unlearning(client, tmp_path):
+    from app.jobs.pipeline import holdout_mask
+
+    model, frame = _register(client, tmp_path)
+    held_out = frame["row_id"][holdout_mask(len(frame), 0.2, seed=0)].tolist()[:2]
+    response = client.post(
+        "/v1/deletion-requests",
+        json={"subject_ref": "gina", "model_id": model["id"], "scope": {"kind": "samples", "sample_ids": held_out}},
+    )
+    done = _finished(client, response.headers["location"])
+    assert done["status"] == "completed", done
+    versions = client.get(f"/v1/models/{model['id']}/versions").json()
+    assert versions[-1]["method"] == "none-needed"
+    assert versions[-1]["digest"] == versions[-2]["digest"]  # same parameters, new version: the tombstones changed
+    again = client.post(
+        "/v1/deletion-requests",
+        json={"subject_ref": "gina", "model_id": model["id"], "scope": {"kind": "samples", "sample_ids": held_out[:1]}},
+    )
+    assert again.status_code == 409
