@@ -42,14 +42,18 @@ log = logging.getLogger("lethe.pipeline")
 class JobContext:
     """Progress reporting and the lease heartbeat of one running job.
 
-    A background thread renews the lease every ``lease_seconds / 3`` whatever the ML code is doing, so an expired
-    lease means a dead worker, never a slow step. If the lease is lost (another worker took the job), ``lost`` is set
-    and the finishing transaction refuses to write.
+    A background thread renews the lease (every ``lease_seconds / 3``, at least once a second) whatever the ML code
+    is doing, so an expired lease means a dead worker, never a slow step. Progress is written at most twice a second
+    from the caller; a report that comes sooner is kept and written by the next beat, so the latest message is never
+    lost. If the lease is lost (another worker took the job), ``lost`` is set and the finishing transaction refuses
+    to write.
     """
 
     def __init__(self, job_id: str, owner: str):
         self.job_id, self.owner = job_id, owner
         self._last_report = 0.0
+        self._pending: tuple[float, str] | None = None
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self.lost = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"lease-{job_id[:8]}", daemon=True)
@@ -63,10 +67,17 @@ class JobContext:
         self._thread.join(timeout=5)
 
     def _beat(self) -> None:
-        interval = max(0.2, get_settings().lease_seconds / 3)
+        interval = min(1.0, max(0.2, get_settings().lease_seconds / 3))
+        lease_every = max(0.2, get_settings().lease_seconds / 3)
+        last_lease = time.monotonic()
         while not self._stop.wait(interval):
+            with self._lock:
+                pending, self._pending = self._pending, None
+            if pending is None and time.monotonic() - last_lease < lease_every:
+                continue
             try:
-                jobs.heartbeat(self.job_id, self.owner)
+                jobs.heartbeat(self.job_id, self.owner, *(pending or (None, None)))
+                last_lease = time.monotonic()
             except jobs.LeaseLostError:
                 self.lost.set()
                 return
@@ -74,13 +85,16 @@ class JobContext:
                 log.warning("heartbeat for job %s failed", self.job_id, exc_info=True)
 
     def progress(self, fraction: float, message: str) -> None:
-        """Record progress on the job and its request, at most twice a second (the database is not a log)."""
+        """Record progress on the job and its request (now, or with the next beat if the last write was < 0.5 s ago)."""
         if self.lost.is_set():
             raise jobs.LeaseLostError(self.job_id)
         now = time.monotonic()
-        if now - self._last_report < 0.5 and fraction < 1.0:
-            return
-        self._last_report = now
+        with self._lock:
+            if now - self._last_report < 0.5 and fraction < 1.0:
+                self._pending = (fraction, message)
+                return
+            self._pending = None
+            self._last_report = now
         jobs.heartbeat(self.job_id, self.owner, fraction, message)
 
 

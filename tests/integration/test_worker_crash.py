@@ -60,8 +60,8 @@ def test_sigkill_mid_job_finishes_after_lease_expiry_with_one_version(stack, tmp
         interval=0.05,
         what="the job to start",
     )
-    wait_for(
-        lambda: "unlearning" in (stack.client.get(f"/v1/deletion-requests/{request_id}").json()["message"] or ""),
+    wait_for(  # progress 0.1 = data loaded, the method (an MLP retrain of several seconds) has started
+        lambda: stack.client.get(f"/v1/deletion-requests/{request_id}").json()["progress"] >= 0.1,
         timeout=60,
         interval=0.05,
         what="the unlearning step",

@@ -23,8 +23,14 @@ def db(tmp_path):
 def _append(n: int) -> None:
     for i in range(n):
         with session_scope() as session:
-            append_event(session, actor="t", action="x.happened", entity_type="x", entity_id=str(i),
-                         payload={"i": i, "nested": {"b": [1, 2], "a": "é"}})
+            append_event(
+                session,
+                actor="t",
+                action="x.happened",
+                entity_type="x",
+                entity_id=str(i),
+                payload={"i": i, "nested": {"b": [1, 2], "a": "é"}},
+            )
 
 
 def test_chain_verifies_and_names_the_first_changed_row(db):

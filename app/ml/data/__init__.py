@@ -1,0 +1,1 @@
+"""Pure data loaders: tables (tabular.py) and caption sets (captions.py)."""

@@ -1,0 +1,228 @@
+"""Tables in, float32 feature matrices out.
+
+``load_table`` reads CSV or Parquet (path, bytes or file-like). ``TableEncoder`` turns a DataFrame into the
+features every tabular model and the Isolation Kernel see: numeric columns standardised with the training mean/std,
+categorical columns one-hot over their sorted training categories, labels mapped to 0..C-1 over their sorted string
+values. The encoder is fitted once per registered data set and stored as JSON (``to_dict``), so every later retrain,
+meta-training task and verification run encodes rows identically.
+
+Missing values (NaN/None, and ``?`` in CSV, the UCI convention used by Adult):
+- numeric: imputed with the training mean, i.e. 0 after standardisation;
+- categorical: an all-zero one-hot block (no "missing" category), the same as a category unseen at fit time.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import pandas as pd
+
+CSV_NA_VALUES = ["?"]
+_PARQUET_MAGIC = b"PAR1"
+
+
+def _sniff_format(source: Any) -> str:
+    if isinstance(source, str | os.PathLike):
+        suffixes = [s.lower() for s in Path(source).suffixes]
+        if any(s in (".parquet", ".pq") for s in suffixes):
+            return "parquet"
+        if any(s in (".csv", ".tsv", ".txt") for s in suffixes):
+            return "csv"
+        with open(source, "rb") as fh:
+            head = fh.read(4)
+    elif isinstance(source, bytes | bytearray | memoryview):
+        head = bytes(source[:4])
+    else:
+        pos = source.tell()
+        head = source.read(4)
+        source.seek(pos)
+        if isinstance(head, str):
+            return "csv"
+    return "parquet" if head == _PARQUET_MAGIC else "csv"
+
+
+def load_table(source: str | os.PathLike | bytes | BinaryIO, fmt: str | None = None) -> pd.DataFrame:
+    """Read a CSV or Parquet table.
+
+    ``fmt`` ("csv" | "parquet") defaults to the file suffix, or to the Parquet magic bytes for bytes/file-likes.
+    CSV is read with ``skipinitialspace=True`` (Adult separates with comma + space), ``?`` as missing, blank lines
+    skipped; column names are stripped of surrounding spaces.
+    """
+    fmt = (fmt or _sniff_format(source)).lower()
+    if isinstance(source, bytes | bytearray | memoryview):
+        source = io.BytesIO(bytes(source))
+    if fmt == "parquet":
+        df = pd.read_parquet(source)
+    elif fmt == "csv":
+        df = pd.read_csv(source, skipinitialspace=True, na_values=CSV_NA_VALUES, skip_blank_lines=True)
+    else:
+        raise ValueError(f"unknown table format {fmt!r}; expected 'csv' or 'parquet'")
+    df.columns = [str(c).strip() for c in df.columns]
+    return df
+
+
+def _label_str(value: Any) -> str:
+    """Canonical string of a label, so 1, 1.0 and "1" are the same class whatever the file format made of them."""
+    if isinstance(value, float | np.floating) and float(value).is_integer():
+        return str(int(value))
+    if isinstance(value, bytes):
+        return value.decode()
+    return str(value).strip()
+
+
+@dataclass
+class TableEncoder:
+    """Fitted encoding of one table; see the module docstring for the rules."""
+
+    label_column: str
+    feature_columns: list[str]
+    numeric_columns: list[str]
+    means: dict[str, float]
+    stds: dict[str, float]
+    categories: dict[str, list[str]]
+    classes: list[str]
+    version: int = 1
+    _class_index: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._class_index = {c: i for i, c in enumerate(self.classes)}
+
+    # ------------------------------------------------------------------ fit / properties
+    @classmethod
+    def fit(
+        cls,
+        df: pd.DataFrame,
+        label_column: str,
+        feature_columns: Sequence[str] | None = None,
+        exclude: Iterable[str] = (),
+    ) -> TableEncoder:
+        if label_column not in df.columns:
+            raise ValueError(f"label column {label_column!r} not in table columns {list(df.columns)}")
+        excluded = set(exclude) | {label_column}
+        if feature_columns is None:
+            feature_columns = [c for c in df.columns if c not in excluded]
+        else:
+            missing = [c for c in feature_columns if c not in df.columns]
+            if missing:
+                raise ValueError(f"feature columns {missing} not in table")
+            feature_columns = [c for c in feature_columns if c not in excluded]
+        if not feature_columns:
+            raise ValueError("no feature columns left")
+        numeric, means, stds, categories = [], {}, {}, {}
+        for col in feature_columns:
+            s = df[col]
+            if pd.api.types.is_numeric_dtype(s) or pd.api.types.is_bool_dtype(s):
+                v = s.astype("float64")
+                mean = float(v.mean()) if v.notna().any() else 0.0
+                std = float(v.std(ddof=0)) if v.notna().sum() > 1 else 0.0
+                numeric.append(col)
+                means[col] = mean
+                stds[col] = std if np.isfinite(std) and std > 0 else 1.0
+            else:
+                categories[col] = sorted({str(x).strip() for x in s.dropna()})
+        labels = df[label_column].dropna()
+        if len(labels) != len(df):
+            raise ValueError(f"label column {label_column!r} has {len(df) - len(labels)} missing values")
+        classes = sorted({_label_str(x) for x in labels})
+        if len(classes) < 2:
+            raise ValueError(f"label column {label_column!r} has fewer than two classes: {classes}")
+        return cls(label_column, list(feature_columns), numeric, means, stds, categories, classes)
+
+    @property
+    def n_features(self) -> int:
+        return len(self.numeric_columns) + sum(len(v) for v in self.categories.values())
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def feature_names(self) -> list[str]:
+        names = []
+        for col in self.feature_columns:
+            if col in self.categories:
+                names.extend(f"{col}={cat}" for cat in self.categories[col])
+            else:
+                names.append(col)
+        return names
+
+    # ------------------------------------------------------------------ transform
+    def transform(self, df: pd.DataFrame) -> np.ndarray:
+        """Encode ``df`` (extra columns ignored; a missing feature column is an error) as float32 [n, n_features]."""
+        missing = [c for c in self.feature_columns if c not in df.columns]
+        if missing:
+            raise ValueError(f"table lacks feature columns {missing}")
+        out = np.zeros((len(df), self.n_features), dtype=np.float32)
+        j = 0
+        for col in self.feature_columns:
+            s = df[col]
+            if col in self.categories:
+                cats = self.categories[col]
+                values = [str(x).strip() if pd.notna(x) else None for x in s.tolist()]
+                codes = pd.Index(cats).get_indexer(values)
+                rows = np.nonzero(codes >= 0)[0]  # -1: missing or unseen category -> all-zero block
+                out[rows, j + codes[rows]] = 1.0
+                j += len(cats)
+            else:
+                v = pd.to_numeric(s, errors="coerce").to_numpy(dtype=np.float64)
+                v = (v - self.means[col]) / self.stds[col]
+                out[:, j] = np.nan_to_num(v, nan=0.0, posinf=0.0, neginf=0.0)
+                j += 1
+        return out
+
+    def encode_labels(self, series: pd.Series | Sequence[Any]) -> np.ndarray:
+        """Labels -> int64 class indices; an unknown label is an error (a model cannot learn a class it never saw)."""
+        values = series.tolist() if isinstance(series, pd.Series) else list(series)
+        try:
+            return np.fromiter((self._class_index[_label_str(v)] for v in values), dtype=np.int64, count=len(values))
+        except KeyError as exc:
+            raise ValueError(f"unknown label {exc.args[0]!r}; known classes {self.classes}") from None
+
+    def decode_labels(self, indices: Sequence[int] | np.ndarray) -> list[str]:
+        return [self.classes[int(i)] for i in indices]
+
+    # ------------------------------------------------------------------ serialisation
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "label_column": self.label_column,
+            "feature_columns": list(self.feature_columns),
+            "numeric_columns": list(self.numeric_columns),
+            "means": dict(self.means),
+            "stds": dict(self.stds),
+            "categories": {k: list(v) for k, v in self.categories.items()},
+            "classes": list(self.classes),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TableEncoder:
+        known = {
+            "version",
+            "label_column",
+            "feature_columns",
+            "numeric_columns",
+            "means",
+            "stds",
+            "categories",
+            "classes",
+        }
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown TableEncoder keys {unknown}")
+        if data.get("version", 1) != 1:
+            raise ValueError(f"unsupported TableEncoder version {data.get('version')}")
+        return cls(
+            label_column=data["label_column"],
+            feature_columns=list(data["feature_columns"]),
+            numeric_columns=list(data["numeric_columns"]),
+            means={k: float(v) for k, v in data["means"].items()},
+            stds={k: float(v) for k, v in data["stds"].items()},
+            categories={k: list(v) for k, v in data["categories"].items()},
+            classes=list(data["classes"]),
+        )

@@ -1,0 +1,37 @@
+"""L2UL (Learning-to-UnLearn, Zhang et al. 2026) for tabular models; see method.py for the algorithm map.
+
+Registered by reference ("module:Class") so that reading the method registry (the API does, to validate requests)
+never imports torch; the names below load their modules on first use (PEP 562).
+"""
+
+import importlib
+
+from app.ml.unlearning.base import register_method
+
+register_method(
+    "l2ul",
+    "app.ml.unlearning.l2ul.method:L2ULConfig",
+    "app.ml.unlearning.l2ul.method:L2UL",
+    model_kinds={"tabular"},
+    scopes={"samples"},
+    needs_preparation=True,
+)
+
+_EXPORTS = {
+    "ARTIFACT_NAMES": "method",
+    "L2UL": "method",
+    "L2ULConfig": "method",
+    "IsolationKernel": "kernel",
+    "KernelState": "kernel",
+    "MetaSet": "meta",
+    "generate_meta_set": "meta",
+    "Unlearner": "unlearner",
+    "UnlearnerConfig": "unlearner",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
