@@ -79,6 +79,7 @@ def append_event(
     entity_type: str,
     entity_id: str,
     payload: dict[str, Any] | None = None,
+    flush: bool = True,
 ) -> AuditEvent:
     """Append one event inside the caller's transaction (so it commits or rolls back with the change it records).
 
@@ -106,7 +107,8 @@ def append_event(
         hash=event_hash(prev_hash, seq, at, actor, action, entity_type, entity_id, payload),
     )
     session.add(event)
-    session.flush()
+    if flush:
+        session.flush()
     session.info[_HEAD_KEY] = (seq, event.hash)
     return event
 

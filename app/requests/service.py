@@ -53,7 +53,7 @@ def to_out(request: DeletionRequest) -> DeletionRequestOut:
     )
 
 
-def _find_idempotent(session: Session, principal: Principal, key: str) -> DeletionRequest | None:
+def find_idempotent(session: Session, principal: Principal, key: str) -> DeletionRequest | None:
     return session.execute(
         select(DeletionRequest).where(
             DeletionRequest.api_key_id == principal.key_id, DeletionRequest.idempotency_key == key
@@ -61,7 +61,7 @@ def _find_idempotent(session: Session, principal: Principal, key: str) -> Deleti
     ).scalar_one_or_none()
 
 
-def _replay(existing: DeletionRequest, fingerprint: str) -> DeletionRequest:
+def replay(existing: DeletionRequest, fingerprint: str) -> DeletionRequest:
     if existing.body_hash != fingerprint:
         raise Problem(
             422,
@@ -73,8 +73,9 @@ def _replay(existing: DeletionRequest, fingerprint: str) -> DeletionRequest:
     return existing
 
 
-def validate_against_registry(session: Session, body: DeletionRequestCreate) -> Model:
-    model = session.get(Model, body.model_id)
+def validate_against_registry(session: Session, body: DeletionRequestCreate, model: Model | None = None) -> Model:
+    """``model``: a recent snapshot of the row (the intake batcher caches them for a second)."""
+    model = model or session.get(Model, body.model_id)
     if model is None:
         raise Problem(404, "model-not-found", "No such model", body.model_id, model_id=body.model_id)
     if model.status != "ready":
@@ -190,64 +191,78 @@ def _validate_rows(session: Session, model: Model, body: DeletionRequestCreate) 
             )
 
 
+def add_request(
+    session: Session,
+    principal: Principal,
+    body: DeletionRequestCreate,
+    idempotency_key: str | None,
+    model: Model,
+    fingerprint: str,
+) -> DeletionRequest:
+    """Add request + job + audit event to the session (validated already; nothing is flushed here)."""
+    request = DeletionRequest(
+        id=new_id(),
+        model_id=model.id,
+        subject_hash=hash_subject(get_settings().secret(), body.subject_ref),
+        scope=body.scope.model_dump(exclude_none=True),
+        method=body.method,
+        method_settings=body.method_settings,
+        callback_url=str(body.callback_url) if body.callback_url else None,
+        api_key_id=principal.key_id,
+        idempotency_key=idempotency_key,
+        body_hash=fingerprint,
+        status="received",
+    )
+    job = new_job(
+        session, kind="deletion", model_id=model.id, model_kind=model.kind, request_id=request.id, flush=False
+    )
+    request.job_id = job.id
+    session.add(request)
+    scope_summary = {k: v for k, v in request.scope.items() if k != "sample_ids"}
+    if "sample_ids" in request.scope:
+        scope_summary["n_samples"] = len(request.scope["sample_ids"])
+    append_event(
+        session,
+        actor=principal.actor,
+        action="deletion_request.received",
+        entity_type="deletion_request",
+        entity_id=request.id,
+        payload={
+            "model_id": model.id,
+            "subject_hash": request.subject_hash,
+            "scope": scope_summary,
+            "method": body.method,
+            "job_id": job.id,
+        },
+        flush=False,
+    )
+    return request
+
+
 def stage_request(
     session: Session, principal: Principal, body: DeletionRequestCreate, idempotency_key: str | None
 ) -> tuple[DeletionRequest, bool]:
     """Validate and write request + job + audit event inside a SAVEPOINT of the caller's transaction (no commit).
 
-    Returns (request, created). A replay is found by the unique (api key, Idempotency-Key) constraint at insert time
-    rather than by a look-up first: one round trip less on the hot path, and the only check that is right under
-    concurrency anyway. A Problem leaves the outer transaction untouched, so a batch can go on with the next request.
+    Returns (request, created). A replay is found by the unique (api key, Idempotency-Key) constraint at insert time,
+    the only check that is right under concurrency. A Problem leaves the outer transaction untouched, so a batch can
+    go on with the next request. (intake.py's fast path validates a whole batch first and uses this as fallback.)
     """
     fingerprint = body_fingerprint(body)
     savepoint = session.begin_nested()
     try:
         model = validate_against_registry(session, body)
-        request = DeletionRequest(
-            model_id=model.id,
-            subject_hash=hash_subject(get_settings().secret(), body.subject_ref),
-            scope=body.scope.model_dump(exclude_none=True),
-            method=body.method,
-            method_settings=body.method_settings,
-            callback_url=str(body.callback_url) if body.callback_url else None,
-            api_key_id=principal.key_id,
-            idempotency_key=idempotency_key,
-            body_hash=fingerprint,
-            status="received",
-        )
-        request.id = new_id()
-        job = new_job(
-            session, kind="deletion", model_id=model.id, model_kind=model.kind, request_id=request.id, flush=False
-        )
-        request.job_id = job.id
-        session.add(request)
-        session.flush()  # a twin with the same Idempotency-Key fails here, before the audit append
-        scope_summary = {k: v for k, v in request.scope.items() if k != "sample_ids"}
-        if "sample_ids" in request.scope:
-            scope_summary["n_samples"] = len(request.scope["sample_ids"])
-        append_event(
-            session,
-            actor=principal.actor,
-            action="deletion_request.received",
-            entity_type="deletion_request",
-            entity_id=request.id,
-            payload={
-                "model_id": model.id,
-                "subject_hash": request.subject_hash,
-                "scope": scope_summary,
-                "method": body.method,
-                "job_id": job.id,
-            },
-        )
+        request = add_request(session, principal, body, idempotency_key, model, fingerprint)
+        session.flush()  # a twin with the same Idempotency-Key fails here
         savepoint.commit()
         return request, True
     except (Problem, IntegrityError):
         savepoint.rollback()
         forget_head(session)
-        existing = _find_idempotent(session, principal, idempotency_key) if idempotency_key else None
+        existing = find_idempotent(session, principal, idempotency_key) if idempotency_key else None
         if existing is None:
             raise
-        return _replay(existing, fingerprint), False
+        return replay(existing, fingerprint), False
 
 
 def create_request(

@@ -96,3 +96,17 @@ def test_secret_is_generated_once_with_private_mode(tmp_path, monkeypatch):
     first = get_settings().secret()
     assert first == get_settings().secret() and len(first) > 40
     assert (tmp_path / "secret.key").stat().st_mode & 0o777 == 0o600
+
+
+def test_intake_drops_requests_whose_client_went_away(db):
+    from concurrent.futures import Future
+
+    from app.requests.intake import IntakeBatcher, _Item
+
+    batcher = IntakeBatcher(max_batch=4, wait_ms=0)
+    gone, here = Future(), Future()
+    gone.cancel()
+    items = [_Item(None, None, None, gone), _Item(None, None, None, here)]
+    batcher._queue.put(items[1])
+    batch = batcher._collect(items[0])
+    assert batch == [items[1]] and here.running()  # taken: it can no longer be cancelled, so it will be answered
