@@ -19,7 +19,7 @@ from app.requests.tables import REQUEST_STATUSES
 router = APIRouter(prefix="/v1/deletion-requests", tags=["deletion requests"])
 
 
-def require_json(request: Request) -> None:
+async def require_json(request: Request) -> None:
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type != "application/json":
         raise Problem(415, "unsupported-media-type", "Unsupported media type", "Send application/json.")
