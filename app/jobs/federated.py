@@ -19,7 +19,6 @@ from safetensors.torch import load as load_tensors
 from sqlalchemy import insert, select
 
 from app.audit.service import append_event
-from app.config import get_settings
 from app.db import session_scope
 from app.jobs import service as jobs
 from app.jobs.tables import Job
@@ -81,11 +80,8 @@ def run_train_clip(job: Job, ctx) -> None:
         if clip_in["arch"] != TINY_ARCH:
             raise FederatedJobError(f"architecture {clip_in['arch']!r} needs a checkpoint_path (no downloads here)")
         ctx.progress(0.05, "pretraining the tiny CLIP backbone (cached after the first time)")
-        checkpoint = str(
-            pretrain_tiny_clip(
-                cache_dir=get_settings().home / "cache", progress=lambda f, m: ctx.progress(0.05 + 0.6 * f, m)
-            )
-        )
+        # the shared cache (LETHE_CACHE_DIR, default ~/.cache/lethe): keyed by config and settings, built once
+        checkpoint = str(pretrain_tiny_clip(progress=lambda f, m: ctx.progress(0.05 + 0.6 * f, m)))
     spec = ClipSpec(arch=clip_in["arch"], checkpoint=checkpoint, lora=LoraSettings(**clip_in.get("lora", {})))
     ctx.progress(0.7, "building the LoRA model")
     clip = _clip(json.dumps(spec.to_dict(), sort_keys=True))
