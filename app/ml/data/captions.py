@@ -1,0 +1,446 @@
+"""Image–caption data: a seeded compositional generator, non-IID federated splits, and a Karpathy-JSON loader.
+
+Why a generator: no weights or data can be downloaded at run time, yet the federated unlearning code must be
+exercised end to end and its benchmark must be able to *show* forgetting. The generator draws small 32×32 images of
+a shape (size, colour, position) and the matching caption, e.g. ``"a small red triangle at the top left"``.
+
+The vocabulary is split into **base** values (seen in pretraining) and **novel** values that only the federation
+teaches, each held by chosen clients (see :func:`make_synthetic_federation`):
+
+* ``star`` (a shape) — held only by the *forget client* (client 0): the client-deletion scenario;
+* ``purple`` (a colour) — held by several clients: the class-deletion scenario ("every caption with purple");
+* ``ring`` (a shape) — held by one data subject inside the last client: the sample-deletion scenario.
+
+A model that never saw a novel concept cannot tell ``"a large red star …"`` from ``"a large red circle …"``, so the
+original model remembers the forget data measurably better than the retrained reference — the precondition for a
+benchmark of forgetting (ease-notes §5: forget-side R@1 compared against Retrain).
+
+The attribute space is small on purpose (2 sizes × 5 colours × 5 shapes × 4 positions): galleries then contain many
+captions that differ in one word only, which is what retrieval must resolve.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+SIZES = ("small", "large")
+BASE_COLOURS = ("red", "green", "blue", "yellow")
+NOVEL_COLOURS = ("purple",)
+BASE_SHAPES = ("circle", "square", "triangle")
+NOVEL_SHAPES = ("star", "ring")
+POSITIONS = ("top left", "top right", "bottom left", "bottom right")
+
+_RGB = {
+    "red": (0.9, 0.15, 0.15),
+    "green": (0.15, 0.8, 0.2),
+    "blue": (0.2, 0.3, 0.95),
+    "yellow": (0.95, 0.9, 0.15),
+    "purple": (0.62, 0.2, 0.82),
+}
+_CENTRES = {"top left": (9.0, 9.0), "top right": (23.0, 9.0), "bottom left": (9.0, 23.0), "bottom right": (23.0, 23.0)}
+_RADIUS = {"small": 4.6, "large": 7.4}
+
+IMAGE_SIZE = 32
+IMAGE_MEAN = 0.5
+IMAGE_STD = 0.25
+
+# ------------------------------------------------------------------------------------------------ tokenizer
+
+VOCAB_SIZE = 64
+"""Size of the compact vocabulary (and of the tiny CLIP's token embedding)."""
+
+_WORDS: tuple[str, ...] = (
+    "a",
+    "at",
+    "the",
+    "of",
+    "and",
+    "with",
+    "in",
+    "on",
+    *SIZES,
+    *BASE_COLOURS,
+    *NOVEL_COLOURS,
+    *BASE_SHAPES,
+    *NOVEL_SHAPES,
+    "top",
+    "bottom",
+    "left",
+    "right",
+    "center",
+    "middle",
+)
+
+
+class WordTokenizer:
+    """A word-level tokenizer for the compact caption vocabulary.
+
+    Ids: 0 = padding (open_clip's ``pad_id``), 1 = unknown word, 2.. = words, ``VOCAB_SIZE-2`` = start of text,
+    ``VOCAB_SIZE-1`` = end of text. The end-of-text id must be the largest: open_clip's text tower pools the
+    features at ``argmax`` of the token ids (``text_global_pool(pool_type="argmax")``).
+    """
+
+    pad_id = 0
+    unk_id = 1
+
+    def __init__(self, context_length: int = 12, words: Sequence[str] = _WORDS, vocab_size: int = VOCAB_SIZE):
+        if len(words) + 4 > vocab_size:
+            raise ValueError(f"{len(words)} words do not fit a vocabulary of {vocab_size}")
+        self.context_length = context_length
+        self.vocab_size = vocab_size
+        self.sot_id = vocab_size - 2
+        self.eot_id = vocab_size - 1
+        self.word_to_id = {w: i + 2 for i, w in enumerate(words)}
+
+    def encode(self, text: str) -> list[int]:
+        words = re.findall(r"[a-z]+", text.lower())
+        return [self.word_to_id.get(w, self.unk_id) for w in words]
+
+    def __call__(self, texts: str | Sequence[str]) -> torch.Tensor:
+        if isinstance(texts, str):
+            texts = [texts]
+        out = torch.full((len(texts), self.context_length), self.pad_id, dtype=torch.long)
+        for row, text in enumerate(texts):
+            ids = [self.sot_id, *self.encode(text)][: self.context_length - 1] + [self.eot_id]
+            out[row, : len(ids)] = torch.tensor(ids)
+        return out
+
+
+# ------------------------------------------------------------------------------------------------ data sets
+
+
+@dataclass
+class CaptionDataset:
+    """Image–caption pairs as tensors. ``images``: float N×3×H×W, already normalised for the model.
+
+    ``captions`` are the raw texts (retrieval counts a caption as correct when its text equals the ground truth, so
+    duplicate captions are handled), ``ids`` are stable sample ids (the registry's), ``subjects`` the data subject
+    each pair belongs to, ``attributes`` the generator's attributes (empty for real data).
+    """
+
+    images: torch.Tensor
+    captions: list[str]
+    ids: list[str]
+    subjects: list[str] = field(default_factory=list)
+    attributes: list[dict[str, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = len(self.captions)
+        if self.images.shape[0] != n or len(self.ids) != n:
+            raise ValueError("images, captions and ids must have the same length")
+        if not self.subjects:
+            self.subjects = [""] * n
+        if not self.attributes:
+            self.attributes = [{} for _ in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.captions)
+
+    def subset(self, index: Sequence[int] | np.ndarray | torch.Tensor) -> CaptionDataset:
+        idx = [int(i) for i in (index.tolist() if hasattr(index, "tolist") else index)]
+        return CaptionDataset(
+            images=self.images[idx],
+            captions=[self.captions[i] for i in idx],
+            ids=[self.ids[i] for i in idx],
+            subjects=[self.subjects[i] for i in idx],
+            attributes=[self.attributes[i] for i in idx],
+        )
+
+    def mask(self, predicate: Callable[[int], bool]) -> np.ndarray:
+        return np.array([bool(predicate(i)) for i in range(len(self))], dtype=bool)
+
+    def has_word(self, word: str) -> np.ndarray:
+        """Rows whose caption contains ``word`` as a whole word (the class-deletion selector)."""
+        pattern = re.compile(rf"\b{re.escape(word.lower())}\b")
+        return np.array([bool(pattern.search(c.lower())) for c in self.captions], dtype=bool)
+
+    @staticmethod
+    def concat(parts: Sequence[CaptionDataset]) -> CaptionDataset:
+        return CaptionDataset(
+            images=torch.cat([p.images for p in parts]) if parts else torch.empty(0, 3, IMAGE_SIZE, IMAGE_SIZE),
+            captions=[c for p in parts for c in p.captions],
+            ids=[i for p in parts for i in p.ids],
+            subjects=[s for p in parts for s in p.subjects],
+            attributes=[a for p in parts for a in p.attributes],
+        )
+
+
+# ------------------------------------------------------------------------------------------------ rendering
+
+
+def caption_for(attrs: dict[str, str]) -> str:
+    return f"a {attrs['size']} {attrs['colour']} {attrs['shape']} at the {attrs['position']}"
+
+
+def _shape_mask(shape: str, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Inside-mask on coordinates (u, v) scaled so that the shape's radius is 1."""
+    rho = np.hypot(u, v)
+    if shape == "circle":
+        return rho <= 1.0
+    if shape == "square":
+        return np.maximum(np.abs(u), np.abs(v)) <= 0.82
+    if shape == "triangle":  # apex up
+        return (v >= -1.0) & (v <= 0.8) & (np.abs(u) <= 0.62 * (v + 1.0))
+    if shape == "star":
+        phi = np.arctan2(v, u) + np.pi / 2
+        return rho <= 0.42 + 0.7 * (0.5 + 0.5 * np.cos(5 * phi)) ** 3
+    if shape == "ring":
+        return (rho <= 1.0) & (rho >= 0.55)
+    raise ValueError(f"unknown shape {shape!r}")
+
+
+def render(attrs: dict[str, str], rng: np.random.Generator) -> np.ndarray:
+    """Render one 32×32 RGB image in [0, 1] (2× supersampled, jittered position, size, colour and background)."""
+    ss = 2
+    n = IMAGE_SIZE * ss
+    cx, cy = _CENTRES[attrs["position"]]
+    cx, cy = (cx + rng.uniform(-2, 2)) * ss, (cy + rng.uniform(-2, 2)) * ss
+    r = (_RADIUS[attrs["size"]] + rng.uniform(-0.5, 0.5)) * ss
+    yy, xx = np.mgrid[0:n, 0:n].astype(np.float32) + 0.5
+    mask = _shape_mask(attrs["shape"], (xx - cx) / r, (yy - cy) / r).astype(np.float32)
+    mask = mask.reshape(IMAGE_SIZE, ss, IMAGE_SIZE, ss).mean(axis=(1, 3))[..., None]
+    colour = np.clip(np.array(_RGB[attrs["colour"]]) + rng.uniform(-0.06, 0.06, 3), 0, 1)
+    background = rng.uniform(0.05, 0.3) + rng.normal(0, 0.03, (IMAGE_SIZE, IMAGE_SIZE, 1))
+    image = mask * colour + (1 - mask) * background
+    return np.clip(image, 0, 1).astype(np.float32)
+
+
+def to_tensor(images: np.ndarray) -> torch.Tensor:
+    """N×H×W×3 in [0, 1] → normalised N×3×H×W float tensor."""
+    return (torch.from_numpy(images).permute(0, 3, 1, 2).float() - IMAGE_MEAN) / IMAGE_STD
+
+
+def generate_pairs(
+    attrs: Sequence[dict[str, str]],
+    rng: np.random.Generator,
+    id_prefix: str,
+    subjects: Sequence[str] | None = None,
+) -> CaptionDataset:
+    images = np.stack([render(a, rng) for a in attrs]) if attrs else np.zeros((0, IMAGE_SIZE, IMAGE_SIZE, 3))
+    return CaptionDataset(
+        images=to_tensor(images.astype(np.float32)),
+        captions=[caption_for(a) for a in attrs],
+        ids=[f"{id_prefix}-{i:05d}" for i in range(len(attrs))],
+        subjects=list(subjects) if subjects is not None else [],
+        attributes=[dict(a) for a in attrs],
+    )
+
+
+def _draw(
+    rng: np.random.Generator,
+    shapes: Sequence[str] = BASE_SHAPES,
+    colours: Sequence[str] = BASE_COLOURS,
+    position_weights: np.ndarray | None = None,
+) -> dict[str, str]:
+    return {
+        "size": SIZES[rng.integers(len(SIZES))],
+        "colour": colours[rng.integers(len(colours))],
+        "shape": shapes[rng.integers(len(shapes))],
+        "position": POSITIONS[rng.choice(len(POSITIONS), p=position_weights)],
+    }
+
+
+def make_pretraining_set(seed: int, n: int) -> CaptionDataset:
+    """Base concepts only (no star, ring or purple): what the frozen backbone knows before federated training."""
+    rng = np.random.default_rng([seed, 7])
+    return generate_pairs([_draw(rng) for _ in range(n)], rng, id_prefix="pre")
+
+
+# ------------------------------------------------------------------------------------------------ federation
+
+
+@dataclass
+class SyntheticFederation:
+    """Client data sets, a held-out test set and the three deletion scenarios the generator planted.
+
+    ``scenarios`` maps ``"client"``/``"class"``/``"samples"`` to a description: the forget client index, the forgotten
+    word, or the data subject (with its client). ``forget_masks(scenario)`` gives one boolean mask per client.
+    """
+
+    clients: list[CaptionDataset]
+    test: CaptionDataset
+    scenarios: dict[str, dict[str, Any]]
+    seed: int
+
+    def forget_masks(self, scenario: str) -> list[np.ndarray]:
+        spec = self.scenarios[scenario]
+        masks = []
+        for k, data in enumerate(self.clients):
+            if scenario == "client":
+                masks.append(np.full(len(data), k == spec["client"], dtype=bool))
+            elif scenario == "class":
+                masks.append(data.has_word(spec["word"]))
+            elif scenario == "samples":
+                masks.append(np.array([s == spec["subject"] for s in data.subjects], dtype=bool))
+            else:
+                raise KeyError(scenario)
+        return masks
+
+
+def _client_attrs(
+    k: int, n: int, n_clients: int, rng: np.random.Generator, fractions: dict[str, float]
+) -> tuple[list[dict[str, str]], list[str]]:
+    """Attributes and subjects of client ``k``: its novel concept(s) plus non-IID base pairs.
+
+    Non-IID: each client photographs mostly one position (55 %), and only it (or its group) holds its novel concept.
+    """
+    pos_w = np.full(len(POSITIONS), 0.45 / (len(POSITIONS) - 1))
+    pos_w[k % len(POSITIONS)] = 0.55
+    class_holders = set(range(1, min(4, n_clients)))
+    attrs: list[dict[str, str]] = []
+    subjects: list[str] = []
+    n_star = round(fractions["star"] * n) if k == 0 else 0
+    n_purple = round(fractions["purple"] * n) if k in class_holders else 0
+    n_ring = round(fractions["ring"] * n) if k == n_clients - 1 else 0
+    for _ in range(n_star):
+        attrs.append(_draw(rng, shapes=("star",), position_weights=pos_w))
+        subjects.append(f"c{k}-s{rng.integers(1, 10)}")
+    for _ in range(n_purple):
+        attrs.append(_draw(rng, colours=("purple",), position_weights=pos_w))
+        subjects.append(f"c{k}-s{rng.integers(1, 10)}")
+    for _ in range(n_ring):
+        attrs.append(_draw(rng, shapes=("ring",), position_weights=pos_w))
+        subjects.append(f"c{k}-s0")  # one data subject owns every ring photo
+    while len(attrs) < n:
+        attrs.append(_draw(rng, position_weights=pos_w))
+        subjects.append(f"c{k}-s{rng.integers(1, 10)}")
+    order = rng.permutation(n)
+    return [attrs[i] for i in order], [subjects[i] for i in order]
+
+
+DEFAULT_FRACTIONS = {"star": 0.5, "purple": 0.3, "ring": 0.2}
+
+
+def make_synthetic_federation(
+    seed: int,
+    n_clients: int = 5,
+    pairs_per_client: int = 200,
+    n_test: int = 300,
+    fractions: dict[str, float] | None = None,
+) -> SyntheticFederation:
+    """A seeded non-IID federation with the three planted deletion scenarios (module docstring).
+
+    The test set follows the pooled client mixture (each test pair drawn like a pair of a random client).
+    """
+    if n_clients < 3:
+        raise ValueError("the three scenarios need at least 3 clients")
+    fractions = {**DEFAULT_FRACTIONS, **(fractions or {})}
+    clients = []
+    for k in range(n_clients):
+        rng = np.random.default_rng([seed, 11, k])
+        attrs, subjects = _client_attrs(k, pairs_per_client, n_clients, rng, fractions)
+        clients.append(generate_pairs(attrs, rng, id_prefix=f"c{k}", subjects=subjects))
+    rng = np.random.default_rng([seed, 13])
+    test_attrs: list[dict[str, str]] = []
+    for _ in range(n_test):
+        k = int(rng.integers(n_clients))
+        pos_w = np.full(len(POSITIONS), 0.45 / (len(POSITIONS) - 1))
+        pos_w[k % len(POSITIONS)] = 0.55
+        u = rng.random()
+        if k == 0 and u < fractions["star"]:
+            test_attrs.append(_draw(rng, shapes=("star",), position_weights=pos_w))
+        elif k in set(range(1, min(4, n_clients))) and u < fractions["purple"]:
+            test_attrs.append(_draw(rng, colours=("purple",), position_weights=pos_w))
+        elif k == n_clients - 1 and u < fractions["ring"]:
+            test_attrs.append(_draw(rng, shapes=("ring",), position_weights=pos_w))
+        else:
+            test_attrs.append(_draw(rng, position_weights=pos_w))
+    test = generate_pairs(test_attrs, rng, id_prefix="test")
+    scenarios = {
+        "client": {"client": 0, "concept": "star"},
+        "class": {"word": "purple", "clients": sorted(range(1, min(4, n_clients)))},
+        "samples": {"client": n_clients - 1, "subject": f"c{n_clients - 1}-s0", "concept": "ring"},
+    }
+    return SyntheticFederation(clients=clients, test=test, scenarios=scenarios, seed=seed)
+
+
+# ------------------------------------------------------------------------------------------------ Karpathy layout
+
+
+@dataclass
+class KarpathyCaptions:
+    """The Flickr30K/COCO Karpathy-split layout, read but not decoded: one row per (image, sentence)."""
+
+    image_paths: list[Path]
+    captions: list[str]
+    ids: list[str]
+    image_index: list[int]  # which image (0..n_images-1) each caption belongs to
+
+
+def load_karpathy_split(
+    json_path: str | Path,
+    image_root: str | Path,
+    split: str = "test",
+    max_images: int | None = None,
+    captions_per_image: int | None = None,
+) -> KarpathyCaptions:
+    """Read a ``dataset_flickr30k.json``/``dataset_coco.json``-style file.
+
+    Layout: ``{"images": [{"filename", "split", "sentences": [{"raw"}...], optional "filepath", "imgid",
+    "sentids"}]}``; COCO's entries carry a ``filepath`` (e.g. ``val2014``) below ``image_root``. Karpathy's COCO
+    ``restval`` images count as ``train``.
+    """
+    payload = json.loads(Path(json_path).read_text())
+    root = Path(image_root)
+    paths: list[Path] = []
+    captions: list[str] = []
+    ids: list[str] = []
+    image_index: list[int] = []
+    for entry in payload["images"]:
+        entry_split = "train" if entry.get("split") == "restval" else entry.get("split")
+        if entry_split != split:
+            continue
+        if max_images is not None and len(paths) >= max_images:
+            break
+        path = root / entry.get("filepath", "") / entry["filename"]
+        image_no = len(paths)
+        paths.append(path)
+        sentences = entry["sentences"][:captions_per_image] if captions_per_image else entry["sentences"]
+        sentids = entry.get("sentids") or list(range(len(entry["sentences"])))
+        for j, sentence in enumerate(sentences):
+            raw = sentence.get("raw") or " ".join(sentence.get("tokens", []))
+            captions.append(raw.strip())
+            ids.append(f"{entry.get('imgid', image_no)}-{sentids[j] if j < len(sentids) else j}")
+            image_index.append(image_no)
+    return KarpathyCaptions(image_paths=paths, captions=captions, ids=ids, image_index=image_index)
+
+
+def karpathy_to_dataset(
+    data: KarpathyCaptions,
+    preprocess: Callable[[Any], torch.Tensor],
+) -> CaptionDataset:
+    """Decode the images with ``preprocess`` (e.g. open_clip's eval transform) into one row per caption.
+
+    Each image is decoded once and repeated for each of its captions (Flickr30K/COCO have five), the pair layout
+    the federation and the retrieval metrics use.
+    """
+    from PIL import Image
+
+    decoded = []
+    for path in data.image_paths:
+        with Image.open(path) as im:
+            decoded.append(preprocess(im.convert("RGB")))
+    images = torch.stack(decoded) if decoded else torch.empty(0)
+    rows = images[torch.tensor(data.image_index, dtype=torch.long)] if decoded else images
+    return CaptionDataset(images=rows, captions=list(data.captions), ids=list(data.ids))
+
+
+def simple_preprocess(
+    image_size: int, mean: float = IMAGE_MEAN, std: float = IMAGE_STD
+) -> Callable[[Any], torch.Tensor]:
+    """A PIL → tensor transform (resize, scale, normalise) for models without open_clip's transforms."""
+
+    def _apply(img: Any) -> torch.Tensor:
+        img = img.resize((image_size, image_size))
+        arr = np.asarray(img, dtype=np.float32) / 255.0
+        return (torch.from_numpy(arr).permute(2, 0, 1) - mean) / std
+
+    return _apply

@@ -1,0 +1,499 @@
+"""FedAvg over the LoRA vector, with the per-client update history that EASE's GSD reuses.
+
+Why record every client's update: GSD "reuses the client updates FedAvg already transmits" to build per-client
+subspaces (ease-notes §3 [SECONDARY: knowledge-base]); FedEraser replays the same stored updates (§7). The history
+is ``[rounds × clients × p]`` (zeros where a client did not take part), returned as a tensor the worker stores as an
+artifact.
+
+Two hooks serve PFL (ease-notes §4): ``projection(Δ) -> Δ`` runs at the server on each aggregated update, and
+``penalty(θ) -> loss`` is added to every client's local objective (θ is the differentiable flat LoRA vector).
+
+Clients are simulated in-process, one after another, on one model instance: a round is exactly what a deployment
+with real clients computes (each client starts from the broadcast θ and returns θ_local − θ).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from app.ml.clip import ClipLoRA, ClipSpec, LoraSettings, caption_labels, clip_loss, lora_parameters
+from app.ml.data.captions import CaptionDataset, SyntheticFederation, make_synthetic_federation
+from app.ml.unlearning.base import ProgressFn, no_progress
+
+Projection = Callable[[torch.Tensor], torch.Tensor]
+Penalty = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class FedSettings:
+    """The federated schedule. The paper's values are [UNKNOWN] (ease-notes §1); these fit the tiny demo model."""
+
+    rounds: int = 20
+    local_epochs: float = 1.0
+    batch_size: int = 50
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    seed: int = 0
+
+
+def bytes_of(p: int, dtype: torch.dtype = torch.float32) -> int:
+    """Bytes to send one p-vector (θ or Δ) in ``dtype``."""
+    return p * torch.empty((), dtype=dtype).element_size()
+
+
+def fedavg(updates: torch.Tensor, weights: torch.Tensor | Sequence[float] | None = None) -> torch.Tensor:
+    """Weighted mean of client updates ``[clients × p]`` (weights: pair counts, McMahan et al.'s n_k / n)."""
+    if updates.shape[0] == 0:
+        return torch.zeros(updates.shape[1:], dtype=updates.dtype)
+    w = torch.ones(updates.shape[0]) if weights is None else torch.as_tensor(weights, dtype=torch.float64)
+    w = (w / w.sum()).to(updates.dtype).to(updates.device)
+    return (w[:, None] * updates).sum(dim=0)
+
+
+def apply_round(
+    theta: torch.Tensor,
+    client_updates: torch.Tensor | Sequence[torch.Tensor],
+    weights: torch.Tensor | Sequence[float] | None = None,
+    projection: Projection | None = None,
+) -> torch.Tensor:
+    """The server's step for one round: θ ← θ + P(FedAvg(Δ₁…Δ_K)); ``projection`` is e.g. ``ForgetLock.project``."""
+    updates = torch.stack(list(client_updates)) if not isinstance(client_updates, torch.Tensor) else client_updates
+    delta = fedavg(updates.float(), weights)
+    if projection is not None:
+        delta = projection(delta)
+    return theta + delta.to(theta.dtype)
+
+
+@dataclass
+class RoundResult:
+    theta: torch.Tensor
+    updates: torch.Tensor  # [participants × p]
+    clients: list[int]
+    bytes_down: int
+    bytes_up: int
+    seconds: float
+
+
+@dataclass
+class TrainResult:
+    theta: torch.Tensor
+    history: torch.Tensor  # [rounds × n_clients × p], zeros where a client was absent
+    participation: torch.Tensor  # [rounds × n_clients] bool
+    weights: torch.Tensor  # [n_clients] FedAvg weights (pair counts)
+    bytes_down: int
+    bytes_up: int
+    seconds: float
+    rounds: list[RoundResult] = field(default_factory=list)
+
+    @property
+    def bytes_total(self) -> int:
+        return self.bytes_down + self.bytes_up
+
+
+class Federation:
+    """A server and ``len(clients)`` simulated clients training LoRA with FedAvg and the symmetric InfoNCE loss."""
+
+    def __init__(self, model: ClipLoRA, clients: Sequence[CaptionDataset], settings: FedSettings = FedSettings()):
+        self.model = model
+        self.clients = list(clients)
+        self.settings = settings
+        self._tokens = [model.tokens(c.captions) for c in self.clients]
+        self._labels = [caption_labels(c.captions) for c in self.clients]
+
+    @property
+    def p(self) -> int:
+        return self.model.num_params
+
+    def weights(self) -> torch.Tensor:
+        return torch.tensor([float(len(c)) for c in self.clients])
+
+    def local_steps(self, k: int, epochs: float | None = None) -> int:
+        n = len(self.clients[k])
+        epochs = self.settings.local_epochs if epochs is None else epochs
+        return max(1, math.ceil(epochs * math.ceil(n / self.settings.batch_size))) if n else 0
+
+    def local_update(
+        self,
+        theta: torch.Tensor,
+        k: int,
+        *,
+        round_index: int = 0,
+        epochs: float | None = None,
+        penalty: Penalty | None = None,
+        loss_sign: float = 1.0,
+    ) -> torch.Tensor:
+        """Client k's local training from the broadcast θ; returns Δ_k = θ_local − θ.
+
+        Adam, reset every round (no optimiser state leaves the client); data order seeded by (seed, round, k).
+        ``loss_sign=-1`` turns it into gradient ascent (used by baselines).
+        """
+        data = self.clients[k]
+        if len(data) == 0:
+            return torch.zeros_like(theta)
+        m = self.model
+        m.set_theta(theta)
+        params = m.parameters()
+        opt = torch.optim.Adam(params, lr=self.settings.lr, weight_decay=self.settings.weight_decay)
+        gen = torch.Generator().manual_seed(hash((self.settings.seed, round_index, k)) % (2**31))
+        steps = self.local_steps(k, epochs)
+        bs = min(self.settings.batch_size, len(data))
+        order = torch.randperm(len(data), generator=gen)
+        pos = 0
+        for _ in range(steps):
+            if pos + bs > len(data):
+                order, pos = torch.randperm(len(data), generator=gen), 0
+            idx = order[pos : pos + bs]
+            pos += bs
+            img, txt, scale = m.encode(data.images[idx], self._tokens[k][idx])
+            loss = loss_sign * clip_loss(img, txt, scale, self._labels[k][idx])
+            if penalty is not None:
+                flat = torch.cat([p.reshape(-1) for p in params])
+                loss = loss + penalty(flat)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        return m.get_theta() - theta
+
+    def run_round(
+        self,
+        theta: torch.Tensor,
+        clients: Sequence[int] | None = None,
+        *,
+        round_index: int = 0,
+        projection: Projection | None = None,
+        penalty: Penalty | None = None,
+        epochs: float | None = None,
+    ) -> RoundResult:
+        """One FedAvg round over ``clients`` (default: every client holding data)."""
+        start = time.perf_counter()
+        ids = [k for k in (range(len(self.clients)) if clients is None else clients) if len(self.clients[k])]
+        updates = (
+            torch.stack(
+                [self.local_update(theta, k, round_index=round_index, epochs=epochs, penalty=penalty) for k in ids]
+            )
+            if ids
+            else torch.zeros(0, theta.numel())
+        )
+        new_theta = apply_round(theta, updates, self.weights()[ids], projection) if ids else theta.clone()
+        one = bytes_of(theta.numel())
+        return RoundResult(new_theta, updates, ids, one * len(ids), one * len(ids), time.perf_counter() - start)
+
+    def train(
+        self,
+        theta0: torch.Tensor,
+        rounds: int | None = None,
+        clients: Sequence[int] | None = None,
+        *,
+        projection: Projection | None = None,
+        penalty: Penalty | None = None,
+        epochs: float | None = None,
+        round_offset: int = 0,
+        record_history: bool = True,
+        progress: ProgressFn = no_progress,
+        callback: Callable[[int, torch.Tensor], None] | None = None,
+    ) -> TrainResult:
+        """``rounds`` FedAvg rounds from θ₀, recording each client's update and the bytes sent each way."""
+        rounds = self.settings.rounds if rounds is None else rounds
+        n = len(self.clients)
+        history = torch.zeros(rounds if record_history else 0, n, self.p)
+        part = torch.zeros(rounds, n, dtype=torch.bool)
+        theta = theta0.clone()
+        down = up = 0
+        results = []
+        start = time.perf_counter()
+        for r in range(rounds):
+            res = self.run_round(
+                theta, clients, round_index=round_offset + r, projection=projection, penalty=penalty, epochs=epochs
+            )
+            theta = res.theta
+            for row, k in enumerate(res.clients):
+                if record_history:
+                    history[r, k] = res.updates[row]
+                part[r, k] = True
+            down += res.bytes_down
+            up += res.bytes_up
+            res.updates = torch.empty(0)  # the history holds them; do not keep two copies
+            results.append(res)
+            if callback is not None:
+                callback(r, theta)
+            progress((r + 1) / max(rounds, 1), f"round {r + 1}/{rounds}")
+        return TrainResult(theta, history, part, self.weights(), down, up, time.perf_counter() - start, results)
+
+
+def trajectory(theta_init: torch.Tensor, history: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Global models θ_0 … θ_R ``[(R+1) × p]`` rebuilt from the history (FedAvg over the clients present each round)."""
+    thetas = [theta_init.clone()]
+    for r in range(history.shape[0]):
+        present = history[r].abs().sum(dim=1) > 0
+        if present.any():
+            thetas.append(thetas[-1] + fedavg(history[r][present], weights[present]))
+        else:
+            thetas.append(thetas[-1].clone())
+    return torch.stack(thetas)
+
+
+# ------------------------------------------------------------------------------------------------ the problem
+
+
+HistoryLoader = Callable[[int], torch.Tensor]
+"""client index → that client's updates ``[rounds × p]`` (for histories too large to hold at once)."""
+
+
+@dataclass
+class FederatedProblem:
+    """Everything a federated CLIP unlearning method needs (the ``problem`` of ``Method.unlearn``).
+
+    * ``spec``: architecture, frozen backbone checkpoint path and LoRA settings; ``theta``: the global LoRA vector
+      now; ``theta_init``: the LoRA initialisation θ₀ (retrain's start; GSD's reference point).
+    * ``history``: the per-client update history ``[rounds × clients × p]`` or a loader ``k -> [rounds × p]``;
+      ``weights``: the FedAvg weights used in training (default: pair counts).
+    * ``clients``: every client's data (tensors); ``forget_masks``: per client, which pairs to forget;
+      ``scope``: ``"client"`` (``forget_client`` leaves with all its pairs), ``"class"`` or ``"samples"``.
+    * ``fed_settings``: the training schedule (what retrain repeats, what further rounds use).
+    * ``run_round``: run one further federated round (methods that need them); built on a :class:`Federation`.
+    """
+
+    spec: ClipSpec
+    theta: torch.Tensor
+    theta_init: torch.Tensor
+    history: torch.Tensor | HistoryLoader
+    clients: list[CaptionDataset]
+    forget_masks: list[np.ndarray]
+    scope: str = "client"
+    forget_client: int | None = None
+    fed_settings: FedSettings = field(default_factory=FedSettings)
+    weights: torch.Tensor | None = None
+    n_rounds: int | None = None
+    artifacts: Mapping[str, bytes] = field(default_factory=dict)
+    progress: ProgressFn = no_progress
+    device: str | None = None
+    model: ClipLoRA | None = None  # built lazily from ``spec``; pass one to share it
+
+    def __post_init__(self) -> None:
+        if self.scope not in ("client", "class", "samples"):
+            raise ValueError(f"unknown scope {self.scope!r}")
+        if len(self.forget_masks) != len(self.clients):
+            raise ValueError("one forget mask per client")
+        self.forget_masks = [np.asarray(m, dtype=bool) for m in self.forget_masks]
+        if self.scope == "client" and self.forget_client is None:
+            holders = self.holders()
+            if len(holders) != 1:
+                raise ValueError("client scope needs forget_client")
+            self.forget_client = holders[0]
+        if self.weights is None:
+            self.weights = torch.tensor([float(len(c)) for c in self.clients])
+        if self.n_rounds is None:
+            self.n_rounds = (
+                self.history.shape[0] if isinstance(self.history, torch.Tensor) else self.fed_settings.rounds
+            )
+
+    # data views -------------------------------------------------------------------------------------------------
+    @property
+    def n_clients(self) -> int:
+        return len(self.clients)
+
+    def holders(self) -> list[int]:
+        """Clients holding at least one pair to forget."""
+        return [k for k, m in enumerate(self.forget_masks) if m.any()]
+
+    def retained_clients(self) -> list[int]:
+        """Clients that keep taking part (all but the leaving client in client scope)."""
+        if self.scope == "client":
+            return [k for k in range(self.n_clients) if k != self.forget_client]
+        return [k for k in range(self.n_clients) if (~self.forget_masks[k]).any()]
+
+    def forget_data(self, k: int | None = None) -> CaptionDataset:
+        ks = self.holders() if k is None else [k]
+        return CaptionDataset.concat([self.clients[i].subset(np.flatnonzero(self.forget_masks[i])) for i in ks])
+
+    def retain_data(self, k: int) -> CaptionDataset:
+        if self.scope == "client" and k == self.forget_client:
+            return self.clients[k].subset([])
+        return self.clients[k].subset(np.flatnonzero(~self.forget_masks[k]))
+
+    def retained_datasets(self) -> list[CaptionDataset]:
+        """Per client, the pairs the unlearned model may learn from (empty for the leaving client)."""
+        return [self.retain_data(k) for k in range(self.n_clients)]
+
+    def client_history(self, k: int) -> torch.Tensor:
+        if isinstance(self.history, torch.Tensor):
+            return self.history[:, k, :]
+        return self.history(k)
+
+    def full_history(self) -> torch.Tensor:
+        if isinstance(self.history, torch.Tensor):
+            return self.history
+        return torch.stack([self.history(k) for k in range(self.n_clients)], dim=1)
+
+    # model and rounds -------------------------------------------------------------------------------------------
+    def get_model(self) -> ClipLoRA:
+        if self.model is None:
+            self.model = ClipLoRA(self.spec, device=self.device)
+        return self.model
+
+    def federation(self, datasets: Sequence[CaptionDataset] | None = None) -> Federation:
+        """A federation over ``datasets`` (default: the retained data of every client) with the training schedule."""
+        return Federation(
+            self.get_model(), datasets if datasets is not None else self.retained_datasets(), self.fed_settings
+        )
+
+    def run_round(
+        self,
+        theta: torch.Tensor,
+        clients: Sequence[int] | None = None,
+        *,
+        round_index: int = 0,
+        projection: Projection | None = None,
+        penalty: Penalty | None = None,
+        epochs: float | None = None,
+    ) -> RoundResult:
+        """One further FedAvg round of the retained data (the forget pairs never take part)."""
+        fed = self.federation()
+        return fed.run_round(
+            theta, clients, round_index=round_index, projection=projection, penalty=penalty, epochs=epochs
+        )
+
+
+# ------------------------------------------------------------------------------------------------ demo federation
+
+
+@dataclass
+class DemoFederation:
+    """A trained synthetic federation: what the demo registers as a ``clip_federated`` model."""
+
+    spec: ClipSpec
+    data: SyntheticFederation
+    theta_init: torch.Tensor
+    theta: torch.Tensor
+    history: torch.Tensor
+    weights: torch.Tensor
+    fed_settings: FedSettings
+    bytes_total: int
+    seconds: float
+    model: ClipLoRA
+
+    def problem(self, scope: str, progress: ProgressFn = no_progress, **overrides: Any) -> FederatedProblem:
+        """The deletion problem of one planted scenario (``"client"``, ``"class"`` or ``"samples"``)."""
+        masks = self.data.forget_masks(scope)
+        forget_client = self.data.scenarios["client"]["client"] if scope == "client" else None
+        kwargs: dict[str, Any] = dict(
+            spec=self.spec,
+            theta=self.theta.clone(),
+            theta_init=self.theta_init.clone(),
+            history=self.history,
+            clients=self.data.clients,
+            forget_masks=masks,
+            scope=scope,
+            forget_client=forget_client,
+            fed_settings=self.fed_settings,
+            weights=self.weights,
+            progress=progress,
+            model=self.model,
+        )
+        kwargs.update(overrides)
+        return FederatedProblem(**kwargs)
+
+
+def make_demo_federation(
+    seed: int = 0,
+    n_clients: int = 5,
+    pairs_per_client: int = 200,
+    n_test: int = 300,
+    fed_settings: FedSettings | None = None,
+    pretrain: Any | None = None,
+    lora: LoraSettings | None = None,
+    cache_dir: str | None = None,
+    device: str | None = None,
+    progress: ProgressFn = no_progress,
+    cache_training: bool = False,
+) -> DemoFederation:
+    """Pretrain (cached) the tiny CLIP, generate the federation and run FedAvg with LoRA, recording the history.
+
+    ``cache_training`` also caches the trained federation (θ, history) under the cache dir, keyed by every setting.
+    """
+    from app.ml.clip import PretrainSettings, pretrain_tiny_clip
+
+    checkpoint = pretrain_tiny_clip(
+        pretrain or PretrainSettings(), cache_dir=cache_dir, progress=lambda f, m: progress(0.3 * f, m)
+    )
+    spec = ClipSpec(checkpoint=str(checkpoint), lora=lora or LoraSettings(init_seed=seed))
+    model = ClipLoRA(spec, device=device)
+    data = make_synthetic_federation(seed, n_clients=n_clients, pairs_per_client=pairs_per_client, n_test=n_test)
+    settings = fed_settings or FedSettings(seed=seed)
+    cached = None
+    if cache_training:
+        import hashlib
+        import json
+        from dataclasses import asdict
+
+        from app.ml.clip import default_cache_dir
+
+        key = json.dumps(
+            [checkpoint.name, spec.to_dict()["lora"], asdict(settings), seed, n_clients, pairs_per_client],
+            sort_keys=True,
+        )
+        cached = (
+            Path(cache_dir or default_cache_dir())
+            / "federations"
+            / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".pt")
+        )
+    if cached is not None and cached.exists():
+        state = torch.load(cached, weights_only=True)
+        theta, history, weights = state["theta"], state["history"].float(), state["weights"]
+        bytes_total, seconds = int(state["bytes_total"]), float(state["seconds"])
+        progress(1.0, "federation loaded from cache")
+    else:
+        fed = Federation(model, data.clients, settings)
+        result = fed.train(model.theta_init, progress=lambda f, m: progress(0.3 + 0.7 * f, m))
+        theta, history, weights = result.theta, result.history, result.weights
+        bytes_total, seconds = result.bytes_total, result.seconds
+        if cached is not None:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cached.with_suffix(".tmp")
+            torch.save(
+                {
+                    "theta": theta,
+                    "history": history,
+                    "weights": weights,
+                    "bytes_total": bytes_total,
+                    "seconds": seconds,
+                },
+                tmp,
+            )
+            tmp.replace(cached)
+    return DemoFederation(
+        spec=spec,
+        data=data,
+        theta_init=model.theta_init.clone(),
+        theta=theta,
+        history=history,
+        weights=weights,
+        fed_settings=settings,
+        bytes_total=bytes_total,
+        seconds=seconds,
+        model=model,
+    )
+
+
+__all__ = [
+    "DemoFederation",
+    "FedSettings",
+    "FederatedProblem",
+    "Federation",
+    "RoundResult",
+    "TrainResult",
+    "apply_round",
+    "bytes_of",
+    "fedavg",
+    "lora_parameters",
+    "make_demo_federation",
+    "trajectory",
+]

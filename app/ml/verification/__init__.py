@@ -1,0 +1,1 @@
+"""Pure verification metrics (retrieval recall, membership inference, …)."""

@@ -1,0 +1,76 @@
+import json
+
+import numpy as np
+import torch
+from PIL import Image
+
+from app.ml.data.captions import (
+    WordTokenizer,
+    karpathy_to_dataset,
+    load_karpathy_split,
+    make_pretraining_set,
+    make_synthetic_federation,
+    simple_preprocess,
+)
+
+
+def test_generator_is_seeded_and_plants_the_scenarios():
+    a = make_synthetic_federation(3, n_clients=5, pairs_per_client=40, n_test=20)
+    b = make_synthetic_federation(3, n_clients=5, pairs_per_client=40, n_test=20)
+    assert a.clients[2].captions == b.clients[2].captions
+    assert torch.equal(a.clients[2].images, b.clients[2].images)
+    assert a.clients[0].images.shape == (40, 3, 32, 32)
+    # star only at the forget client, purple across clients 1-3, ring for one subject of the last client
+    star = [c.has_word("star").sum() for c in a.clients]
+    assert star[0] == 20 and sum(star[1:]) == 0
+    purple = [int(m.sum()) for m in a.forget_masks("class")]
+    assert purple[0] == 0 and purple[4] == 0 and all(n > 0 for n in purple[1:4])
+    samples = a.forget_masks("samples")
+    assert samples[4].sum() == 8 and all(m.sum() == 0 for m in samples[:4])
+    assert all("ring" in a.clients[4].captions[i] for i in np.flatnonzero(samples[4]))
+    assert a.forget_masks("client")[0].all() and not a.forget_masks("client")[1].any()
+
+
+def test_pretraining_set_has_no_novel_concept():
+    pre = make_pretraining_set(0, 200)
+    text = " ".join(pre.captions)
+    assert "star" not in text and "ring" not in text and "purple" not in text
+
+
+def test_tokenizer_keeps_end_of_text_largest():
+    tok = WordTokenizer(context_length=12)
+    ids = tok(["a small red star at the top left", "a zebra"])
+    assert ids.shape == (2, 12)
+    assert int(ids.argmax(dim=1)[0]) == 9  # sot + 8 words → eot at index 9 is the pooled position
+    assert int(ids[0].max()) == tok.eot_id == tok.vocab_size - 1
+    assert int(ids[1, 2]) == tok.unk_id
+
+
+def test_karpathy_loader_on_a_fixture(tmp_path):
+    images = tmp_path / "flickr30k-images"
+    images.mkdir()
+    entries = []
+    for i, split in enumerate(["train", "test", "test", "val", "restval"]):
+        name = f"{1000 + i}.jpg"
+        Image.fromarray(np.full((40, 50, 3), 30 * i, dtype=np.uint8)).save(images / name)
+        entries.append(
+            {
+                "filename": name,
+                "imgid": i,
+                "split": split,
+                "sentids": [10 * i + j for j in range(5)],
+                "sentences": [{"raw": f"Image {i} caption {j} .", "tokens": []} for j in range(5)],
+            }
+        )
+    path = tmp_path / "dataset_flickr30k.json"
+    path.write_text(json.dumps({"dataset": "flickr30k", "images": entries}))
+
+    test = load_karpathy_split(path, images, split="test")
+    assert len(test.image_paths) == 2 and len(test.captions) == 10
+    assert test.ids[0] == "1-10" and test.image_index[:6] == [0, 0, 0, 0, 0, 1]
+    train = load_karpathy_split(path, images, split="train", captions_per_image=2)
+    assert len(train.image_paths) == 2 and len(train.captions) == 4  # restval counts as train
+
+    ds = karpathy_to_dataset(test, simple_preprocess(32))
+    assert ds.images.shape == (10, 3, 32, 32) and ds.captions[5] == "Image 2 caption 0 ."
+    assert torch.equal(ds.images[0], ds.images[4]) and not torch.equal(ds.images[0], ds.images[5])
