@@ -73,6 +73,22 @@ def read_allowed_path(path: str, check_only: bool = False) -> bytes:
     return b"" if check_only else resolved.read_bytes()
 
 
+def check_methods(kind: str, names: list[str]) -> None:
+    """Every method a registration asks to prepare must exist and support the model kind."""
+    for name in names:
+        try:
+            spec = get_method(name)
+        except UnknownMethodError:
+            raise Problem(422, "unknown-method", "Unknown unlearning method", name) from None
+        if kind not in spec.model_kinds:
+            raise Problem(
+                422,
+                "method-not-supported",
+                "The method does not support this model kind",
+                f"{name} supports {sorted(spec.model_kinds)}",
+            )
+
+
 def register_model(
     session: Session, principal: Principal, body: ModelCreate, data: bytes, filename: str | None
 ) -> Model:
@@ -88,18 +104,7 @@ def register_model(
                 column=column,
                 columns=columns,
             )
-    for name in body.unlearning:
-        try:
-            spec = get_method(name)
-        except UnknownMethodError:
-            raise Problem(422, "unknown-method", "Unknown unlearning method", name) from None
-        if body.kind not in spec.model_kinds:
-            raise Problem(
-                422,
-                "method-not-supported",
-                "The method does not support this model kind",
-                f"{name} supports {sorted(spec.model_kinds)}",
-            )
+    check_methods(body.kind, body.unlearning)
     digest = get_store().put_bytes(data)
     dataset = Dataset(
         name=filename or body.dataset.path or body.name,
@@ -234,18 +239,7 @@ def register_clip_model(session: Session, principal: Principal, body: ClipModelC
     """A federated CLIP + LoRA model: version 1 is the LoRA initialisation (built by a job); rounds come later."""
     if body.clip.checkpoint_path:
         read_allowed_path(body.clip.checkpoint_path, check_only=True)
-    for name in body.unlearning:
-        try:
-            spec = get_method(name)
-        except UnknownMethodError:
-            raise Problem(422, "unknown-method", "Unknown unlearning method", name) from None
-        if body.kind not in spec.model_kinds:
-            raise Problem(
-                422,
-                "method-not-supported",
-                "The method does not support this model kind",
-                f"{name} supports {sorted(spec.model_kinds)}",
-            )
+    check_methods(body.kind, body.unlearning)
     spec_json: dict[str, Any] = {
         "clip": body.clip.model_dump(),
         "data": body.data.model_dump(),
