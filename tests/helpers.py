@@ -69,3 +69,17 @@ def wait_for(predicate: Callable[[], object], timeout: float = 120, interval: fl
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out waiting for {what}")
         time.sleep(interval)
+
+
+def wait_request(client, request_id: str, timeout: float = 600, interval: float = 0.3) -> dict:
+    """Poll a deletion request until it completes, fails or is rejected; returns its last representation."""
+    return wait_for(
+        lambda: (
+            (b := client.get(f"/v1/deletion-requests/{request_id}").json())["status"]
+            in ("completed", "failed", "rejected")
+            and b
+        ),
+        timeout=timeout,
+        interval=interval,
+        what=f"deletion request {request_id}",
+    )

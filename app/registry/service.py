@@ -89,6 +89,21 @@ def check_methods(kind: str, names: list[str]) -> None:
             )
 
 
+def _add_with_training_job(session: Session, principal: Principal, model: Model, payload) -> None:
+    """The registration's one transaction: the model row, its version-1 job (the outbox) and the audit event."""
+    session.add(model)
+    session.flush()
+    job = new_job(session, kind="train_model", model_id=model.id, model_kind=model.kind)
+    append_event(
+        session,
+        actor=principal.actor,
+        action="model.registered",
+        entity_type="model",
+        entity_id=model.id,
+        payload=payload(job.id),
+    )
+
+
 def register_model(
     session: Session, principal: Principal, body: ModelCreate, data: bytes, filename: str | None
 ) -> Model:
@@ -124,20 +139,15 @@ def register_model(
         "holdout_fraction": body.holdout_fraction,
     }
     model = Model(name=body.name, kind=body.kind, dataset_id=dataset.id, spec=spec, state={})
-    session.add(model)
-    session.flush()
-    job = new_job(session, kind="train_model", model_id=model.id, model_kind=model.kind)
-    append_event(
+    _add_with_training_job(
         session,
-        actor=principal.actor,
-        action="model.registered",
-        entity_type="model",
-        entity_id=model.id,
-        payload={
+        principal,
+        model,
+        lambda job_id: {
             "name": body.name,
             "kind": body.kind,
             "dataset_digest": digest,
-            "job_id": job.id,
+            "job_id": job_id,
             "family": body.family,
             "unlearning": spec["unlearning"],
         },
@@ -248,16 +258,11 @@ def register_clip_model(session: Session, principal: Principal, body: ClipModelC
         "method_settings": body.method_settings,
     }
     model = Model(name=body.name, kind=body.kind, spec=spec_json, state={})
-    session.add(model)
-    session.flush()
-    job = new_job(session, kind="train_model", model_id=model.id, model_kind=model.kind)
-    append_event(
+    _add_with_training_job(
         session,
-        actor=principal.actor,
-        action="model.registered",
-        entity_type="model",
-        entity_id=model.id,
-        payload={"name": body.name, "kind": body.kind, "arch": body.clip.arch, "job_id": job.id},
+        principal,
+        model,
+        lambda job_id: {"name": body.name, "kind": body.kind, "arch": body.clip.arch, "job_id": job_id},
     )
     return model
 

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import save as save_tensors
 
 from app.fedclient import SimulatedClients
-from tests.helpers import wait_for
+from tests.helpers import wait_for, wait_request
 
 DATA = {"kind": "synthetic", "seed": 0, "n_clients": 4, "pairs_per_client": 40, "n_test": 40}
 FED = {"rounds": 3, "batch_size": 20, "local_epochs": 1.0}
@@ -53,16 +53,7 @@ def test_client_deletion_with_ease(stack):
     )
     assert response.status_code == 202, response.text
     request_id = response.json()["id"]
-    done = wait_for(
-        lambda: (
-            (b := stack.client.get(f"/v1/deletion-requests/{request_id}").json())["status"]
-            in ("completed", "failed", "rejected")
-            and b
-        ),
-        timeout=900,
-        interval=0.5,
-        what="EASE",
-    )
+    done = wait_request(stack.client, request_id, timeout=900)
     assert done["status"] == "completed", done
     version = stack.client.get(f"/v1/models/{model_id}/versions").json()[-1]
     assert version["method"] == "ease" and version["request_id"] == request_id

@@ -5,22 +5,13 @@ from __future__ import annotations
 
 import json
 
-from tests.helpers import wait_for, write_table
+from tests.helpers import wait_for, wait_request, write_table
 
 SMALL_L2UL = {"m": 40, "subset_size": 200, "t": 20, "epochs": 60, "refit_epochs": 10, "workers": 1}
 
 
 def _finished(stack, request_id):
-    return wait_for(
-        lambda: (
-            (b := stack.client.get(f"/v1/deletion-requests/{request_id}").json())["status"]
-            in ("completed", "failed", "rejected")
-            and b
-        ),
-        timeout=600,
-        interval=0.3,
-        what="deletion",
-    )
+    return wait_request(stack.client, request_id, timeout=600)
 
 
 def test_l2ul_deletions_through_the_api(stack, tmp_path):

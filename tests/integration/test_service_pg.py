@@ -13,7 +13,7 @@ from sqlalchemy import func, select, text
 
 from app.db import session_scope
 from app.requests.tables import DeletionRequest
-from tests.helpers import make_key, wait_for, write_table
+from tests.helpers import make_key, wait_for, wait_request, write_table
 
 PROBLEM = "application/problem+json"
 
@@ -129,15 +129,7 @@ def test_twenty_concurrent_posts_with_one_key_make_one_request(stack, model):
     )
     _problem(other, 422, "idempotency-key-reused")
     request_id = responses[0].json()["id"]
-    done = wait_for(
-        lambda: (
-            (b := stack.client.get(f"/v1/deletion-requests/{request_id}").json())["status"]
-            in ("completed", "failed", "rejected")
-            and b
-        ),
-        timeout=120,
-        what="deletion on the Celery worker",
-    )
+    done = wait_request(stack.client, request_id, timeout=120)
     assert done["status"] == "completed", done
     versions = stack.client.get(f"/v1/models/{model['id']}/versions").json()
     assert sum(1 for v in versions if v["request_id"] == request_id) == 1

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from app.db import session_scope
 from app.jobs.tables import Job
 from app.registry.tables import ModelVersion
-from tests.helpers import wait_for
+from tests.helpers import wait_for, wait_request
 
 
 def _slow_table(path, n=20000, d=20, seed=3):
@@ -72,16 +72,7 @@ def test_sigkill_mid_job_finishes_after_lease_expiry_with_one_version(stack, tmp
         assert job.status == "running" and job.attempts == 1
 
     stack.worker = stack.start_worker("w2")
-    done = wait_for(
-        lambda: (
-            (b := stack.client.get(f"/v1/deletion-requests/{request_id}").json())["status"]
-            in ("completed", "failed", "rejected")
-            and b
-        ),
-        timeout=600,
-        interval=0.5,
-        what="the re-run",
-    )
+    done = wait_request(stack.client, request_id, timeout=600)
     assert done["status"] == "completed", done
     assert done["attempts"] == 2
     with session_scope() as session:
