@@ -19,7 +19,7 @@ from safetensors.torch import save as save_tensors
 from app.ml.clip import ClipLoRA, ClipSpec
 from app.ml.data.captions import make_synthetic_federation
 from app.ml.federation import Federation, FedSettings
-from app.ml.unlearning.ease.lock import ForgetLock
+from app.ml.federation.lock import ForgetLock
 
 
 class SimulatedClients:

@@ -16,8 +16,10 @@ from collections.abc import Callable
 
 from app.config import get_settings
 from app.db import session_scope
-from app.jobs.service import mark_dispatched, reconcile
+from app.jobs.lease import reconcile
+from app.jobs.outbox import mark_dispatched
 from app.jobs.tables import Job
+from app.requests.service import mark_queued
 
 log = logging.getLogger("lethe.dispatcher")
 
@@ -87,6 +89,9 @@ class Dispatcher:
             if counts["reoffered"] or counts["failed"]:
                 log.warning("reconciler: %s", counts)
             jobs = mark_dispatched(session)
+            for job in jobs:
+                if job.request_id:
+                    mark_queued(session, job.request_id, job.id, job.queue)
         sent = 0
         for job in jobs:
             try:

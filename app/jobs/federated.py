@@ -1,52 +1,48 @@
-"""Worker steps for federated CLIP + LoRA models (``clip_federated``): version 1, round aggregation, EASE deletions.
+"""The federated wing (``clip_federated``, CLIP + LoRA): version 1, round aggregation, and the load and unlearn steps
+of a deletion.
 
 Thin glue between the registry and app.ml: the LoRA initialisation is version 1; each uploaded round is FedAvg'd
-into a new version (projected off the forget-exclusive directions once EASE has published a forget lock); a deletion
-builds a :class:`FederatedProblem` from the stored round history and the clients' data, runs the method, publishes the
-new version, the tombstones and the forget lock, and records forget/retain/test R@1 before and after.
+into a new version (projected off the locked directions once a deletion has published a forget lock); a deletion's
+load step builds a :class:`FederatedProblem` from the stored round history and the clients' data, and its unlearn
+step runs the method and returns the new θ, the forget lock and forget/retain/test R@1 before and after.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 import torch
 from safetensors.torch import load as load_tensors
-from sqlalchemy import insert, select
 
 from app.audit.service import append_event
 from app.db import session_scope
-from app.jobs import service as jobs
+from app.jobs import outbox
+from app.jobs.lease import JobContext
+from app.jobs.outbox import PermanentJobError
 from app.jobs.tables import Job
+from app.jobs.work import DeletionWork, Unlearned, weights
 from app.ml.clip import TINY_ARCH, ClipLoRA, ClipSpec, LoraSettings, pretrain_tiny_clip
 from app.ml.data.captions import CaptionDataset, make_synthetic_federation
 from app.ml.federation import FederatedProblem, FedSettings, apply_round
-from app.ml.unlearning.base import get_method
-from app.ml.unlearning.ease.lock import ForgetLock
+from app.ml.federation.lock import ForgetLock
 from app.ml.verification.retrieval import evaluate_retrieval
-from app.registry.tables import Dataset, DatasetRow, Model, ModelVersion
+from app.registry import versions as registry
+from app.registry.tables import Model
 from app.requests.tables import DeletionRequest
 from app.storage import get_store
 
 EVAL_RETAIN_PAIRS = 500
+"""Retained pairs (a fixed random sample) on which a deletion's before/after retain R@1 is measured."""
+EVAL_SAMPLE_SEED = 0
 
 
-class FederatedJobError(jobs.PermanentJobError):
-    """A federated request that cannot be done (the pipeline turns it into a rejected request)."""
-
-
-def _theta_bytes(theta: torch.Tensor) -> bytes:
-    from safetensors.torch import save
-
-    return save({"theta": theta.detach().to("cpu", torch.float32).contiguous()})
-
-
-def _load_theta(digest: str) -> torch.Tensor:
-    return load_tensors(get_store().get_bytes(digest))["theta"]
+class FederatedJobError(PermanentJobError):
+    """A federated request that cannot be done (the hall turns it into a rejected request)."""
 
 
 @lru_cache(maxsize=2)
@@ -68,12 +64,13 @@ def data_for(model: Model):
     return _federation_data(json.dumps(model.spec["data"], sort_keys=True))
 
 
-def run_train_clip(job: Job, ctx) -> None:
+# ------------------------------------------------------------------------------------------------------ version 1
+def train(job: Job, ctx: JobContext) -> None:
     """Version 1 of a federated model: the LoRA initialisation θ₀ every client starts from."""
     with session_scope() as session:
-        model = session.get(Model, job.model_id)
-        session.expunge(model)
-        existing = session.execute(select(ModelVersion).where(ModelVersion.job_id == job.id)).scalar_one_or_none()
+        model, _, _ = registry.load_model(session, job.model_id)
+        existing = registry.version_for_job(session, job.id)
+        session.expunge_all()
     clip_in = model.spec["clip"]
     checkpoint = clip_in.get("checkpoint_path")
     if checkpoint is None:
@@ -96,76 +93,70 @@ def run_train_clip(job: Job, ctx) -> None:
         "removed": [],
         "vocabulary": vocabulary,
     }
-    digest = get_store().put_bytes(_theta_bytes(clip.theta_init))
+    digest = registry.put_weights(clip.theta_init)
     with session_scope() as session:
-        jobs.assert_lease(session, job.id, ctx.owner)
-        row = session.get(Model, model.id)
-        version = existing or ModelVersion(
-            model_id=model.id,
-            number=1,
-            digest=digest,
-            method="lora-init",
-            job_id=job.id,
-            metrics={"n_params": clip.num_params},
-        )
+        job_row = ctx.assert_lease(session)
         if existing is None:
-            session.add(version)
-        dataset = Dataset(
-            name=f"{row.name} clients",
-            format="synthetic",
-            digest=get_store().put_json(model.spec["data"]),
-            row_id_column="pair_id",
-            label_column="client",
-            columns=["pair_id", "client", "caption"],
-            n_rows=sum(state["client_sizes"]),
-        )
-        session.add(dataset)
-        session.flush()
-        rows = [
-            {"dataset_id": dataset.id, "row_id": pid, "position": i, "label": f"c{k}"}
-            for i, (k, pid) in enumerate((k, pid) for k, c in enumerate(data.clients) for pid in c.ids)
-        ]
-        for start in range(0, len(rows), 5000):
-            session.execute(insert(DatasetRow), rows[start : start + 5000])
-        row.dataset_id, row.current_version_id, row.status = dataset.id, version.id, "ready"
-        row.state = {**row.state, **state, "theta_init": digest}
-        append_event(
-            session,
-            actor="worker",
-            action="model_version.created",
-            entity_type="model",
-            entity_id=model.id,
-            payload={"version": 1, "digest": digest, "method": "lora-init"},
-        )
-        jobs.finish(session, session.get(Job, job.id), {"version_id": version.id, "n_params": clip.num_params})
+            dataset = registry.create_dataset(
+                session,
+                name=f"{model.name} clients",
+                format="synthetic",
+                digest=get_store().put_json(model.spec["data"]),
+                row_id_column="pair_id",
+                label_column="client",
+                columns=["pair_id", "client", "caption"],
+            )
+            pairs = [(pid, f"c{k}") for k, client in enumerate(data.clients) for pid in client.ids]
+            registry.index_rows(session, dataset.id, [p for p, _ in pairs], [c for _, c in pairs])
+            draft = registry.VersionDraft(
+                model_id=model.id,
+                number=1,
+                digest=digest,
+                method="lora-init",
+                job_id=job.id,
+                metrics={"n_params": clip.num_params},
+            )
+            version = registry.add_version(session, draft, state_update={**state, "theta_init": digest})
+            registry.mark_ready(session, model.id, dataset_id=dataset.id)
+            append_event(
+                session,
+                actor="worker",
+                action="model_version.created",
+                entity_type="model",
+                entity_id=model.id,
+                payload={"version": 1, "digest": digest, "method": "lora-init"},
+            )
+        else:
+            version = existing
+        outbox.finish(session, job_row, {"version_id": version.id, "n_params": clip.num_params})
 
 
-def run_aggregate_round(job: Job, ctx) -> None:
-    """θ ← θ + P(FedAvg(Δ)) for one uploaded round; P projects off U_μ while a forget lock is active (EASE, PFL)."""
+# ------------------------------------------------------------------------------------------------------ rounds
+def aggregate_round(job: Job, ctx: JobContext) -> None:
+    """θ ← θ + P(FedAvg(Δ)) for one uploaded round; P projects off U_μ while a forget lock is active (PFL)."""
     with session_scope() as session:
-        model = session.get(Model, job.model_id)
-        parent = session.get(ModelVersion, model.current_version_id)
-        existing = session.execute(select(ModelVersion).where(ModelVersion.job_id == job.id)).scalar_one_or_none()
-        session.expunge_all()
+        model, _, parent = registry.load_model(session, job.model_id)
+        existing = registry.version_for_job(session, job.id)
     digest_in = job.payload["updates_digest"]
+    draft = state_update = None
+    lock = None
     if existing is None:
         tensors = load_tensors(get_store().get_bytes(digest_in))
         updates = tensors["updates"]
-        weights = tensors.get("weights", torch.tensor(model.state["client_sizes"], dtype=torch.float32)).clone()
-        removed = [model.state["clients"].index(c) for c in model.state.get("removed", [])]
-        for k in removed:
+        weights_in = tensors.get("weights", torch.tensor(model.state["client_sizes"], dtype=torch.float32)).clone()
+        for k in (model.state["clients"].index(c) for c in model.state.get("removed", [])):
             if float(updates[k].abs().max()) > 0:
                 raise FederatedJobError(
                     f"client {model.state['clients'][k]} was forgotten and may not take part "
                     "in later rounds; its update row must be zero"
                 )
-            weights[k] = 0.0
+            weights_in[k] = 0.0
         if not torch.isfinite(updates).all():
             raise FederatedJobError("the round holds NaN or infinite updates")
         lock_entry = model.state.get("forget_lock")
         lock = ForgetLock.from_bytes(get_store().get_bytes(lock_entry["digest"])) if lock_entry else None
-        theta = _load_theta(parent.digest)
-        theta_new = apply_round(theta, updates, weights, projection=lock.project if lock else None)
+        theta = weights(parent.digest)
+        theta_new = apply_round(theta, updates, weights_in, projection=lock.project if lock else None)
         metrics: dict[str, Any] = {
             "round": len(model.state.get("rounds", [])) + 1,
             "projected": lock is not None,
@@ -173,27 +164,18 @@ def run_aggregate_round(job: Job, ctx) -> None:
         }
         if lock is not None:
             metrics["lock_drift"] = lock.drift(theta_new)
-        digest = get_store().put_bytes(_theta_bytes(theta_new))
-        method = "fedavg+forget-lock" if lock else "fedavg"
+        draft = registry.child_draft(
+            parent,
+            digest=registry.put_weights(theta_new),
+            method="fedavg+forget-lock" if lock else "fedavg",
+            job_id=job.id,
+            metrics=metrics,
+        )
+        state_update = {"rounds": [*model.state.get("rounds", []), digest_in]}
     with session_scope() as session:
-        jobs.assert_lease(session, job.id, ctx.owner)
-        row = session.get(Model, model.id)
+        job_row = ctx.assert_lease(session)
         if existing is None:
-            if row.current_version_id != parent.id:
-                raise RuntimeError("the model moved to a newer version while this round was aggregated; retrying")
-            version = ModelVersion(
-                model_id=model.id,
-                number=parent.number + 1,
-                parent_id=parent.id,
-                digest=digest,
-                method=method,
-                job_id=job.id,
-                metrics=metrics,
-            )
-            session.add(version)
-            session.flush()
-            row.current_version_id = version.id
-            row.state = {**row.state, "rounds": [*row.state.get("rounds", []), digest_in]}
+            version = registry.add_version(session, draft, state_update=state_update)
             append_event(
                 session,
                 actor="worker",
@@ -202,16 +184,17 @@ def run_aggregate_round(job: Job, ctx) -> None:
                 entity_id=model.id,
                 payload={
                     "version": version.number,
-                    "digest": digest,
+                    "digest": version.digest,
                     "updates": digest_in,
                     "projected": lock is not None,
                 },
             )
         else:
             version = existing
-        jobs.finish(session, session.get(Job, job.id), {"version_id": version.id})
+        outbox.finish(session, job_row, {"version_id": version.id})
 
 
+# ------------------------------------------------------------------------------------------------------ deletion
 def _forget_masks(model: Model, request: DeletionRequest, data, tombstoned: set[str]) -> tuple[list, int | None]:
     scope = request.scope
     forget_client = None
@@ -239,99 +222,84 @@ def _retrieval(clip: ClipLoRA, theta: torch.Tensor, sets: dict[str, CaptionDatas
     return out
 
 
-def run_federated_deletion(
-    job: Job, ctx, request: DeletionRequest, model: Model, parent: ModelVersion, method_name: str, publish
-) -> None:
-    with session_scope() as session:
-        tombstoned = set(
-            session.execute(
-                select(DatasetRow.row_id).where(
-                    DatasetRow.dataset_id == model.dataset_id,
-                    DatasetRow.deleted_by.is_not(None),
-                    DatasetRow.deleted_by != request.id,
-                )
-            ).scalars()
-        )
-        existing = session.execute(select(ModelVersion).where(ModelVersion.job_id == job.id)).scalar_one_or_none()
-    data = data_for(model)
-    masks, forget_client = _forget_masks(model, request, data, tombstoned)
-    if not any(m.any() for m in masks):
-        raise FederatedJobError("no remaining pair matches the scope")
-    positions = [
-        i
-        for i, pid in enumerate(pid for c in data.clients for pid in c.ids)
-        if pid
-        in {p for c, m in zip(data.clients, masks, strict=True) for p, keep in zip(c.ids, m, strict=True) if keep}
-    ]
-    if existing is not None:
-        publish(existing, positions, {})
-        return
-    spec = get_method(method_name)
-    if model.kind not in spec.model_kinds or request.scope["kind"] not in spec.scopes:
-        raise FederatedJobError(f"method {method_name!r} cannot take a {request.scope['kind']!r} scope here")
-    method = spec.build({**model.spec.get("method_settings", {}).get(method_name, {}), **request.method_settings})
-    clip = clip_for(model)
-    rounds = model.state.get("rounds", [])
-    if not rounds:
-        raise FederatedJobError("the model has no federated rounds yet: there is nothing to unlearn")
-    history = torch.stack([load_tensors(get_store().get_bytes(d))["updates"] for d in rounds])
-    clients = [c.subset(np.flatnonzero(~np.array([p in tombstoned for p in c.ids], dtype=bool))) for c in data.clients]
-    masks = [
-        m[~np.array([p in tombstoned for p in c.ids], dtype=bool)] for c, m in zip(data.clients, masks, strict=True)
-    ]
-    theta = _load_theta(parent.digest)
-    problem = FederatedProblem(
-        spec=clip.spec,
-        theta=theta,
-        theta_init=_load_theta(model.state["theta_init"]),
-        history=history,
-        clients=clients,
-        forget_masks=masks,
-        scope=request.scope["kind"],
-        forget_client=forget_client,
-        fed_settings=FedSettings(**model.spec.get("fed_settings", {})),
-        weights=torch.tensor(model.state["client_sizes"], dtype=torch.float32),
-        model=clip,
-        progress=lambda f, m: ctx.progress(0.1 + 0.7 * f, f"{method_name}: {m}"),
-    )
-    ctx.progress(0.1, f"unlearning {sum(int(m.sum()) for m in masks)} pairs with {method_name}")
-    started = time.perf_counter()
-    result = method.unlearn(problem)
-    seconds = time.perf_counter() - started
-    ctx.progress(0.85, "measuring retrieval before and after")
-    forget = problem.forget_data()
-    retain = CaptionDataset.concat([problem.retain_data(k) for k in problem.retained_clients()])
-    retain = retain.subset(np.random.default_rng(0).permutation(len(retain))[:EVAL_RETAIN_PAIRS])
-    sets = {"forget": forget, "retain": retain, "test": data.test}
-    metrics = {
-        "method": method_name,
-        "unlearn_seconds": round(seconds, 3),
-        "before": _retrieval(clip, theta, sets, data.test),
-        "after": _retrieval(clip, result.theta, sets, data.test),
-        "method_info": result.info,
-    }
-    version_digest = get_store().put_bytes(_theta_bytes(result.theta))
-    state_update: dict[str, Any] = {}
-    if "forget_lock" in result.artifacts:
-        lock_bytes = result.artifacts["forget_lock"]
-        lock = ForgetLock.from_bytes(lock_bytes)
-        state_update["forget_lock"] = {
-            "digest": get_store().put_bytes(lock_bytes),
-            "alpha": lock.alpha,
-            "rank": lock.rank,
-            "n_params": lock.p,
-            "request_id": request.id,
+@dataclass
+class FederatedInputs:
+    problem: FederatedProblem
+    positions: list[int]
+    """Data-set rows (pairs) this request deletes: they become tombstones."""
+
+
+class Deletion:
+    """A federated deletion (a client, a caption word, or pairs): the problem is built from the stored round history
+    and the clients' data; the method's forget lock is published with the new version."""
+
+    def load(self, work: DeletionWork, ctx: JobContext) -> FederatedInputs:
+        model, request = work.model, work.request
+        with session_scope() as session:
+            tombstoned = {r for _, r in registry.tombstones(session, model.dataset_id, except_request=request.id)}
+        data = data_for(model)
+        masks, forget_client = _forget_masks(model, request, data, tombstoned)
+        if not any(m.any() for m in masks):
+            raise FederatedJobError("no remaining pair matches the scope")
+        rounds = model.state.get("rounds", [])
+        if not rounds:
+            raise FederatedJobError("the model has no federated rounds yet: there is nothing to unlearn")
+        forgotten = {
+            p for c, m in zip(data.clients, masks, strict=True) for p, hit in zip(c.ids, m, strict=True) if hit
         }
-    if forget_client is not None:
-        state_update["removed"] = [*model.state.get("removed", []), model.state["clients"][forget_client]]
-    version = ModelVersion(
-        model_id=model.id,
-        number=parent.number + 1,
-        parent_id=parent.id,
-        digest=version_digest,
-        method=method_name,
-        job_id=job.id,
-        request_id=request.id,
-        metrics=metrics,
-    )
-    publish(version, positions, state_update)
+        positions = [i for i, pid in enumerate(pid for c in data.clients for pid in c.ids) if pid in forgotten]
+        alive = [~np.array([p in tombstoned for p in c.ids], dtype=bool) for c in data.clients]
+        clip = clip_for(model)
+        problem = FederatedProblem(
+            spec=clip.spec,
+            theta=weights(work.parent.digest),
+            theta_init=weights(model.state["theta_init"]),
+            history=torch.stack([load_tensors(get_store().get_bytes(d))["updates"] for d in rounds]),
+            clients=[c.subset(np.flatnonzero(keep)) for c, keep in zip(data.clients, alive, strict=True)],
+            forget_masks=[m[keep] for m, keep in zip(masks, alive, strict=True)],
+            scope=request.scope["kind"],
+            forget_client=forget_client,
+            fed_settings=FedSettings(**model.spec.get("fed_settings", {})),
+            weights=torch.tensor(model.state["client_sizes"], dtype=torch.float32),
+            model=clip,
+            progress=ctx.scaled(0.1, 0.7, work.method_name),
+        )
+        return FederatedInputs(problem, positions)
+
+    def unlearn(self, work: DeletionWork, ctx: JobContext) -> Unlearned:
+        problem, positions = work.inputs.problem, work.inputs.positions
+        model, name = work.model, work.method_name
+        ctx.progress(0.1, f"unlearning {sum(int(m.sum()) for m in problem.forget_masks)} pairs with {name}")
+        started = time.perf_counter()
+        result = work.method.unlearn(problem)
+        seconds = time.perf_counter() - started
+        ctx.progress(0.85, "measuring retrieval before and after")
+        data = data_for(model)
+        retain = CaptionDataset.concat([problem.retain_data(k) for k in problem.retained_clients()])
+        retain = retain.subset(np.random.default_rng(EVAL_SAMPLE_SEED).permutation(len(retain))[:EVAL_RETAIN_PAIRS])
+        sets = {"forget": problem.forget_data(), "retain": retain, "test": data.test}
+        clip = problem.get_model()
+        metrics = {
+            "method": name,
+            "unlearn_seconds": round(seconds, 3),
+            "before": _retrieval(clip, problem.theta, sets, data.test),
+            "after": _retrieval(clip, result.theta, sets, data.test),
+            "method_info": result.info,
+        }
+        state_update: dict[str, Any] = {}
+        if "forget_lock" in result.artifacts:
+            lock_bytes = result.artifacts["forget_lock"]
+            lock = ForgetLock.from_bytes(lock_bytes)
+            state_update["forget_lock"] = {
+                "digest": get_store().put_bytes(lock_bytes),
+                "alpha": lock.alpha,
+                "rank": lock.rank,
+                "n_params": lock.p,
+                "request_id": work.request.id,
+                "version_id": work.version_id,
+            }
+        if problem.forget_client is not None:
+            state_update["removed"] = [*model.state.get("removed", []), model.state["clients"][problem.forget_client]]
+        return Unlearned(
+            theta=result.theta, method=name, metrics=metrics, positions=positions, state_update=state_update
+        )

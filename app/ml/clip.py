@@ -134,15 +134,6 @@ def set_lora_vector(model: nn.Module, theta: torch.Tensor) -> None:
             offset += n
 
 
-def lora_gradient(model: nn.Module) -> torch.Tensor:
-    return torch.cat(
-        [
-            (p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).float()
-            for _, p in lora_parameters(model)
-        ]
-    )
-
-
 def lora_layout(model: nn.Module) -> list[dict[str, Any]]:
     """Name, shape, offset and tower of each LoRA tensor in θ (used for per-tower masks and for reports)."""
     out, offset = [], 0

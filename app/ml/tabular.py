@@ -13,9 +13,10 @@ Solvers, chosen for exactness because unlearning is judged against a retrained m
   ``newton_max_params`` parameters). The problem is strictly convex, so Newton reaches the unique optimum to ~1e-12
   in about ten iterations. That matters: the change a single deleted row makes is O(1/n), smaller than the error a
   loosely converged first-order solver leaves in the weakly regularised directions (one-hot blocks are collinear with
-  the bias, curvature only l2). "lbfgs" (scipy L-BFGS-B on the float64 objective) is used above that size.
-- MLP (notes §1.6: one hidden layer of 10 sigmoid units, softmax output, cross-entropy): full-batch scipy L-BFGS-B
-  from a seeded Glorot initialisation, so the same seed and data always give the same theta.
+  the bias, curvature only l2). "lbfgs" (full-batch torch L-BFGS with a strong-Wolfe line search on the float64
+  objective, see ``_lbfgs``) is used above that size.
+- MLP (notes §1.6: one hidden layer of 10 sigmoid units, softmax output, cross-entropy): the same full-batch torch
+  L-BFGS from a seeded Glorot initialisation, so the same seed and data always give the same theta.
 
 Objective, gradients and Hessians are hand-written torch float64 (no autograd: fewer kernel launches per iteration,
 which dominates on the 1,000-row meta-training tasks). Large problems run on CUDA when it is available.

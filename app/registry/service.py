@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from app.audit.service import append_event
 from app.auth.service import Principal
 from app.config import get_settings
-from app.jobs.service import new_job
+from app.jobs.outbox import new_job
 from app.jobs.tables import Job
 from app.ml.unlearning.base import UnknownMethodError, get_method
 from app.problems import Problem

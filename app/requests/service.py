@@ -8,23 +8,24 @@ import hashlib
 import json
 from datetime import datetime
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.audit.service import append_event, forget_head, hash_subject
 from app.auth.service import Principal
 from app.config import get_settings
-from app.db import new_id
-from app.jobs.service import new_job
-from app.ml.unlearning.base import UnknownMethodError, get_method
+from app.db import new_id, utcnow
+from app.jobs.outbox import new_job
+from app.ml.unlearning.base import AUTO, UnknownMethodError, get_method
 from app.problems import Problem
 from app.registry.schemas import SCOPES_BY_KIND
-from app.registry.tables import DatasetRow, Model
+from app.registry.tables import DatasetRow, Model, ModelVersion
+from app.registry.versions import ID_QUERY_CHUNK
 from app.requests.schemas import DeletionRequestCreate, DeletionRequestOut
 from app.requests.tables import DeletionRequest
 
-META_METHODS = {"auto"}
+META_METHODS = {AUTO}
 
 
 def body_fingerprint(body: DeletionRequestCreate) -> str:
@@ -145,8 +146,8 @@ def _validate_rows(session: Session, model: Model, body: DeletionRequestCreate) 
                 f"at most {get_settings().max_sample_ids}",
             )
         found: dict[str, str | None] = {}
-        for start in range(0, len(ids), 5000):
-            chunk = ids[start : start + 5000]
+        for start in range(0, len(ids), ID_QUERY_CHUNK):
+            chunk = ids[start : start + ID_QUERY_CHUNK]
             found.update(
                 session.execute(
                     select(DatasetRow.row_id, DatasetRow.deleted_by).where(
@@ -265,15 +266,6 @@ def stage_request(
         return replay(existing, fingerprint), False
 
 
-def create_request(
-    session: Session, principal: Principal, body: DeletionRequestCreate, idempotency_key: str | None
-) -> tuple[DeletionRequest, bool]:
-    """One request in its own transaction (the batcher in intake.py commits many at once)."""
-    request, created = stage_request(session, principal, body, idempotency_key)
-    session.commit()
-    return request, created
-
-
 def get_request_or_404(session: Session, request_id: str) -> DeletionRequest:
     request = session.get(DeletionRequest, request_id)
     if request is None:
@@ -319,3 +311,105 @@ def list_requests(
     )
     next_cursor = encode_cursor(rows[limit - 1].created_at, rows[limit - 1].id) if len(rows) > limit else None
     return rows[:limit], next_cursor
+
+
+# ------------------------------------------------------------------------------------ status changes (the worker's)
+# A request's lifecycle is written here only; the outbox (app/jobs/outbox.py) knows jobs, not requests. Each function
+# runs inside the caller's transaction, next to the job-row change it mirrors.
+
+
+def mark_queued(session: Session, request_id: str, job_id: str, queue: str) -> None:
+    """received → queued when the dispatcher hands its job to a worker queue."""
+    queued = session.execute(
+        update(DeletionRequest)
+        .where(DeletionRequest.id == request_id, DeletionRequest.status == "received")
+        .values(status="queued", updated_at=utcnow())
+    )
+    if queued.rowcount:
+        append_event(
+            session,
+            actor="dispatcher",
+            action="deletion_request.queued",
+            entity_type="deletion_request",
+            entity_id=request_id,
+            payload={"job_id": job_id, "queue": queue},
+        )
+
+
+def mark_running(session: Session, request_id: str, job_id: str, attempt: int, owner: str) -> None:
+    now = utcnow()
+    request = session.get(DeletionRequest, request_id)
+    request.status, request.attempts, request.updated_at = "running", attempt, now
+    request.started_at = request.started_at or now
+    append_event(
+        session,
+        actor=f"worker:{owner}",
+        action="deletion_request.running",
+        entity_type="deletion_request",
+        entity_id=request_id,
+        payload={"job_id": job_id, "attempt": attempt},
+    )
+
+
+def record_progress(session: Session, request_id: str, progress: float, message: str | None) -> None:
+    session.execute(
+        update(DeletionRequest)
+        .where(DeletionRequest.id == request_id)
+        .values(progress=progress, message=message, updated_at=utcnow())
+    )
+
+
+def mark_failed(
+    session: Session, request_id: str, job_id: str, attempts: int, error: str, status: str, problem_type: str
+) -> None:
+    """A terminal failure (``failed``) or refusal (``rejected``); the first line of the error only: tracebacks stay in
+    the worker's log and the job row."""
+    now = utcnow()
+    request = session.get(DeletionRequest, request_id)
+    request.status, request.updated_at, request.completed_at = status, now, now
+    request.error = {
+        "type": f"https://lethe.dev/problems/{problem_type}",
+        "detail": error.split("\n", 1)[0][:2000],
+        "attempts": attempts,
+    }
+    append_event(
+        session,
+        actor="worker",
+        action=f"deletion_request.{status}",
+        entity_type="deletion_request",
+        entity_id=request_id,
+        payload={"job_id": job_id, "error": error.split("\n", 1)[0][:500], "attempts": attempts},
+    )
+
+
+def mark_completed(
+    session: Session, request_id: str, job_id: str, version: ModelVersion, model_id: str, rows_deleted: int
+) -> None:
+    now = utcnow()
+    request = session.get(DeletionRequest, request_id)
+    request.status, request.progress, request.result_version_id = "completed", 1.0, version.id
+    request.completed_at = request.updated_at = now
+    request.message = f"version {version.number} without {rows_deleted} rows ({version.method})"
+    append_event(
+        session,
+        actor="worker",
+        action="deletion_request.completed",
+        entity_type="deletion_request",
+        entity_id=request_id,
+        payload={
+            "model_id": model_id,
+            "version": version.number,
+            "digest": version.digest,
+            "parent_id": version.parent_id,
+            "method": version.method,
+            "rows_deleted": rows_deleted,
+            "job_id": job_id,
+        },
+    )
+
+
+def callback_of(session: Session, request_id: str) -> tuple[str | None, dict]:
+    """Where to tell the compliance system the request ended, and what to tell it."""
+    request = session.get(DeletionRequest, request_id)
+    body = {"id": request.id, "status": request.status, "result_version_id": request.result_version_id}
+    return request.callback_url, body

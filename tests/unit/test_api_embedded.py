@@ -169,7 +169,7 @@ def test_api_process_never_loads_torch():
 
 
 def test_rows_never_trained_on_need_no_unlearning(client, tmp_path):
-    from app.jobs.pipeline import holdout_mask
+    from app.jobs.tabular import holdout_mask
 
     model, frame = _register(client, tmp_path)
     held_out = frame["row_id"][holdout_mask(len(frame), 0.2, seed=0)].tolist()[:2]

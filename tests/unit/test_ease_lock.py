@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from app.ml.unlearning.ease.lock import ForgetLock
+from app.ml.federation.lock import ForgetLock
 
 
 def _lock(p: int = 30, k: int = 4, alpha: float = 7.0) -> ForgetLock:

@@ -6,10 +6,13 @@ import pytest
 
 from app.ml.unlearning.base import (
     InvalidMethodSettingsError,
+    MethodNotSupportedError,
     UnknownMethodError,
     available_methods,
+    choose_method,
     get_method,
     register_method,
+    supporting_method,
 )
 
 
@@ -38,16 +41,24 @@ def test_settings_are_validated_and_typos_refused():
     assert spec.build({"steps": 5}).config.steps == 5
     with pytest.raises(InvalidMethodSettingsError, match="stpes"):
         spec.build({"stpes": 5})
-    # the same class again (e.g. a package registering by reference, the module eagerly) is fine; another is not
-    register_method(
-        "test-method",
-        _Config,
-        f"{_Method.__module__}:{_Method.__qualname__}",
-        model_kinds={"tabular"},
-        scopes={"samples"},
-    )
-    with pytest.raises(ValueError, match="already registered"):
-        register_method("test-method", _Config, _Config, model_kinds={"tabular"}, scopes={"samples"})
+    # a name is registered once: a second registration is a bug, even of the same class (no "last one wins")
+    for method in (f"{_Method.__module__}:{_Method.__qualname__}", _Config):
+        with pytest.raises(ValueError, match="already registered"):
+            register_method("test-method", _Config, method, model_kinds={"tabular"}, scopes={"samples"})
+
+
+def test_auto_is_chosen_by_the_registry():
+    # tabular: L2UL once prepared (and only for the scopes it takes), else exact retraining
+    assert choose_method("auto", "tabular", "samples", prepared=set()) == "retrain"
+    assert choose_method("auto", "tabular", "samples", prepared={"l2ul"}) == "l2ul"
+    assert choose_method("auto", "tabular", "class", prepared={"l2ul"}) == "retrain"
+    assert choose_method("auto", "clip_federated", "client") == "ease"
+    assert choose_method("sisa", "tabular", "samples") == "sisa"  # a named method is taken as asked
+    with pytest.raises(MethodNotSupportedError):
+        choose_method("auto", "no-such-kind", "samples")
+    with pytest.raises(MethodNotSupportedError, match="cannot take a 'class' scope"):
+        supporting_method("l2ul", "tabular", "class")
+    assert supporting_method("retrain", "tabular", "class").name == "retrain"
 
 
 def test_lazy_references_resolve():

@@ -3,7 +3,8 @@
 A method is registered once with ``register_method(name, config_cls, method_cls, model_kinds=..., scopes=...)``
 (the pattern of peft's tuner registry); the worker looks it up by name and never needs editing when a method is
 added. Everything here is pure: arrays and tensors in, arrays and tensors out, method state as opaque bytes that the
-worker stores in the artifact store.
+worker stores in the artifact store. ``choose_method`` answers "which method runs this request" (``auto`` included), so
+the worker never names a method.
 
 ``config_cls`` and ``method_cls`` may be given as ``"module:attribute"`` strings, resolved on first use, so that a
 method package's ``__init__`` registers without importing torch: the API validates method names, model kinds and
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -68,7 +69,7 @@ class UnlearningMethod(Protocol):
 
 
 def _ref_name(ref: type | str) -> str:
-    """``"module:Qualname"`` of a class or of a string reference (a package may register lazily, the module eagerly)."""
+    """``"module:Qualname"`` of a class or of a string reference."""
     return ref if isinstance(ref, str) else f"{ref.__module__}:{ref.__qualname__}"
 
 
@@ -87,6 +88,7 @@ class MethodSpec:
     model_kinds: frozenset[str]
     scopes: frozenset[str]
     needs_preparation: bool = False
+    auto_priority: int | None = None
 
     @property
     def config_cls(self) -> type:
@@ -112,6 +114,10 @@ class InvalidMethodSettingsError(ValueError):
     pass
 
 
+class MethodNotSupportedError(ValueError):
+    """The method exists but cannot take this model kind or scope (or is not prepared for the model)."""
+
+
 _REGISTRY: dict[str, MethodSpec] = {}
 
 
@@ -123,12 +129,18 @@ def register_method(
     model_kinds: set[str] | frozenset[str],
     scopes: set[str] | frozenset[str],
     needs_preparation: bool = False,
+    auto_priority: int | None = None,
 ) -> MethodSpec:
-    """Register a method under ``name``. Registering the same name twice with another class is a bug."""
-    spec = MethodSpec(name, config_cls, method_cls, frozenset(model_kinds), frozenset(scopes), needs_preparation)
-    existing = _REGISTRY.get(name)
-    if existing is not None and _ref_name(existing.method_ref) != _ref_name(method_cls):
-        raise ValueError(f"method {name!r} is already registered by {existing.method_ref!r}")
+    """Register a method under ``name``, once: a second registration of the name is a bug, not "last one wins".
+
+    ``auto_priority``: the method may be chosen by ``method: "auto"``; among those that fit, the highest wins
+    (see :func:`choose_method`). None: only when asked for by name (baselines, experiments).
+    """
+    if name in _REGISTRY:
+        raise ValueError(f"method {name!r} is already registered by {_ref_name(_REGISTRY[name].method_ref)!r}")
+    spec = MethodSpec(
+        name, config_cls, method_cls, frozenset(model_kinds), frozenset(scopes), needs_preparation, auto_priority
+    )
     _REGISTRY[name] = spec
     return spec
 
@@ -164,12 +176,39 @@ def make_config(config_cls: type, settings: Mapping[str, Any]) -> Any:
         raise InvalidMethodSettingsError(str(exc)) from exc
 
 
-def config_to_dict(config: Any) -> dict[str, Any]:
-    return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(vars(config))
+def supporting_method(name: str, model_kind: str, scope: str) -> MethodSpec:
+    """The registered method ``name``, checked to take ``scope`` deletions on ``model_kind`` models."""
+    spec = get_method(name)
+    if model_kind not in spec.model_kinds or scope not in spec.scopes:
+        raise MethodNotSupportedError(f"method {name!r} cannot take a {scope!r} scope on a {model_kind} model")
+    return spec
 
+
+def choose_method(requested: str, model_kind: str, scope: str, prepared: Iterable[str] = ()) -> str:
+    """The method a request runs: the one it names, or for ``auto`` the highest ``auto_priority`` among the methods
+    that take this kind and scope and, when they need a one-off preparation, have it ``prepared`` for the model.
+
+    Plain values in, a name out: the worker asks this and holds no method names of its own.
+    """
+    if requested != AUTO:
+        return requested
+    ready = set(prepared)
+    candidates = [
+        spec
+        for spec in available_methods(model_kind, scope)
+        if spec.auto_priority is not None and (not spec.needs_preparation or spec.name in ready)
+    ]
+    if not candidates:
+        raise MethodNotSupportedError(f"no method can take a {scope!r} scope on a {model_kind} model automatically")
+    return max(candidates, key=lambda spec: spec.auto_priority).name
+
+
+AUTO = "auto"
+"""The method name that lets the service choose (:func:`choose_method`)."""
 
 _BUILTIN_MODULES = (
     "app.ml.unlearning.retrain",
+    "app.ml.unlearning.newton",
     "app.ml.unlearning.l2ul",
     "app.ml.unlearning.baselines",
     "app.ml.unlearning.ease",

@@ -13,6 +13,9 @@ import numpy as np
 
 from app.ml.unlearning.base import TabularProblem, UnlearningResult, register_method
 
+AUTO_PRIORITY_FALLBACK = 10
+"""``auto`` falls back to exact retraining when no faster method is prepared for the model."""
+
 
 @dataclass
 class RetrainConfig:
@@ -44,4 +47,11 @@ class ExactRetrain:
         return UnlearningResult(theta=theta, info=info)
 
 
-register_method("retrain", RetrainConfig, ExactRetrain, model_kinds={"tabular"}, scopes={"samples", "class"})
+register_method(
+    "retrain",
+    RetrainConfig,
+    ExactRetrain,
+    model_kinds={"tabular"},
+    scopes={"samples", "class"},
+    auto_priority=AUTO_PRIORITY_FALLBACK,
+)

@@ -1,7 +1,7 @@
 """Baseline unlearning methods.
 
-Registered by reference ("module:Class") so that reading the registry never imports torch; each module also
-registers itself when imported directly (the same class, so the registry accepts both).
+Registered here, once, by reference ("module:Class") so that reading the registry never imports torch; the modules
+themselves register nothing.
 """
 
 from app.ml.unlearning.base import register_method

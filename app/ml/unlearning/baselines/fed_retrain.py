@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from app.ml.federation import FederatedProblem
-from app.ml.unlearning.base import UnlearningResult, register_method
+from app.ml.unlearning.base import UnlearningResult
 
 
 @dataclass
@@ -47,8 +47,3 @@ class FedRetrain:
             },
             artifacts={"history": buf.getvalue()},
         )
-
-
-register_method(
-    "fed_retrain", FedRetrainConfig, FedRetrain, model_kinds={"clip_federated"}, scopes={"client", "class", "samples"}
-)

@@ -20,7 +20,7 @@ import torch
 
 from app.ml.clip import lora_layout
 from app.ml.federation import FederatedProblem, fedavg
-from app.ml.unlearning.base import UnlearningResult, register_method
+from app.ml.unlearning.base import UnlearningResult
 
 
 @dataclass
@@ -69,8 +69,3 @@ class FedEraser:
                 "bytes_total": bytes_total,
             },
         )
-
-
-register_method(
-    "federaser", FedEraserConfig, FedEraser, model_kinds={"clip_federated"}, scopes={"client", "class", "samples"}
-)

@@ -3,7 +3,7 @@
 Per ease-notes §7 (from the FedOSD paper and code):
 
 * the holders of the forget pairs compute the gradient g_u of the bounded *unlearning cross-entropy*
-  ``−log(1 − p_match/2)`` (here on both CLIP directions, see ``ease.excision.excision_loss(objective="uce")``) —
+  ``−log(1 − p_match/2)`` (here on both CLIP directions, ``clip_objectives.uce_loss``) —
   minimising it pushes the matched probability down without plain ascent's explosion;
 * the retained clients send their CLIP-loss gradients (rows of A); the server steps along the part of g_u orthogonal
   to all of them, ``d = g_u − Aᵀ(AAᵀ)⁺A g_u``, rescaled to ‖g_u‖: ``θ ← θ − lr·d`` (``rounds`` unlearning rounds);
@@ -18,11 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from app.ml.clip import caption_labels
 from app.ml.federation import FederatedProblem, bytes_of, fedavg
-from app.ml.unlearning.base import UnlearningResult, register_method
-from app.ml.unlearning.ease.excision import excision_loss
-from app.ml.unlearning.ease.method import data_gradient
+from app.ml.unlearning.base import UnlearningResult
+from app.ml.unlearning.clip_objectives import batch_gradient, data_gradient, uce_loss
 
 
 @dataclass
@@ -31,22 +29,6 @@ class FedOSDConfig:
     lr: float = 0.5
     post_rounds: int = 1
     batch_size: int = 64
-
-
-def _uce_gradient(model, theta: torch.Tensor, data, batch_size: int) -> torch.Tensor:
-    model.set_theta(theta)
-    params = model.parameters()
-    tokens, labels = model.tokens(data.captions), caption_labels(data.captions)
-    total, n = torch.zeros(theta.numel()), 0
-    for start in range(0, len(data), batch_size):
-        sl = slice(start, start + batch_size)
-        if tokens[sl].shape[0] < 2:
-            continue
-        img, txt, scale = model.encode(data.images[sl], tokens[sl])
-        grads = torch.autograd.grad(excision_loss(img, txt, scale, labels[sl], "uce"), params)
-        total += torch.cat([g.reshape(-1).float().cpu() for g in grads])
-        n += 1
-    return total / max(n, 1)
 
 
 class FedOSD:
@@ -63,7 +45,9 @@ class FedOSD:
         bytes_total = 0
         for _ in range(cfg.rounds):
             g_u = fedavg(
-                torch.stack([_uce_gradient(model, theta, problem.forget_data(k), cfg.batch_size) for k in holders]),
+                torch.stack(
+                    [batch_gradient(model, theta, problem.forget_data(k), uce_loss, cfg.batch_size) for k in holders]
+                ),
                 [float(problem.forget_masks[k].sum()) for k in holders],
             )
             rows = [data_gradient(model, theta, problem.retain_data(k), cfg.batch_size) for k in retained]
@@ -95,6 +79,3 @@ class FedOSD:
                 "bytes_total": bytes_total,
             },
         )
-
-
-register_method("fedosd", FedOSDConfig, FedOSD, model_kinds={"clip_federated"}, scopes={"client", "class", "samples"})

@@ -20,7 +20,7 @@ import torch
 
 from app.ml.clip import caption_labels, clip_loss
 from app.ml.federation import FederatedProblem, bytes_of, fedavg, trajectory
-from app.ml.unlearning.base import UnlearningResult, register_method
+from app.ml.unlearning.base import UnlearningResult
 
 
 @dataclass
@@ -92,12 +92,3 @@ class GradientAscent:
                 "bytes_total": bytes_total,
             },
         )
-
-
-register_method(
-    "fed_gradient_ascent",
-    GradientAscentConfig,
-    GradientAscent,
-    model_kinds={"clip_federated"},
-    scopes={"client", "class", "samples"},
-)

@@ -29,7 +29,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from app.ml import tabular
-from app.ml.unlearning.base import TabularProblem, UnlearningResult, register_method
+from app.ml.unlearning.base import TabularProblem, UnlearningResult
 
 ARTIFACT_SISA = "sisa.safetensors"
 ARTIFACT_SISA_STATE = "sisa_state.json"
@@ -162,6 +162,3 @@ class DoNothing:
     def unlearn(self, problem: TabularProblem) -> UnlearningResult:
         theta = torch.as_tensor(problem.theta).detach().float().cpu().clone()
         return UnlearningResult(theta=theta, info={"method": "do_nothing", "wall_time_s": 0.0})
-
-
-register_method("sisa", SISAConfig, SISA, model_kinds={"tabular"}, scopes={"samples"}, needs_preparation=True)

@@ -16,6 +16,7 @@ register_method(
     f"{__name__}.method:Ease",
     model_kinds={"clip_federated"},
     scopes={"client", "class", "samples"},
+    auto_priority=10,  # the federated method ``auto`` runs
 )
 
 __all__ = ["Ease", "EaseConfig", "ForgetLock"]
@@ -27,7 +28,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(method, name)
     if name == "ForgetLock":
-        from app.ml.unlearning.ease.lock import ForgetLock
+        from app.ml.federation.lock import ForgetLock
 
         return ForgetLock
     raise AttributeError(name)

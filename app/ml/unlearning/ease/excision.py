@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from app.ml.clip import ClipLoRA, caption_labels, clip_loss
 from app.ml.data.captions import CaptionDataset
+from app.ml.unlearning.clip_objectives import uce_loss
 from app.ml.unlearning.ease.subspace import project_onto, project_out
 
 
@@ -79,10 +80,7 @@ def excision_loss(
         t2i = F.relu(lp_t2i[:nf] - ref_t2i[:nf] + margin).mean()
         return 0.5 * (i2t + t2i)
     if objective == "uce":
-        logits = scale * sims
-        p_i2t = (F.softmax(logits, dim=1) * same).sum(dim=1)
-        p_t2i = (F.softmax(logits.T, dim=1) * same).sum(dim=1)
-        return -0.5 * (torch.log1p(-p_i2t.clamp(max=1.0) / 2).mean() + torch.log1p(-p_t2i.clamp(max=1.0) / 2).mean())
+        return uce_loss(img, txt, scale, labels)
     if objective == "hinge":
         diff = (~same).float()
         n_diff = diff.sum(dim=1).clamp(min=1)

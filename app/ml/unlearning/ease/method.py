@@ -44,12 +44,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.ml.clip import ClipLoRA, caption_labels, clip_loss
-from app.ml.data.captions import CaptionDataset
+from app.ml.clip import ClipLoRA
 from app.ml.federation import FederatedProblem, bytes_of, fedavg, trajectory
-from app.ml.unlearning.base import UnlearningResult, register_method
+from app.ml.federation.lock import ForgetLock
+from app.ml.unlearning.base import UnlearningResult
+from app.ml.unlearning.clip_objectives import data_gradient
 from app.ml.unlearning.ease.excision import bilateral_excision
-from app.ml.unlearning.ease.lock import ForgetLock
 from app.ml.unlearning.ease.subspace import (
     PrincipalAngles,
     energy_basis,
@@ -144,25 +144,6 @@ class EaseConfig:
             raise ValueError("lock_alpha must be ≥ 0")
         if self.repair_rounds < 0:
             raise ValueError("repair_rounds must be ≥ 0")
-
-
-def data_gradient(model: ClipLoRA, theta: torch.Tensor, data: CaptionDataset, batch_size: int = 64) -> torch.Tensor:
-    """Gradient of the CLIP loss on ``data`` at θ (mean over mini-batches of ``batch_size``, the training batch)."""
-    model.set_theta(theta)
-    params = model.parameters()
-    tokens, labels = model.tokens(data.captions), caption_labels(data.captions)
-    total = torch.zeros(theta.numel())
-    n_batches = 0
-    for start in range(0, len(data), batch_size):
-        sl = slice(start, start + batch_size)
-        if tokens[sl].shape[0] < 2:
-            continue
-        img, txt, scale = model.encode(data.images[sl], tokens[sl])
-        loss = clip_loss(img, txt, scale, labels[sl])
-        grads = torch.autograd.grad(loss, params)
-        total += torch.cat([g.reshape(-1).float().cpu() for g in grads])
-        n_batches += 1
-    return total / max(n_batches, 1)
 
 
 def forget_contribution(problem: FederatedProblem) -> torch.Tensor:
@@ -368,25 +349,8 @@ class Ease:
         return UnlearningResult(
             theta=theta_unl,
             info=info,
-            artifacts={"forget_lock": lock.to_bytes(), "ease_subspaces": _subspace_bytes(sub)},
+            artifacts={"forget_lock": lock.to_bytes()},
         )
 
 
-def _subspace_bytes(sub: Subspaces) -> bytes:
-    from safetensors.torch import save
-
-    tensors = {
-        "u_mu": sub.u_mu.float().contiguous(),
-        "angles_rad": sub.angles.angles.float().contiguous(),
-    }
-    return save(tensors, metadata={"format": "lethe-ease-subspaces/1"})
-
-
-def load_lock(result: UnlearningResult) -> ForgetLock:
-    return ForgetLock.from_bytes(result.artifacts["forget_lock"])
-
-
-__all__ = ["Ease", "EaseConfig", "ForgetLock", "data_gradient", "decompose", "load_lock"]
-
-
-register_method("ease", EaseConfig, Ease, model_kinds={"clip_federated"}, scopes={"client", "class", "samples"})
+__all__ = ["Ease", "EaseConfig", "ForgetLock", "decompose"]

@@ -15,6 +15,7 @@ register_method(
     model_kinds={"tabular"},
     scopes={"samples"},
     needs_preparation=True,
+    auto_priority=20,  # preferred by ``auto`` over exact retraining once the unlearner is trained
 )
 
 _EXPORTS = {

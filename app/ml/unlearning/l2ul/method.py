@@ -54,6 +54,10 @@ ARTIFACT_STATE = "l2ul_state.json"
 ARTIFACT_NAMES = (ARTIFACT_KERNEL, ARTIFACT_META, ARTIFACT_UNLEARNER, ARTIFACT_STATE)
 
 
+SEED_REDRAW_STREAM = 7919
+"""Random stream of the Isolation-Kernel seed re-draws in a purge (kept apart from meta-training's stream)."""
+
+
 @dataclass
 class L2ULConfig:
     """Paper defaults (§5.4, notes §1.5): psi=4, t=100, m=1000, s=1000 (LR) / 3000 (MLP).
@@ -352,7 +356,7 @@ class L2UL:
             replenished = fresh.m
         seeds = 0
         if cfg.purge_seeds:
-            rng = np.random.default_rng([cfg.seed, 7919, redraws])
+            rng = np.random.default_rng([cfg.seed, SEED_REDRAW_STREAM, redraws])
             seeds = ks.purge_seeds(gone, X, y, rng)
             redraws += 1 if seeds else 0
         ks.cells[gone] = 0  # scrub the stored Phi of deleted rows

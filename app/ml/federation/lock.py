@@ -9,6 +9,9 @@ projection of later updates onto the complement of the unique subspace plus a cl
 * client: ``L = L_CLIP + (α/2)‖U_μᵀ(θ − θ_unl)‖²`` (:meth:`ForgetLock.penalty`), whose gradient is
   ``α U_μU_μᵀ(θ − θ_unl)``; a quadratic lock of strength α bounds the stationary drift along U_μ by ≈ ‖U_μᵀ∇L‖/α.
 
+It lives with the federation, not with EASE: once published it is a mechanic of every later round (the server
+projects, the clients add the penalty), whichever method produced it.
+
 The lock is published by the service (``GET /v1/models/{id}/forget-lock``) so that every client can apply it; it
 serialises to safetensors bytes (:meth:`to_bytes` / :meth:`from_bytes`).
 """

@@ -1,0 +1,154 @@
+"""A worker's hold on one job: claim, heartbeat and progress, and how a job's end reaches its request or model.
+
+The outbox (app/jobs/outbox.py) changes job rows only; this module pairs each job-row change with what it means for
+the domain the job serves — a deletion request (app/requests/service.py) or a model (app/registry/versions.py) — in
+the same transaction. Both wings import :class:`JobContext` from here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from sqlalchemy.orm import Session
+
+from app.config import get_settings
+from app.db import session_scope
+from app.jobs import outbox
+from app.jobs.outbox import LeaseLostError
+from app.jobs.tables import Job
+from app.registry import versions as registry
+from app.requests import service as requests
+
+log = logging.getLogger("lethe.lease")
+
+PROGRESS_MIN_INTERVAL = 0.5
+"""Seconds between two progress writes; a report that comes sooner is written by the next beat."""
+BEAT_MIN, BEAT_MAX = 0.2, 1.0
+"""The heartbeat thread wakes every lease_seconds / 3, clamped to this range (seconds)."""
+
+
+def claim(job_id: str, owner: str) -> Job | None:
+    """Take the job's lease and mark its request running. None: done, taken, or out of attempts."""
+    with session_scope() as session:
+        job = outbox.claim(session, job_id, owner)
+        if job is None:
+            return None
+        if job.request_id:
+            requests.mark_running(session, job.request_id, job.id, job.attempts, owner)
+        session.expunge(job)
+        return job
+
+
+def heartbeat(job_id: str, owner: str, progress: float | None = None, message: str | None = None) -> None:
+    """Renew the lease and record progress on the job and its request; LeaseLostError if the job was taken."""
+    with session_scope() as session:
+        job = outbox.renew(session, job_id, owner, progress, message)
+        if job.request_id and progress is not None:
+            requests.record_progress(session, job.request_id, job.progress, job.message)
+
+
+def tell_owner(session: Session, job: Job, error: str, status: str = "failed", problem_type: str = "job-failed"):
+    """A job failed for good: its deletion request ends ``failed``/``rejected``, or its model registration fails."""
+    if job.request_id:
+        requests.mark_failed(session, job.request_id, job.id, job.attempts, error, status, problem_type)
+    elif job.kind == "train_model":
+        registry.mark_failed(session, job.model_id, job.id, error)
+
+
+def fail(
+    job_id: str,
+    owner: str | None,
+    error: str,
+    *,
+    permanent: bool,
+    request_status: str = "failed",
+    problem_type: str = "job-failed",
+) -> None:
+    """Record a failure: a permanent one (bad input, a bug) ends the job; a transient one re-offers it with backoff."""
+    with session_scope() as session:
+        job = outbox.fail(session, job_id, owner, error, permanent=permanent)
+        if job is not None:
+            tell_owner(session, job, error, request_status, problem_type)
+
+
+def reconcile(session: Session) -> dict[str, int]:
+    """Re-offer jobs whose lease expired; those out of attempts fail, and their request or model is told."""
+    expiry = outbox.expire_leases(session)
+    for job in expiry.failed:
+        tell_owner(session, job, job.error, "failed", "attempts-exhausted")
+    return {"reoffered": expiry.reoffered, "failed": len(expiry.failed)}
+
+
+def finish(job_id: str, owner: str, result: dict) -> None:
+    """Finish a job that wrote its results in earlier transactions (checks the lease first)."""
+    with session_scope() as session:
+        outbox.finish(session, outbox.assert_lease(session, job_id, owner), result)
+
+
+class JobContext:
+    """Progress reporting and the lease heartbeat of one running job.
+
+    A background thread renews the lease (every ``lease_seconds / 3``, at least once a second) whatever the ML code
+    is doing, so an expired lease means a dead worker, never a slow step. Progress is written at most twice a second
+    from the caller; a report that comes sooner is kept and written by the next beat, so the latest message is never
+    lost. If the lease is lost (another worker took the job), ``lost`` is set and the finishing transaction refuses
+    to write.
+    """
+
+    def __init__(self, job_id: str, owner: str):
+        self.job_id, self.owner = job_id, owner
+        self._last_report = 0.0
+        self._pending: tuple[float, str] | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.lost = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"lease-{job_id[:8]}", daemon=True)
+
+    def __enter__(self) -> JobContext:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _beat(self) -> None:
+        lease_every = max(BEAT_MIN, get_settings().lease_seconds / 3)
+        interval = min(BEAT_MAX, lease_every)
+        last_lease = time.monotonic()
+        while not self._stop.wait(interval):
+            with self._lock:
+                pending, self._pending = self._pending, None
+            if pending is None and time.monotonic() - last_lease < lease_every:
+                continue
+            try:
+                heartbeat(self.job_id, self.owner, *(pending or (None, None)))
+                last_lease = time.monotonic()
+            except LeaseLostError:
+                self.lost.set()
+                return
+            except Exception:  # a database hiccup: the next beat retries, the lease has slack for it
+                log.warning("heartbeat for job %s failed", self.job_id, exc_info=True)
+
+    def progress(self, fraction: float, message: str) -> None:
+        """Record progress on the job and its request (now, or with the next beat if the last write was recent)."""
+        if self.lost.is_set():
+            raise LeaseLostError(self.job_id)
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last_report < PROGRESS_MIN_INTERVAL and fraction < 1.0:
+                self._pending = (fraction, message)
+                return
+            self._pending = None
+            self._last_report = now
+        heartbeat(self.job_id, self.owner, fraction, message)
+
+    def assert_lease(self, session: Session) -> Job:
+        """Inside a finishing transaction: lock the job row and check this worker still holds it."""
+        return outbox.assert_lease(session, self.job_id, self.owner)
+
+    def scaled(self, start: float, span: float, prefix: str):
+        """A progress sink for a sub-step: its [0, 1] maps to [start, start + span] of the job, messages prefixed."""
+        return lambda f, m: self.progress(start + span * f, f"{prefix}: {m}")

@@ -1,0 +1,206 @@
+"""The outbox: the ``jobs`` table, its compare-and-set claim and lease, and lease expiry (ARCHITECTURE.md).
+
+A job row is written in the same transaction as what it works for. A worker *claims* it with a compare-and-set
+UPDATE that bumps the attempt counter and sets a lease; it renews the lease while it reports progress, and only the
+lease holder can finish the job. Expired leases are re-offered (a killed worker) and failed for good after
+``max_attempts``.
+
+This module knows jobs only: it imports no domain it serves. What a job's status means for a deletion request or a
+model is written by the requests and registry domains (app/jobs/lease.py and the dispatcher call them in the same
+transaction), so registry and requests import the outbox and never the other way round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import or_, select, update
+from sqlalchemy.orm import Session
+
+from app.config import get_settings
+from app.db import new_id, utcnow
+from app.jobs.tables import Job
+
+GPU_KINDS = {"clip_federated"}
+"""Model kinds whose jobs go to the "gpu" queue (one worker process per GPU); every other kind goes to "cpu"."""
+DISPATCH_BATCH = 100
+"""Most jobs one dispatcher pass moves from pending to dispatched."""
+MAX_BACKOFF_SECONDS = 60.0
+"""A transient failure re-offers the job after 2^attempts seconds, at most this."""
+
+
+class PermanentJobError(Exception):
+    """Bad input or an impossible request: retrying will not help, so the request is rejected at once."""
+
+    def __init__(self, message: str, problem_type: str = "unprocessable"):
+        super().__init__(message)
+        self.problem_type = problem_type
+
+
+class LeaseLostError(RuntimeError):
+    """Another worker holds the job now (our lease expired): stop without writing anything."""
+
+
+def queue_for(model_kind: str) -> str:
+    return "gpu" if model_kind in GPU_KINDS else "cpu"
+
+
+def new_job(
+    session: Session,
+    *,
+    kind: str,
+    model_id: str,
+    model_kind: str,
+    request_id: str | None = None,
+    payload: dict[str, Any] | None = None,
+    flush: bool = True,
+) -> Job:
+    job = Job(
+        id=new_id(),
+        kind=kind,
+        model_id=model_id,
+        request_id=request_id,
+        payload=payload or {},
+        queue=queue_for(model_kind),
+        max_attempts=get_settings().max_attempts,
+    )
+    session.add(job)
+    if flush:
+        session.flush()
+    return job
+
+
+def mark_dispatched(session: Session, limit: int = DISPATCH_BATCH) -> list[Job]:
+    """Move due pending jobs to ``dispatched`` (compare-and-set, so several dispatchers never send one job twice)."""
+    now = utcnow()
+    candidates = (
+        session.execute(
+            select(Job.id).where(Job.status == "pending", Job.available_at <= now).order_by(Job.created_at).limit(limit)
+        )
+        .scalars()
+        .all()
+    )
+    taken: list[Job] = []
+    for job_id in candidates:
+        result = session.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.status == "pending")
+            .values(status="dispatched", dispatched_at=now, updated_at=now)
+        )
+        if result.rowcount == 1:
+            taken.append(session.get(Job, job_id))
+    return taken
+
+
+def claim(session: Session, job_id: str, owner: str) -> Job | None:
+    """Take the lease: succeeds for a pending/dispatched job, or a running one whose lease has expired."""
+    now = utcnow()
+    result = session.execute(
+        update(Job)
+        .where(
+            Job.id == job_id,
+            Job.attempts < Job.max_attempts,
+            or_(Job.status.in_(("pending", "dispatched")), (Job.status == "running") & (Job.lease_expires_at < now)),
+        )
+        .values(
+            status="running",
+            lease_owner=owner,
+            attempts=Job.attempts + 1,
+            lease_expires_at=now + timedelta(seconds=get_settings().lease_seconds),
+            started_at=now,
+            updated_at=now,
+            message="started",
+        )
+    )
+    return session.get(Job, job_id) if result.rowcount == 1 else None
+
+
+def renew(session: Session, job_id: str, owner: str, progress: float | None, message: str | None) -> Job:
+    """Renew the lease and record progress; raises LeaseLostError if another worker has taken the job."""
+    now = utcnow()
+    values: dict[str, Any] = {
+        "lease_expires_at": now + timedelta(seconds=get_settings().lease_seconds),
+        "updated_at": now,
+    }
+    if progress is not None:
+        values["progress"] = max(0.0, min(1.0, progress))
+    if message is not None:
+        values["message"] = message[:2000]
+    result = session.execute(
+        update(Job).where(Job.id == job_id, Job.lease_owner == owner, Job.status == "running").values(**values)
+    )
+    if result.rowcount != 1:
+        raise LeaseLostError(job_id)
+    return session.get(Job, job_id)
+
+
+def assert_lease(session: Session, job_id: str, owner: str) -> Job:
+    """Inside a finishing transaction: lock the job row and check we still hold it."""
+    job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
+    if job.lease_owner != owner or job.status != "running":
+        raise LeaseLostError(job_id)
+    return job
+
+
+def finish(session: Session, job: Job, result: dict[str, Any]) -> None:
+    now = utcnow()
+    job.status, job.result, job.progress, job.finished_at, job.updated_at = "succeeded", result, 1.0, now, now
+    job.message, job.lease_expires_at = "done", None
+
+
+def fail(session: Session, job_id: str, owner: str | None, error: str, *, permanent: bool) -> Job | None:
+    """Record a failure: a permanent one (bad input, a bug) ends the job; a transient one re-offers it with backoff.
+
+    Returns the job when it failed for good (its request or model must be told), None otherwise (re-offered, or not
+    ours to fail any more)."""
+    now = utcnow()
+    job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
+    if owner is not None and (job.lease_owner != owner or job.status != "running"):
+        return None
+    job.error, job.updated_at = error[:4000], now
+    if permanent or job.attempts >= job.max_attempts:
+        job.status, job.finished_at, job.lease_expires_at = "failed", now, None
+        return job
+    job.status, job.lease_owner, job.lease_expires_at = "pending", None, None
+    job.available_at = now + timedelta(seconds=min(MAX_BACKOFF_SECONDS, 2.0**job.attempts))
+    return None
+
+
+@dataclass
+class Expiry:
+    """What one reconciler pass did: jobs re-offered, and jobs failed for good (their owners must be told)."""
+
+    reoffered: int
+    failed: list[Job]
+
+
+def expire_leases(session: Session) -> Expiry:
+    """Re-offer jobs whose lease expired or whose dispatch was never taken; fail those out of attempts."""
+    now = utcnow()
+    reoffered = 0
+    failed: list[Job] = []
+    expired = (
+        session.execute(
+            select(Job).where(Job.status == "running", Job.lease_expires_at < now).with_for_update(skip_locked=True)
+        )
+        .scalars()
+        .all()
+    )
+    for job in expired:
+        if job.attempts >= job.max_attempts:
+            job.status, job.finished_at, job.updated_at = "failed", now, now
+            job.error = f"the worker's lease expired {job.attempts} times (worker killed or stuck); gave up"
+            failed.append(job)
+        else:
+            job.status, job.lease_owner, job.lease_expires_at, job.updated_at = "pending", None, None, now
+            job.message = f"lease expired after attempt {job.attempts}; re-offered"
+            reoffered += 1
+    stale = now - timedelta(seconds=get_settings().dispatch_timeout_seconds)
+    result = session.execute(
+        update(Job)
+        .where(Job.status == "dispatched", Job.dispatched_at < stale)
+        .values(status="pending", updated_at=now, message="dispatch not taken; re-offered")
+    )
+    return Expiry(reoffered + (result.rowcount or 0), failed)

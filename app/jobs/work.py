@@ -1,0 +1,99 @@
+"""What the hall (pipeline.py) and the wings (tabular.py, federated.py) hand each other for one deletion.
+
+The hall loads a :class:`DeletionWork` (request, model, parent version, the method to run, built with its settings),
+asks the model kind's wing to add its inputs and to unlearn, and receives an :class:`Unlearned` value — never a
+callback. Everything a wing needs from the registry comes through app/registry/versions.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from app.jobs.lease import JobContext
+from app.jobs.outbox import PermanentJobError
+from app.jobs.tables import Job
+from app.ml.unlearning.base import (
+    InvalidMethodSettingsError,
+    MethodNotSupportedError,
+    MethodSpec,
+    UnlearningMethod,
+    choose_method,
+    supporting_method,
+)
+from app.registry import versions as registry
+from app.registry.tables import Dataset, Model, ModelVersion
+from app.requests.tables import DeletionRequest
+
+
+@dataclass
+class DeletionWork:
+    """One deletion, loaded: detached rows (safe outside a session) and the method that will run.
+
+    ``version_id`` is the id the new version will get, so a wing can refer to it in the model state it returns.
+    ``inputs`` is the wing's own: what its ``load`` step gathered (data, masks, federation history).
+    """
+
+    job: Job
+    request: DeletionRequest
+    model: Model
+    dataset: Dataset | None
+    parent: ModelVersion
+    method_name: str
+    spec: MethodSpec
+    method: UnlearningMethod
+    version_id: str
+    inputs: Any = None
+
+
+@dataclass
+class Unlearned:
+    """A wing's unlearn step, as a value: the new parameters and everything publishing needs to record.
+
+    ``positions``: the data-set rows this request deletes (they become tombstones); ``state_update``: model-state
+    keys to set with the new version (e.g. the forget lock); ``method_artifacts``: the method's new prepared state
+    (e.g. a learned unlearner after its purge), stored under its name.
+    """
+
+    theta: torch.Tensor
+    method: str
+    metrics: dict[str, Any]
+    positions: list[int]
+    state_update: dict[str, Any] = field(default_factory=dict)
+    method_artifacts: dict[str, bytes] = field(default_factory=dict)
+
+
+class DeletionWing(Protocol):
+    """A model kind's deletion steps."""
+
+    def load(self, work: DeletionWork, ctx: JobContext) -> Any:
+        """Gather the inputs (data, masks, history); PermanentJobError when the deletion cannot be done."""
+
+    def unlearn(self, work: DeletionWork, ctx: JobContext) -> Unlearned: ...
+
+
+def method_for(request: DeletionRequest, model: Model) -> tuple[str, MethodSpec, UnlearningMethod]:
+    """The method this request runs (``auto`` resolved by the method registry), built with the model's registered
+    settings for it, then the request's own."""
+    scope = request.scope["kind"]
+    try:
+        name = choose_method(request.method, model.kind, scope, registry.prepared_methods(model))
+        spec = supporting_method(name, model.kind, scope)
+    except MethodNotSupportedError as exc:
+        raise PermanentJobError(str(exc), "method-not-supported") from exc
+    return name, spec, build(spec, {**model.spec.get("method_settings", {}).get(name, {}), **request.method_settings})
+
+
+def build(spec: MethodSpec, settings: Mapping[str, Any]) -> UnlearningMethod:
+    try:
+        return spec.build(settings)
+    except InvalidMethodSettingsError as exc:
+        raise PermanentJobError(f"{spec.name}: {exc}", "invalid-method-settings") from exc
+
+
+def weights(digest: str) -> torch.Tensor:
+    """A stored version's parameters as a float32 CPU tensor."""
+    return torch.from_numpy(registry.load_weights(digest).copy())

@@ -1,0 +1,136 @@
+"""The ``FederatedProblem`` contract: everything a federated CLIP unlearning method receives.
+
+The worker builds one from the stored round history and the clients' data; the benchmarks build one from a demo
+federation. Methods read it and never touch the service.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from app.ml.clip import ClipLoRA, ClipSpec
+from app.ml.data.captions import CaptionDataset
+from app.ml.federation.engine import Federation, FedSettings, Penalty, Projection, RoundResult
+from app.ml.unlearning.base import ProgressFn, no_progress
+
+HistoryLoader = Callable[[int], torch.Tensor]
+"""client index → that client's updates ``[rounds × p]`` (for histories too large to hold at once)."""
+
+
+@dataclass
+class FederatedProblem:
+    """Everything a federated CLIP unlearning method needs (the ``problem`` of ``Method.unlearn``).
+
+    * ``spec``: architecture, frozen backbone checkpoint path and LoRA settings; ``theta``: the global LoRA vector
+      now; ``theta_init``: the LoRA initialisation θ₀ (retrain's start; GSD's reference point).
+    * ``history``: the per-client update history ``[rounds × clients × p]`` or a loader ``k -> [rounds × p]``;
+      ``weights``: the FedAvg weights used in training (default: pair counts).
+    * ``clients``: every client's data (tensors); ``forget_masks``: per client, which pairs to forget;
+      ``scope``: ``"client"`` (``forget_client`` leaves with all its pairs), ``"class"`` or ``"samples"``.
+    * ``fed_settings``: the training schedule (what retrain repeats, what further rounds use).
+    * ``run_round``: run one further federated round (methods that need them); built on a :class:`Federation`.
+    """
+
+    spec: ClipSpec
+    theta: torch.Tensor
+    theta_init: torch.Tensor
+    history: torch.Tensor | HistoryLoader
+    clients: list[CaptionDataset]
+    forget_masks: list[np.ndarray]
+    scope: str = "client"
+    forget_client: int | None = None
+    fed_settings: FedSettings = field(default_factory=FedSettings)
+    weights: torch.Tensor | None = None
+    n_rounds: int | None = None
+    artifacts: Mapping[str, bytes] = field(default_factory=dict)
+    progress: ProgressFn = no_progress
+    device: str | None = None
+    model: ClipLoRA | None = None  # built lazily from ``spec``; pass one to share it
+
+    def __post_init__(self) -> None:
+        if self.scope not in ("client", "class", "samples"):
+            raise ValueError(f"unknown scope {self.scope!r}")
+        if len(self.forget_masks) != len(self.clients):
+            raise ValueError("one forget mask per client")
+        self.forget_masks = [np.asarray(m, dtype=bool) for m in self.forget_masks]
+        if self.scope == "client" and self.forget_client is None:
+            holders = self.holders()
+            if len(holders) != 1:
+                raise ValueError("client scope needs forget_client")
+            self.forget_client = holders[0]
+        if self.weights is None:
+            self.weights = torch.tensor([float(len(c)) for c in self.clients])
+        if self.n_rounds is None:
+            self.n_rounds = (
+                self.history.shape[0] if isinstance(self.history, torch.Tensor) else self.fed_settings.rounds
+            )
+
+    # data views -------------------------------------------------------------------------------------------------
+    @property
+    def n_clients(self) -> int:
+        return len(self.clients)
+
+    def holders(self) -> list[int]:
+        """Clients holding at least one pair to forget."""
+        return [k for k, m in enumerate(self.forget_masks) if m.any()]
+
+    def retained_clients(self) -> list[int]:
+        """Clients that keep taking part (all but the leaving client in client scope)."""
+        if self.scope == "client":
+            return [k for k in range(self.n_clients) if k != self.forget_client]
+        return [k for k in range(self.n_clients) if (~self.forget_masks[k]).any()]
+
+    def forget_data(self, k: int | None = None) -> CaptionDataset:
+        ks = self.holders() if k is None else [k]
+        return CaptionDataset.concat([self.clients[i].subset(np.flatnonzero(self.forget_masks[i])) for i in ks])
+
+    def retain_data(self, k: int) -> CaptionDataset:
+        if self.scope == "client" and k == self.forget_client:
+            return self.clients[k].subset([])
+        return self.clients[k].subset(np.flatnonzero(~self.forget_masks[k]))
+
+    def retained_datasets(self) -> list[CaptionDataset]:
+        """Per client, the pairs the unlearned model may learn from (empty for the leaving client)."""
+        return [self.retain_data(k) for k in range(self.n_clients)]
+
+    def client_history(self, k: int) -> torch.Tensor:
+        if isinstance(self.history, torch.Tensor):
+            return self.history[:, k, :]
+        return self.history(k)
+
+    def full_history(self) -> torch.Tensor:
+        if isinstance(self.history, torch.Tensor):
+            return self.history
+        return torch.stack([self.history(k) for k in range(self.n_clients)], dim=1)
+
+    # model and rounds -------------------------------------------------------------------------------------------
+    def get_model(self) -> ClipLoRA:
+        if self.model is None:
+            self.model = ClipLoRA(self.spec, device=self.device)
+        return self.model
+
+    def federation(self, datasets: Sequence[CaptionDataset] | None = None) -> Federation:
+        """A federation over ``datasets`` (default: the retained data of every client) with the training schedule."""
+        return Federation(
+            self.get_model(), datasets if datasets is not None else self.retained_datasets(), self.fed_settings
+        )
+
+    def run_round(
+        self,
+        theta: torch.Tensor,
+        clients: Sequence[int] | None = None,
+        *,
+        round_index: int = 0,
+        projection: Projection | None = None,
+        penalty: Penalty | None = None,
+        epochs: float | None = None,
+    ) -> RoundResult:
+        """One further FedAvg round of the retained data (the forget pairs never take part)."""
+        fed = self.federation()
+        return fed.run_round(
+            theta, clients, round_index=round_index, projection=projection, penalty=penalty, epochs=epochs
+        )
