@@ -1,4 +1,4 @@
-"""`lethe`: serve, worker, dispatcher, migrate, keys, demo, submit, status."""
+"""`lethe`: serve, worker, dispatcher, migrate, keys, demo, submit, status, verify-certificate."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import time
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -145,6 +146,25 @@ def status(request_id: str) -> None:
     """Show a deletion request."""
     with _client() as client:
         typer.echo(json.dumps(client.get(f"/v1/deletion-requests/{request_id}").json(), indent=2))
+
+
+@app.command("verify-certificate")
+def verify_certificate(
+    file: Annotated[Path, typer.Argument(help="A deletion certificate (DSSE envelope JSON).")],
+    keys: Annotated[
+        str, typer.Option("--keys", help="The keys document: a file, or an https URL of /.well-known/lethe-keys.json.")
+    ],
+) -> None:
+    """Check a deletion certificate offline. Exit 0 valid, 1 invalid, 2 unreadable certificate or keys."""
+    from app.certificates.verify_cli import InputUnavailable, verify_file
+
+    try:
+        ok, message = verify_file(file, keys)
+    except InputUnavailable as exc:
+        typer.echo(f"error: {exc.reason}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(message)
+    raise typer.Exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1 @@
+"""Signed deletion certificates: DSSE envelopes over in-toto Statements, Ed25519 keys, offline verification."""

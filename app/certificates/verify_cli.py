@@ -1,0 +1,129 @@
+"""``lethe verify-certificate FILE --keys SOURCE``: check a deletion certificate offline.
+
+Only the keys are fetched (from a file, or from ``/.well-known/lethe-keys.json`` over http(s)); the check itself
+needs nothing else. The keys are the trust anchor, so plain ``http://`` is accepted only from a loopback host: from
+anywhere else a man in the middle could hand over his own keys and make a forged certificate look valid.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from app.certificates.signing import (
+    InvalidCertificate,
+    InvalidKeys,
+    VerifiedCertificate,
+    load_public_keys,
+    parse_strict_json,
+    verify_envelope,
+)
+
+MAX_CERTIFICATE_BYTES = 64 * 1024 * 1024
+MAX_KEYS_BYTES = 1024 * 1024
+KEYS_TIMEOUT_SECONDS = 10.0
+URL_SCHEMES = ("http://", "https://")
+
+
+class InputUnavailable(Exception):
+    """The certificate or the keys could not be read, so nothing was checked (the CLI exits 2)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+def _fetch_keys(url: str, timeout: float) -> bytes:
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise InputUnavailable(f"{url} is not a valid URL: {exc}") from exc
+    loopback = _is_loopback(parsed.host)
+    if parsed.scheme == "http" and not loopback:
+        raise InputUnavailable(
+            f"refusing keys over plain http from {parsed.host}: use https, or download the keys and pass the file"
+        )
+    try:
+        # a proxy from the environment would see (and could change) the keys; a loopback fetch never uses one
+        with (
+            httpx.Client(timeout=timeout, follow_redirects=False, trust_env=not loopback) as client,
+            client.stream("GET", url, headers={"accept": "application/json"}) as response,
+        ):
+            if response.status_code != httpx.codes.OK:
+                where = response.headers.get("location")
+                hint = f" (redirect to {where}: pass that URL)" if where else ""
+                raise InputUnavailable(f"{url} answered HTTP {response.status_code}{hint}")
+            body = bytearray()
+            for chunk in response.iter_bytes():
+                body += chunk
+                if len(body) > MAX_KEYS_BYTES:
+                    raise InputUnavailable(f"the keys document at {url} is larger than {MAX_KEYS_BYTES} bytes")
+            return bytes(body)
+    except httpx.HTTPError as exc:
+        raise InputUnavailable(f"could not fetch keys from {url}: {exc}") from exc
+
+
+def _read_file(path: Path, limit: int, what: str) -> bytes:
+    try:
+        size = path.stat().st_size
+        if size > limit:
+            raise InputUnavailable(f"the {what} {path} is larger than {limit} bytes")
+        return path.read_bytes()
+    except OSError as exc:
+        raise InputUnavailable(f"cannot read the {what} {path}: {exc.strerror or exc}") from exc
+
+
+def load_keys(source: str, *, timeout: float = KEYS_TIMEOUT_SECONDS) -> dict[str, Any]:
+    """Public keys ``{kid: Ed25519PublicKey}`` from a keys document in a file or at an http(s) URL."""
+    if source.lower().startswith(URL_SCHEMES):
+        raw = _fetch_keys(source, timeout)
+    else:
+        raw = _read_file(Path(source), MAX_KEYS_BYTES, "keys file")
+    try:
+        return load_public_keys(parse_strict_json(raw))
+    except (ValueError, UnicodeDecodeError) as exc:
+        reason = exc.reason if isinstance(exc, InvalidKeys) else f"not valid JSON: {exc}"
+        raise InputUnavailable(f"the keys from {source} are unusable: {reason}") from exc
+
+
+def describe(certificate: VerifiedCertificate) -> str:
+    """One human-readable summary of a valid certificate."""
+    predicate = certificate.predicate
+    method = predicate.get("method") if isinstance(predicate.get("method"), dict) else {}
+    verification = predicate.get("verification") if isinstance(predicate.get("verification"), dict) else {}
+    timestamps = predicate.get("timestamps") if isinstance(predicate.get("timestamps"), dict) else {}
+    return (
+        f"VALID: deletion certificate for {certificate.subject_name} sha256:{certificate.subject_digest}\n"
+        f"  request {predicate.get('request_id')}, model {predicate.get('model_id')}, "
+        f"method {method.get('name')}, verdict {verification.get('verdict')}\n"
+        f"  issued {timestamps.get('issued_at')}, signed by key {certificate.key_id}"
+    )
+
+
+def verify_file(path: Path | str, keys_source: str) -> tuple[bool, str]:
+    """``(True, summary)`` for a valid certificate, ``(False, "INVALID (code): reason")`` otherwise.
+
+    Raises :class:`InputUnavailable` when the certificate file or the keys cannot be read at all.
+    """
+    data = _read_file(Path(path), MAX_CERTIFICATE_BYTES, "certificate")
+    keys = load_keys(keys_source)
+    try:
+        certificate = verify_envelope(data, keys)
+    except InvalidCertificate as exc:
+        return False, f"INVALID ({exc.code}): {exc.reason}"
+    return True, describe(certificate)
