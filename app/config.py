@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     run_dispatcher: bool = Field(True, description="Run the dispatcher/reconciler loop inside the API process.")
     retry_after_seconds: int = Field(5, description="Retry-After sent with 202 Accepted.")
     webhook_timeout_seconds: float = 5.0
+    retired_version_grace_seconds: float = Field(
+        0.0, ge=0, description="How long a version trained on erased rows stays stored (410 at once) before shredding."
+    )
 
     @property
     def resolved_database_url(self) -> str:

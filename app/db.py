@@ -66,6 +66,7 @@ def make_engine(url: str) -> Engine:
             cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.execute("PRAGMA secure_delete=ON")  # freed pages are zeroed: erased rows leave no old content
             cursor.close()
             # let SQLAlchemy's BEGIN reach SQLite so that writers serialise on BEGIN IMMEDIATE (see _begin)
             dbapi_connection.isolation_level = None
@@ -76,6 +77,19 @@ def make_engine(url: str) -> Engine:
 
         return engine
     return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+
+
+def release_freed_pages() -> None:
+    """After an erasure on SQLite: copy the WAL back and truncate it, so no old page image of an erased row stays in
+    the -wal file (secure_delete already zeroes freed pages in the database file). PostgreSQL: deleted tuples are
+    invisible at once and their space is reclaimed by autovacuum (not zeroed; see the README)."""
+    engine = get_engine()
+    if engine.dialect.name == "sqlite":
+        raw = engine.raw_connection()  # outside SQLAlchemy's transaction: a checkpoint needs no open transaction
+        try:
+            raw.cursor().execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            raw.close()
 
 
 @lru_cache

@@ -4,7 +4,19 @@ from app.audit.tables import AuditEvent
 from app.auth.tables import ApiKey
 from app.db import Base
 from app.jobs.tables import Job
-from app.registry.tables import Dataset, DatasetRow, Model, ModelVersion
+from app.registry.tables import Dataset, DatasetRow, ErasedRow, Model, ModelVersion, ShredItem
 from app.requests.tables import DeletionRequest
 
-__all__ = ["ApiKey", "AuditEvent", "Base", "Dataset", "DatasetRow", "DeletionRequest", "Job", "Model", "ModelVersion"]
+__all__ = [
+    "ApiKey",
+    "AuditEvent",
+    "Base",
+    "Dataset",
+    "DatasetRow",
+    "DeletionRequest",
+    "ErasedRow",
+    "Job",
+    "Model",
+    "ModelVersion",
+    "ShredItem",
+]

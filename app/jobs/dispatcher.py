@@ -19,6 +19,7 @@ from app.db import session_scope
 from app.jobs.lease import reconcile
 from app.jobs.outbox import mark_dispatched
 from app.jobs.tables import Job
+from app.registry.versions import shred_due
 from app.requests.service import mark_queued
 
 log = logging.getLogger("lethe.dispatcher")
@@ -86,6 +87,7 @@ class Dispatcher:
         """One pass: reconcile, then dispatch due jobs. Sending happens after the commit (the outbox pattern)."""
         with session_scope() as session:
             counts = reconcile(session)
+            shred_due(session)  # blobs whose retention grace period has passed
             if counts["reoffered"] or counts["failed"]:
                 log.warning("reconciler: %s", counts)
             jobs = mark_dispatched(session)

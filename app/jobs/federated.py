@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
 
 from app.audit.service import append_event
 from app.db import session_scope
@@ -25,7 +26,7 @@ from app.jobs import outbox
 from app.jobs.lease import JobContext
 from app.jobs.outbox import PermanentJobError
 from app.jobs.tables import Job
-from app.jobs.work import DeletionWork, Unlearned, weights
+from app.jobs.work import DeletionWork, ErasurePlan, Unlearned, weights
 from app.ml.clip import TINY_ARCH, ClipLoRA, ClipSpec, LoraSettings, pretrain_tiny_clip
 from app.ml.data.captions import CaptionDataset, make_synthetic_federation
 from app.ml.federation import FederatedProblem, FedSettings, apply_round
@@ -302,4 +303,29 @@ class Deletion:
             state_update["removed"] = [*model.state.get("removed", []), model.state["clients"][problem.forget_client]]
         return Unlearned(
             theta=result.theta, method=name, metrics=metrics, positions=positions, state_update=state_update
+        )
+
+    def erase(self, work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> ErasurePlan:
+        """A departed client's stored round updates are rewritten without it (its row zeroed), so no later method
+        and no reader of the store finds its contribution. Pairs deleted by class or samples scope are mixed into
+        their holders' updates and cannot be separated: the manifest says so."""
+        problem: FederatedProblem = work.inputs.problem
+        rounds = work.model.state.get("rounds", [])
+        if problem.forget_client is None:
+            return ErasurePlan(
+                notes={"rounds": {"action": "kept", "reason": "holders' updates mix erased and retained pairs"}}
+            )
+        ctx.progress(0.92, f"rewriting {len(rounds)} stored rounds without the departed client")
+        rewritten = []
+        for digest in rounds:
+            tensors = dict(load_tensors(get_store().get_bytes(digest)))
+            tensors["updates"] = tensors["updates"].clone()
+            tensors["updates"][problem.forget_client] = 0.0
+            if "weights" in tensors:
+                tensors["weights"] = tensors["weights"].clone()
+                tensors["weights"][problem.forget_client] = 0.0
+            rewritten.append(get_store().put_bytes(save_tensors({k: v.contiguous() for k, v in tensors.items()})))
+        return ErasurePlan(
+            state_update={"rounds": rewritten},
+            notes={"rounds": {"action": "client's updates zeroed", "before": rounds, "after": rewritten}},
         )

@@ -12,12 +12,13 @@ import traceback
 from collections.abc import Callable
 from functools import partial
 
-from app.db import new_id, session_scope
+from app.config import get_settings
+from app.db import new_id, release_freed_pages, session_scope
 from app.jobs import federated, lease, outbox, tabular
 from app.jobs.lease import JobContext
 from app.jobs.outbox import LeaseLostError, PermanentJobError
 from app.jobs.tables import Job
-from app.jobs.work import DeletionWing, DeletionWork, Unlearned, method_for
+from app.jobs.work import DeletionWing, DeletionWork, ErasurePlan, Unlearned, method_for
 from app.registry import versions as registry
 from app.requests import service as requests
 from app.webhooks.service import deliver_webhook
@@ -55,12 +56,14 @@ def execute_job(job_id: str, owner: str) -> str:
 
 
 def run_deletion(job: Job, ctx: JobContext, wing: DeletionWing) -> None:
-    """claim (done by execute_job) → load → unlearn → store version → publish → notify."""
+    """claim (done by execute_job) → load → unlearn → store version → erase → publish → shred → notify."""
     work = load(job, ctx, wing)
     unlearned = wing.unlearn(work, ctx)
     draft = store_version(work, unlearned)
-    # erase → verify → certify: the trust and evidence steps go here, between storing and publishing
-    publish(work, unlearned, draft, ctx)
+    erasure = wing.erase(work, unlearned, ctx)
+    # verify → certify: the evidence steps go here, before publishing
+    publish(work, unlearned, draft, erasure, ctx)
+    shred()
     notify(job.request_id)
 
 
@@ -90,20 +93,42 @@ def store_version(work: DeletionWork, unlearned: Unlearned) -> registry.VersionD
     )
 
 
-def publish(work: DeletionWork, unlearned: Unlearned, draft: registry.VersionDraft, ctx: JobContext) -> None:
-    """ONE transaction: the new current version, the tombstones, the request completed (with its audit event), the
-    job finished."""
+def publish(
+    work: DeletionWork, unlearned: Unlearned, draft: registry.VersionDraft, erasure: ErasurePlan, ctx: JobContext
+) -> None:
+    """ONE transaction: the new current version; every stored copy of the rows swapped for its erased replacement,
+    earlier versions retired; the request completed with its erasure manifest (and audit event); the job finished."""
+    model_id, request_id = work.model.id, work.request.id
+    grace = get_settings().retired_version_grace_seconds
     with session_scope() as session:
         job_row = ctx.assert_lease(session)
-        version = registry.add_version(
+        version = registry.add_version(session, draft, state_update=unlearned.state_update)
+        manifest = registry.erase_rows(
             session,
-            draft,
-            state_update=unlearned.state_update,
-            method_state=(unlearned.method, unlearned.method_artifacts),
+            work.model.dataset_id,
+            unlearned.positions,
+            request_id,
+            new_digest=erasure.dataset_digest,
+            state_update=erasure.state_update,
+            model_id=model_id,
         )
-        registry.tombstone(session, work.model.dataset_id, unlearned.positions, work.request.id)
-        requests.mark_completed(session, work.request.id, work.job.id, version, work.model.id, len(unlearned.positions))
+        manifest["method_state"] = registry.update_method_state(session, model_id, erasure.purged, erasure.invalidated)
+        manifest["versions_retired"] = (
+            registry.retire_versions(session, model_id, version.id, request_id, grace)
+            if unlearned.parent_saw_rows  # held-out rows: no earlier version was trained on them
+            else []
+        )
+        manifest["retired_weights_shredded_after_s"] = grace
+        manifest.update(erasure.notes)
+        requests.mark_completed(session, request_id, work.job.id, version, model_id, len(unlearned.positions), manifest)
         outbox.finish(session, job_row, {"version_id": version.id, "digest": version.digest})
+    release_freed_pages()
+
+
+def shred() -> None:
+    """Delete the queued blobs whose grace period has passed (the dispatcher's tick does the same for later ones)."""
+    with session_scope() as session:
+        registry.shred_due(session)
 
 
 def notify(request_id: str) -> None:

@@ -18,7 +18,7 @@ from app.db import session_scope
 from app.jobs.lease import JobContext, finish
 from app.jobs.outbox import PermanentJobError
 from app.jobs.tables import Job
-from app.jobs.work import DeletionWork, Unlearned, build, weights
+from app.jobs.work import DeletionWork, ErasurePlan, Unlearned, build, weights
 from app.ml import tabular
 from app.ml.data.tabular import TableEncoder, load_table
 from app.ml.unlearning.base import TabularProblem, UnlearningResult, get_method
@@ -31,31 +31,45 @@ HOLDOUT_SEED_OFFSET = 7919
 ENCODED_CACHE_SIZE = 4
 """Encoded tables a worker keeps in memory (keyed by data-set digest and encoder)."""
 NONE_NEEDED = "none-needed"
+POSITION_COLUMN = "__lethe_position"
+"""Column of a rewritten table: each remaining row's position at registration."""
+ERASED_CATEGORY = "<erased:"
+"""Prefix of the placeholder that replaces a category only erased rows carried (a category can be personal data)."""
 """The 'method' of a version whose deleted rows were never trained on (held out): parameters unchanged."""
 
 
 # ------------------------------------------------------------------------------------------------------ data
 @dataclass
 class TabularData:
+    """The table in registry order, one slot per position at registration: an erased row's slot is all zeros, its
+    id empty and ``present`` False (positions, holdout split and method state keep their meaning after erasure)."""
+
     X: np.ndarray
     y: np.ndarray
     row_ids: np.ndarray
     encoder: TableEncoder
+    present: np.ndarray
 
 
 @lru_cache(maxsize=ENCODED_CACHE_SIZE)
-def _load_encoded(dataset_digest: str, encoder_json: str | None, label_column: str, row_id_column: str) -> TabularData:
+def _load_encoded(
+    dataset_digest: str, encoder_json: str | None, label_column: str, row_id_column: str, n_positions: int | None
+) -> TabularData:
     df = load_table(io.BytesIO(get_store().get_bytes(dataset_digest)))
     if encoder_json is None:
-        encoder = TableEncoder.fit(df, label_column, exclude=[row_id_column])
+        encoder = TableEncoder.fit(df, label_column, exclude=[row_id_column, POSITION_COLUMN])
     else:
         encoder = TableEncoder.from_dict(json.loads(encoder_json))
-    return TabularData(
-        encoder.transform(df),
-        encoder.encode_labels(df[label_column]),
-        df[row_id_column].astype(str).to_numpy(),
-        encoder,
+    X, y, ids = encoder.transform(df), encoder.encode_labels(df[label_column]), df[row_id_column].astype(str).to_numpy()
+    if POSITION_COLUMN not in df.columns:
+        return TabularData(X, y, ids, encoder, np.ones(len(df), bool))
+    positions = df[POSITION_COLUMN].to_numpy(dtype=np.int64)
+    n = int(n_positions or (positions.max() + 1 if len(positions) else 0))
+    full = TabularData(
+        np.zeros((n, X.shape[1]), np.float32), np.zeros(n, np.int64), np.full(n, "", object), encoder, np.zeros(n, bool)
     )
+    full.X[positions], full.y[positions], full.row_ids[positions], full.present[positions] = X, y, ids, True
+    return full
 
 
 def load_tabular(dataset: Dataset, model: Model) -> TabularData:
@@ -65,7 +79,43 @@ def load_tabular(dataset: Dataset, model: Model) -> TabularData:
         json.dumps(encoder, sort_keys=True) if encoder else None,
         dataset.label_column,
         dataset.row_id_column,
+        dataset.n_positions,
     )
+
+
+def rewrite_table(dataset: Dataset, erased: np.ndarray) -> bytes:
+    """The stored table without the erased positions (same format), each remaining row keeping its position."""
+    df = load_table(io.BytesIO(get_store().get_bytes(dataset.digest)))
+    positions = df[POSITION_COLUMN].to_numpy() if POSITION_COLUMN in df.columns else np.arange(len(df))
+    keep = ~np.isin(positions, erased)
+    out = df.loc[keep].copy()
+    out[POSITION_COLUMN] = positions[keep]
+    buffer = io.BytesIO()
+    if dataset.format == "parquet":
+        out.to_parquet(buffer, index=False)
+    else:
+        out.to_csv(buffer, index=False)
+    return buffer.getvalue()
+
+
+def scrub_encoder(encoder: TableEncoder, data: TabularData, erased: np.ndarray) -> dict[str, Any] | None:
+    """The encoder with every category that only erased rows carried renamed to a placeholder (the one-hot layout,
+    and so θ's, is unchanged). Means and standard deviations are aggregates over the registration data and stay."""
+    remaining = data.present.copy()
+    remaining[erased] = False
+    scrubbed, changed, j = encoder.to_dict(), False, 0
+    for col in encoder.feature_columns:
+        if col not in encoder.categories:
+            j += 1
+            continue
+        cats = encoder.categories[col]
+        used = data.X[remaining, j : j + len(cats)].any(axis=0)
+        for k, cat in enumerate(cats):
+            if not used[k] and not cat.startswith(ERASED_CATEGORY):
+                scrubbed["categories"][col][k] = f"{ERASED_CATEGORY}{j + k}>"
+                changed = True
+        j += len(cats)
+    return scrubbed if changed else None
 
 
 def holdout_mask(n: int, fraction: float, seed: int) -> np.ndarray:
@@ -213,15 +263,19 @@ class Deletion:
                 positions = registry.positions_of(session, work.dataset.id, work.request.scope)
             except ValueError as exc:
                 raise PermanentJobError(str(exc), "scope-not-supported") from exc
-            earlier = [p for p, _ in registry.tombstones(session, work.dataset.id, except_request=work.request.id)]
+            flagged = [p for p, _ in registry.tombstones(session, work.dataset.id, except_request=work.request.id)]
         data = load_tabular(work.dataset, work.model)
         recipe = tabular.TabularRecipe.from_dict(work.model.spec["recipe"])
         n = len(data.y)
         forget, tombstone = np.zeros(n, bool), np.zeros(n, bool)
         forget[positions] = True
-        tombstone[earlier] = True
+        tombstone[flagged] = True
+        tombstone |= ~data.present  # erased by earlier requests: their slots are empty
         holdout = holdout_mask(n, work.model.spec.get("holdout_fraction", 0.2), recipe.seed)
         return TabularInputs(data, recipe, positions, holdout, forget, tombstone)
+
+    def erase(self, work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> ErasurePlan:
+        return erase_copies(work, unlearned, ctx)
 
     def unlearn(self, work: DeletionWork, ctx: JobContext) -> Unlearned:
         inputs: TabularInputs = work.inputs
@@ -237,7 +291,8 @@ class Deletion:
         name = work.method_name
         trained_forget = forget & ~holdout & ~tombstone
         started = time.perf_counter()
-        if not trained_forget.any():
+        parent_saw_rows = bool(trained_forget.any())
+        if not parent_saw_rows:
             # every row to forget is one the model never trained on (held out for testing): the parameters carry no
             # trace of them, so the new version keeps them and only the tombstones change.
             name = NONE_NEEDED
@@ -276,4 +331,47 @@ class Deletion:
             metrics=metrics,
             positions=inputs.positions,
             method_artifacts=dict(result.artifacts),
+            parent_saw_rows=parent_saw_rows,
         )
+
+
+# ------------------------------------------------------------------------------------------------------ erasure
+def erase_copies(work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> ErasurePlan:
+    """Replacements for every stored copy of the erased rows: the table rewritten without them, the encoder without
+    categories only they carried, and the state of every other prepared method purged (or dropped when the method
+    cannot purge: it must be prepared again before it serves)."""
+    inputs: TabularInputs = work.inputs
+    erased = np.asarray(sorted(unlearned.positions), dtype=np.int64)
+    ctx.progress(0.92, f"erasing {len(erased)} rows from the stored table and method state")
+    new_digest = get_store().put_bytes(rewrite_table(work.dataset, erased))
+    encoder = scrub_encoder(inputs.data.encoder, inputs.data, erased)
+    purged: dict[str, dict[str, bytes]] = {}
+    invalidated: dict[str, str] = {}
+    if unlearned.method_artifacts:
+        purged[unlearned.method] = unlearned.method_artifacts
+    for name in sorted(registry.prepared_methods(work.model) - {unlearned.method}):
+        method = build(get_method(name), work.model.spec.get("method_settings", {}).get(name, {}))
+        if not hasattr(method, "purge"):
+            invalidated[name] = f"{name} cannot purge rows erased by another method"
+            continue
+        forget = np.zeros(len(inputs.data.y), bool)
+        forget[erased] = True
+        problem = TabularProblem(
+            recipe=inputs.recipe,
+            X=inputs.data.X,
+            y=inputs.data.y,
+            n_classes=inputs.data.encoder.n_classes,
+            theta=weights(work.parent.digest),
+            retain_mask=inputs.retain,
+            forget_mask=forget,
+            tombstone_mask=inputs.tombstone,
+            artifacts=registry.method_artifacts(work.model, name),
+            progress=ctx.scaled(0.92, 0.05, f"purging {name}"),
+        )
+        purged[name] = dict(method.purge(problem).artifacts)
+    return ErasurePlan(
+        dataset_digest=new_digest,
+        state_update={"encoder": encoder} if encoder else {},
+        purged=purged,
+        invalidated=invalidated,
+    )

@@ -64,6 +64,26 @@ class Unlearned:
     positions: list[int]
     state_update: dict[str, Any] = field(default_factory=dict)
     method_artifacts: dict[str, bytes] = field(default_factory=dict)
+    parent_saw_rows: bool = True
+    """False when every deleted row was held out of training: earlier versions carry no trace of them."""
+
+
+@dataclass
+class ErasurePlan:
+    """A wing's erase step, as a value: what replaces each stored copy of the erased rows. Publishing swaps these in
+    and queues every superseded blob for shredding.
+
+    ``dataset_digest``: the stored table rewritten without the rows (None: the wing keeps no table);
+    ``state_update``: model-state keys rewritten (an encoder, round files); ``purged``: each prepared method's state
+    after purging the rows; ``invalidated``: methods whose state is dropped (they cannot purge), with the reason;
+    ``notes``: further manifest entries (what could not be separated, say).
+    """
+
+    dataset_digest: str | None = None
+    state_update: dict[str, Any] = field(default_factory=dict)
+    purged: dict[str, dict[str, bytes]] = field(default_factory=dict)
+    invalidated: dict[str, str] = field(default_factory=dict)
+    notes: dict[str, Any] = field(default_factory=dict)
 
 
 class DeletionWing(Protocol):
@@ -73,6 +93,8 @@ class DeletionWing(Protocol):
         """Gather the inputs (data, masks, history); PermanentJobError when the deletion cannot be done."""
 
     def unlearn(self, work: DeletionWork, ctx: JobContext) -> Unlearned: ...
+
+    def erase(self, work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> ErasurePlan: ...
 
 
 def method_for(request: DeletionRequest, model: Model) -> tuple[str, MethodSpec, UnlearningMethod]:

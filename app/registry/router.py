@@ -202,6 +202,15 @@ def get_version_weights(
     version = next((v for v in service.list_versions(session, model_id) if v.number == number), None)
     if version is None:
         raise Problem(404, "version-not-found", "No such version", f"model {model_id} has no version {number}")
+    if version.retired_at is not None:
+        raise Problem(
+            410,
+            "version-retired",
+            "This version was trained on erased rows and is retired",
+            f"retired at {version.retired_at.isoformat()} by deletion request {version.retired_by}; "
+            "its lineage stays listed under /versions",
+            retired_by=version.retired_by,
+        )
     return Response(
         get_store().get_bytes(version.digest),
         media_type="application/octet-stream",

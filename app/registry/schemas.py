@@ -51,6 +51,8 @@ class VersionOut(BaseModel):
     request_id: str | None
     metrics: dict[str, Any]
     created_at: datetime
+    retired_at: datetime | None = None  # trained on rows since erased: weights answer 410, blob shredded
+    retired_by: str | None = None
 
 
 class ModelOut(BaseModel):

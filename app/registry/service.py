@@ -177,6 +177,8 @@ def version_out(version: ModelVersion | None) -> VersionOut | None:
         request_id=version.request_id,
         metrics=version.metrics,
         created_at=version.created_at,
+        retired_at=version.retired_at,
+        retired_by=version.retired_by,
     )
 
 

@@ -22,11 +22,14 @@ class Dataset(Base):
     label_column: Mapped[str] = mapped_column(String(200))
     columns: Mapped[list[str]] = mapped_column(JSONType)
     n_rows: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    n_positions: Mapped[int | None] = mapped_column(Integer, nullable=True)  # rows at registration; positions keep
+    # their meaning after erased rows leave the stored table
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 class DatasetRow(Base):
-    """One row's id, label and position in the table; ``deleted_by`` makes it a tombstone (never trained on again)."""
+    """One row's id, label and position in the table. An erased row's index entry is deleted with it (only a keyed
+    hash of its id stays, in :class:`ErasedRow`); ``deleted_by`` is kept for databases written before erasure."""
 
     __tablename__ = "dataset_rows"
     __table_args__ = (
@@ -75,3 +78,35 @@ class ModelVersion(Base):
     request_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
     metrics: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    retired_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)  # trained on erased rows:
+    retired_by: Mapped[str | None] = mapped_column(String(36), nullable=True)  # its weights answer 410 Gone
+
+
+class ErasedRow(Base):
+    """A keyed hash (HMAC, subject-hash key) of an erased row's id: proves what was erased, answers a second request
+    for it with 409, and keeps nothing a reader of the database could reverse."""
+
+    __tablename__ = "erased_rows"
+    __table_args__ = (UniqueConstraint("dataset_id", "id_hash", name="uq_erased_rows_dataset_hash"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id", ondelete="CASCADE"))
+    id_hash: Mapped[str] = mapped_column(String(64))
+    request_id: Mapped[str] = mapped_column(String(36))
+    erased_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ShredItem(Base):
+    """A blob to delete from the artifact store once ``not_before`` has passed (the retention grace period), unless
+    something live still references it (blobs are content-addressed and may be shared)."""
+
+    __tablename__ = "shred_queue"
+    __table_args__ = (Index("ix_shred_queue_due", "done_at", "not_before"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    digest: Mapped[str] = mapped_column(String(64))
+    reason: Mapped[str] = mapped_column(String(200))
+    not_before: Mapped[datetime] = mapped_column(UTCDateTime())
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    done_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    outcome: Mapped[str | None] = mapped_column(String(32), nullable=True)

@@ -13,17 +13,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
 from safetensors.numpy import load as load_arrays
 from safetensors.numpy import save as save_arrays
-from sqlalchemy import insert, select, update
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
-from app.audit.service import append_event
+from app.audit.service import append_event, hash_subject
+from app.config import get_settings
 from app.db import new_id, utcnow
-from app.registry.tables import Dataset, DatasetRow, Model, ModelVersion
+from app.registry.tables import Dataset, DatasetRow, ErasedRow, Model, ModelVersion, ShredItem
 from app.storage import get_store
 
 WEIGHTS_KEY = "theta"
@@ -84,7 +86,6 @@ def add_version(
     draft: VersionDraft,
     *,
     state_update: Mapping[str, Any] | None = None,
-    method_state: tuple[str, Mapping[str, bytes]] | None = None,
 ) -> ModelVersion:
     """Write ``draft`` as the model's new current version, with the model-state changes it carries.
 
@@ -113,9 +114,6 @@ def add_version(
     model.current_version_id = version.id
     if state_update:
         model.state = {**model.state, **state_update}
-    if method_state and method_state[1]:
-        name, artifacts = method_state
-        model.state = _with_method_state(model.state, name, artifacts, info=None)
     return version
 
 
@@ -213,7 +211,7 @@ def index_rows(session: Session, dataset_id: str, row_ids: Iterable[str], labels
     ]
     for start in range(0, len(rows), ROW_INSERT_CHUNK):
         session.execute(insert(DatasetRow), rows[start : start + ROW_INSERT_CHUNK])
-    session.execute(update(Dataset).where(Dataset.id == dataset_id).values(n_rows=len(rows)))
+    session.execute(update(Dataset).where(Dataset.id == dataset_id).values(n_rows=len(rows), n_positions=len(rows)))
 
 
 def positions_of(session: Session, dataset_id: str, scope: Mapping[str, Any]) -> list[int]:
@@ -251,3 +249,182 @@ def tombstone(session: Session, dataset_id: str, positions: Iterable[int], reque
         )
         .values(deleted_by=request_id, deleted_at=utcnow())
     )
+
+
+# ------------------------------------------------------------------------------------------------------ erasure
+# GDPR Art. 17: a completed deletion leaves no stored copy of the erased rows. The worker computes what replaces each
+# copy (a rewritten table, purged method state, rewritten rounds); these functions swap them in inside the publishing
+# transaction and queue every superseded blob for shredding.
+
+
+def hash_row_id(row_id: str) -> str:
+    """The keyed hash an erased row's id is kept as (the same keyed HMAC as subject references)."""
+    return hash_subject(get_settings().secret(), str(row_id))
+
+
+def present_row_ids(session: Session, dataset_id: str) -> set[str]:
+    return set(session.execute(select(DatasetRow.row_id).where(DatasetRow.dataset_id == dataset_id)).scalars())
+
+
+def erased_hashes(session: Session, dataset_id: str, hashes: Iterable[str]) -> set[str]:
+    """Which of ``hashes`` name rows of this data set that were erased."""
+    wanted = list(hashes)
+    found: set[str] = set()
+    for start in range(0, len(wanted), ID_QUERY_CHUNK):
+        chunk = wanted[start : start + ID_QUERY_CHUNK]
+        found |= set(
+            session.execute(
+                select(ErasedRow.id_hash).where(ErasedRow.dataset_id == dataset_id, ErasedRow.id_hash.in_(chunk))
+            ).scalars()
+        )
+    return found
+
+
+def erase_rows(
+    session: Session,
+    dataset_id: str,
+    positions: Iterable[int],
+    request_id: str,
+    *,
+    new_digest: str | None = None,
+    state_update: Mapping[str, Any] | None = None,
+    model_id: str | None = None,
+) -> dict[str, Any]:
+    """Drop the rows' index entries (keeping keyed hashes of their ids), point the data set at its rewritten blob
+    (``new_digest``; the old blob is shredded at once), and return the manifest entries."""
+    dataset = session.get(Dataset, dataset_id)
+    wanted = sorted({int(p) for p in positions})
+    rows: list[tuple[int, str]] = []
+    for start in range(0, len(wanted), ID_QUERY_CHUNK):
+        chunk = wanted[start : start + ID_QUERY_CHUNK]
+        rows += session.execute(
+            select(DatasetRow.id, DatasetRow.row_id).where(
+                DatasetRow.dataset_id == dataset_id, DatasetRow.position.in_(chunk)
+            )
+        ).all()
+    now = utcnow()
+    if rows:
+        session.execute(
+            insert(ErasedRow),
+            [
+                {"dataset_id": dataset_id, "id_hash": hash_row_id(r), "request_id": request_id, "erased_at": now}
+                for _, r in rows
+            ],
+        )
+        for start in range(0, len(rows), ID_QUERY_CHUNK):
+            chunk = [i for i, _ in rows[start : start + ID_QUERY_CHUNK]]
+            session.execute(delete(DatasetRow).where(DatasetRow.id.in_(chunk)))
+    rows_before = dataset.n_rows
+    if dataset.n_positions is None:
+        dataset.n_positions = rows_before
+    dataset.n_rows = (rows_before or 0) - len(rows)
+    manifest: dict[str, Any] = {
+        "index": {"rows_deleted": len(rows), "rows_before": rows_before, "rows_after": dataset.n_rows},
+        "identifiers": {"erased_row_ids": len(rows), "kept_as": "keyed hashes (HMAC-SHA256)"},
+    }
+    if new_digest is not None and new_digest != dataset.digest:
+        manifest["dataset"] = {"before": dataset.digest, "after": new_digest}
+        enqueue_shred(session, [dataset.digest], "dataset rewritten without erased rows", grace_seconds=0)
+        dataset.digest = new_digest
+    if state_update and model_id:
+        model = session.get(Model, model_id)
+        model.state = {**model.state, **state_update}
+    return manifest
+
+
+def update_method_state(
+    session: Session, model_id: str, purged: Mapping[str, Mapping[str, bytes]], invalidated: Mapping[str, str]
+) -> dict[str, Any]:
+    """Swap in each purged method's new state; drop the state of methods that cannot purge (they must be prepared
+    again before they serve); queue every superseded artifact for shredding. Returns the manifest entries."""
+    model = session.get(Model, model_id)
+    state = dict(model.state)
+    methods = dict(state.get("methods", {}))
+    manifest: dict[str, Any] = {}
+    superseded: list[str] = []
+    for name, artifacts in purged.items():
+        before = dict(methods.get(name, {}).get("artifacts", {}))
+        state = _with_method_state({**state, "methods": methods}, name, artifacts, info=None)
+        methods = dict(state["methods"])
+        after = methods[name]["artifacts"]
+        superseded += [d for d in before.values() if d not in after.values()]
+        manifest[name] = {"action": "purged", "before": before, "after": after}
+    for name, reason in invalidated.items():
+        entry = methods.get(name, {})
+        superseded += list(entry.get("artifacts", {}).values())
+        methods[name] = {"status": "invalidated", "reason": reason, "info": entry.get("info", {})}
+        manifest[name] = {"action": "state deleted; prepare again to use", "reason": reason}
+    model.state = {**state, "methods": methods}
+    enqueue_shred(session, superseded, "superseded method state", grace_seconds=0)
+    return manifest
+
+
+def retire_versions(
+    session: Session, model_id: str, keep_version_id: str, request_id: str, grace_seconds: float
+) -> list[dict[str, Any]]:
+    """Retire every earlier live version (each was trained with the erased rows): weights answer 410 Gone, blobs are
+    shredded after the grace period; lineage metadata stays for the audit trail."""
+    versions = (
+        session.execute(
+            select(ModelVersion).where(
+                ModelVersion.model_id == model_id,
+                ModelVersion.id != keep_version_id,
+                ModelVersion.retired_at.is_(None),
+            )
+        )
+        .scalars()
+        .all()
+    )
+    now = utcnow()
+    for version in versions:
+        version.retired_at, version.retired_by = now, request_id
+    enqueue_shred(session, [v.digest for v in versions], "retired version", grace_seconds=grace_seconds)
+    return [{"number": v.number, "digest": v.digest} for v in versions]
+
+
+def enqueue_shred(session: Session, digests: Iterable[str], reason: str, grace_seconds: float) -> None:
+    not_before = utcnow() + timedelta(seconds=grace_seconds)
+    rows = [{"digest": d, "reason": reason, "not_before": not_before, "created_at": utcnow()} for d in set(digests)]
+    if rows:
+        session.execute(insert(ShredItem), rows)
+
+
+def _live_digests(session: Session) -> set[str]:
+    """Every blob something live points at: unretired versions, data sets, models' method state, locks, rounds."""
+    live = set(session.execute(select(ModelVersion.digest).where(ModelVersion.retired_at.is_(None))).scalars())
+    live |= set(session.execute(select(Dataset.digest)).scalars())
+    for (state,) in session.execute(select(Model.state)).all():
+        state = state or {}
+        for entry in state.get("methods", {}).values():
+            live |= set(entry.get("artifacts", {}).values())
+        live |= set(state.get("rounds", []))
+        for key in ("theta_init",):
+            if state.get(key):
+                live.add(state[key])
+        if state.get("forget_lock"):
+            live.add(state["forget_lock"]["digest"])
+    return live
+
+
+def shred_due(session: Session) -> dict[str, int]:
+    """Delete every queued blob whose grace period has passed and that nothing live references."""
+    due = (
+        session.execute(
+            select(ShredItem).where(ShredItem.done_at.is_(None), ShredItem.not_before <= utcnow()).with_for_update()
+        )
+        .scalars()
+        .all()
+    )
+    if not due:
+        return {"shredded": 0, "kept": 0}
+    live, store, counts = _live_digests(session), get_store(), {"shredded": 0, "kept": 0}
+    for item in due:
+        if item.digest in live:
+            item.outcome = "still referenced"
+            counts["kept"] += 1
+        else:
+            store.delete(item.digest)
+            item.outcome = "deleted"
+            counts["shredded"] += 1
+        item.done_at = utcnow()
+    return counts

@@ -63,6 +63,7 @@ class DeletionRequestOut(BaseModel):
     message: str | None
     attempts: int
     error: dict[str, Any] | None
+    erasure: dict[str, Any] | None = None  # the erasure manifest: every store rewritten, with digests and counts
     result_version_id: str | None
     created_at: datetime
     updated_at: datetime

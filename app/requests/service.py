@@ -21,7 +21,7 @@ from app.ml.unlearning.base import AUTO, UnknownMethodError, get_method
 from app.problems import Problem
 from app.registry.schemas import SCOPES_BY_KIND
 from app.registry.tables import DatasetRow, Model, ModelVersion
-from app.registry.versions import ID_QUERY_CHUNK
+from app.registry.versions import ID_QUERY_CHUNK, erased_hashes, hash_row_id
 from app.requests.schemas import DeletionRequestCreate, DeletionRequestOut
 from app.requests.tables import DeletionRequest
 
@@ -45,6 +45,7 @@ def to_out(request: DeletionRequest) -> DeletionRequestOut:
         message=request.message,
         attempts=request.attempts,
         error=request.error,
+        erasure=request.erasure,
         result_version_id=request.result_version_id,
         created_at=request.created_at,
         updated_at=request.updated_at,
@@ -157,6 +158,16 @@ def _validate_rows(session: Session, model: Model, body: DeletionRequestCreate) 
             )
         unknown = [i for i in ids if i not in found]
         if unknown:
+            erased = erased_hashes(session, model.dataset_id, {hash_row_id(i): i for i in unknown})
+            gone = [i for i in unknown if hash_row_id(i) in erased]
+            if gone:
+                raise Problem(
+                    409,
+                    "already-deleted",
+                    "Some samples were already deleted",
+                    f"{len(gone)} ids were erased by earlier requests",
+                    deleted_sample_ids=gone[:1000],
+                )
             raise Problem(
                 422,
                 "unknown-sample-ids",
@@ -359,6 +370,19 @@ def record_progress(session: Session, request_id: str, progress: float, message:
     )
 
 
+def _hash_sample_ids(request: DeletionRequest) -> None:
+    """A finished request keeps only keyed hashes of its sample ids: the audit trail must prove what was erased,
+    not keep it (the hashes are those of app.registry.versions.hash_row_id)."""
+    scope = request.scope
+    if "sample_ids" in scope:
+        hashes = [hash_row_id(s) for s in scope["sample_ids"]]
+        request.scope = {
+            **{k: v for k, v in scope.items() if k != "sample_ids"},
+            "sample_id_hashes": hashes,
+            "n_samples": len(hashes),
+        }
+
+
 def mark_failed(
     session: Session, request_id: str, job_id: str, attempts: int, error: str, status: str, problem_type: str
 ) -> None:
@@ -367,6 +391,7 @@ def mark_failed(
     now = utcnow()
     request = session.get(DeletionRequest, request_id)
     request.status, request.updated_at, request.completed_at = status, now, now
+    _hash_sample_ids(request)
     request.error = {
         "type": f"https://lethe.dev/problems/{problem_type}",
         "detail": error.split("\n", 1)[0][:2000],
@@ -383,10 +408,19 @@ def mark_failed(
 
 
 def mark_completed(
-    session: Session, request_id: str, job_id: str, version: ModelVersion, model_id: str, rows_deleted: int
+    session: Session,
+    request_id: str,
+    job_id: str,
+    version: ModelVersion,
+    model_id: str,
+    rows_deleted: int,
+    erasure: dict | None = None,
 ) -> None:
+    """Completed: the new version is current and ``erasure`` (the manifest) lists every store that was rewritten."""
     now = utcnow()
     request = session.get(DeletionRequest, request_id)
+    request.erasure = erasure
+    _hash_sample_ids(request)
     request.status, request.progress, request.result_version_id = "completed", 1.0, version.id
     request.completed_at = request.updated_at = now
     request.message = f"version {version.number} without {rows_deleted} rows ({version.method})"

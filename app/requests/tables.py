@@ -33,6 +33,7 @@ class DeletionRequest(Base):
     api_key_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     body_hash: Mapped[str] = mapped_column(String(64))
+    erasure: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)  # the erasure manifest
     result_version_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
     job_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

@@ -63,3 +63,27 @@ def test_do_nothing_returns_theta():
     forget[0] = True
     res = DoNothing().unlearn(_problem(X, y, r, theta, forget, np.zeros(100, bool)))
     assert torch.equal(res.theta, theta) and res.theta is not theta
+
+
+def test_sisa_never_serves_a_constituent_trained_on_a_row_another_method_erased():
+    """Regression (trust issue, item 3): a row erased by a retrain deletion stayed in its SISA shard, so a later SISA
+    deletion elsewhere served the constituent that had learned it again."""
+    X, y = make_classification(n_samples=240, n_features=5, n_informative=3, n_redundant=0, random_state=4)
+    r = T.TabularRecipe()
+    theta = T.train(r, X, y, 2)
+    none = np.zeros(240, bool)
+    sisa = SISA(SISAConfig(shards=4, slices=2))
+    prep = sisa.prepare(_problem(X, y, r, theta, none, none))
+    shard_of = st_load(prep.artifacts[ARTIFACT_SISA])["shard_of"].numpy()
+    erased = int(np.nonzero(shard_of == 1)[0][0])  # erased earlier by another method: a tombstone for SISA
+    later = int(np.nonzero(shard_of == 3)[0][0])  # what this SISA request deletes, in another shard
+    tomb, forget = none.copy(), none.copy()
+    tomb[erased], forget[later] = True, True
+    res = sisa.unlearn(_problem(X, y, r, theta, forget, tomb, prep.artifacts))
+    assert st_load(res.artifacts[ARTIFACT_SISA])["shard_of"][[erased, later]].tolist() == [-1, -1]
+    member = res.theta.view(4, -1)[1]
+    rows = np.nonzero((shard_of == 1) & ~tomb)[0]
+    assert (member - T.train(r, X[rows], y[rows], 2)).abs().max() < 1e-4  # shard 1 retrained without the row
+    # the purge hook does the same for a row erased while another method served the request
+    purged = sisa.purge(_problem(X, y, r, theta, tomb, none, prep.artifacts))
+    assert st_load(purged.artifacts[ARTIFACT_SISA])["shard_of"][erased].item() == -1

@@ -109,7 +109,10 @@ class SISA:
         shard_of, slice_of, checkpoints = t["shard_of"].numpy(), t["slice_of"].numpy(), t["checkpoints"].clone()
         state = json.loads(problem.artifacts.get(ARTIFACT_SISA_STATE, b"{}") or b"{}")
         retain = np.asarray(problem.retain_mask, dtype=bool)
-        forget = np.nonzero(np.asarray(problem.forget_mask, dtype=bool))[0]
+        # rows deleted now, and rows deleted earlier by another method that a shard still holds: a constituent
+        # trained on an erased row must never be served again
+        gone = np.asarray(problem.forget_mask, dtype=bool) | np.asarray(problem.tombstone_mask, dtype=bool)
+        forget = np.nonzero(gone & (shard_of >= 0))[0]
         S, R = checkpoints.shape[:2]
         start = time.perf_counter()
         affected = sorted({int(shard_of[i]) for i in forget if shard_of[i] >= 0})
@@ -136,6 +139,11 @@ class SISA:
             "theta_is_ensemble_of": S,
         }
         return UnlearningResult(theta=theta, info=info, artifacts=self._save(shard_of, slice_of, checkpoints, state))
+
+    def purge(self, problem: TabularProblem) -> UnlearningResult:
+        """Erase rows another method deleted: retrain the shards that hold them (the same step as ``unlearn``); the
+        returned θ is not served, only the artifacts are kept."""
+        return self.unlearn(problem)
 
     @staticmethod
     def _save(shard_of: np.ndarray, slice_of: np.ndarray, checkpoints: torch.Tensor, state: dict) -> dict[str, bytes]:
