@@ -1,0 +1,237 @@
+"""Shadow models for LiRA on tabular models: N copies of the model's own recipe trained on random subsets of a pool.
+
+Why this shape (Carlini et al. 2022, Alg. 1; notes §2.1 [CODE] train.py): every pool row must be IN for about half of
+the shadows and OUT for the rest, so the per-example IN and OUT distributions of φ can both be fitted. As in the
+released code, the membership matrix is drawn so that each row is IN for exactly round(keep_fraction · N) shadows
+(``order = rand(N, n).argsort(0); keep = order < k``), rather than independent coin flips.
+
+The pool should hold the model's training rows AND held-out rows from the same distribution: the audit scores
+held-out rows as the non-member negatives, and online LiRA needs IN shadows for them too. Set ``keep_fraction`` so a
+shadow trains on about as many rows as the audited model did (n_train / n_pool); 0.5 is LiRA's own choice.
+
+Shadows are trained on personal data: a shadow whose subset held a row that is later erased is a copy of it
+(ARCHITECTURE "Erasure is complete"). ``shadows_containing`` names them and ``replace_shadows`` drops them and trains
+replacements on the remaining rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from app.ml import tabular
+from app.ml.verification.signals import logit_scaled_confidence, phi_from_proba
+
+DEFAULT_N_SHADOWS = 64
+"""LiRA's benefit tapers after about 64 shadows (Carlini et al. 2022, Fig. 9), and 64 is where per-example variance
+starts to pay (§VI-B); each shadow is one full training run of the model, so this is the main cost of an audit."""
+DEFAULT_KEEP_FRACTION = 0.5
+SEED_MODES = ("recipe", "vary")
+
+ProgressFn = Callable[[int, int], None]
+
+
+@dataclass
+class ShadowSettings:
+    """How shadows are drawn and trained.
+
+    ``seed_mode`` [INFERENCE]: "recipe" trains every shadow with the audited recipe's own seed, so the only randomness
+    between shadows is the data subset, exactly the randomness of the service's (deterministic) training and retrain;
+    "vary" gives shadow i the seed recipe.seed + 1 + i (LiRA's setting, where initialisation is random too). For
+    convex models (LR) the two agree; for the MLP "recipe" gives tighter Gaussians, hence a more powerful audit.
+    """
+
+    n_shadows: int = DEFAULT_N_SHADOWS
+    keep_fraction: float = DEFAULT_KEEP_FRACTION
+    seed: int = 0
+    seed_mode: str = "recipe"
+
+    def __post_init__(self) -> None:
+        if int(self.n_shadows) < 2:
+            raise ValueError("n_shadows must be at least 2")
+        if not 0.0 < self.keep_fraction < 1.0:
+            raise ValueError("keep_fraction must lie in (0, 1)")
+        if self.seed_mode not in SEED_MODES:
+            raise ValueError(f"unknown seed_mode {self.seed_mode!r}; expected one of {SEED_MODES}")
+
+
+@dataclass
+class ShadowSet:
+    """Shadow parameter vectors [N, P] (float32) and the membership matrix ``in_mask`` [N, n_pool] (bool).
+
+    ``row_ids`` names the pool rows (the caller's sample ids, or 0..n−1) so the mask survives row deletions.
+    ``generation`` counts replacement rounds; it enters the random stream so replacements never reuse a subset draw.
+    """
+
+    recipe: tabular.TabularRecipe
+    n_classes: int
+    thetas: torch.Tensor
+    in_mask: np.ndarray
+    row_ids: np.ndarray
+    settings: ShadowSettings = field(default_factory=ShadowSettings)
+    generation: int = 0
+
+    def __post_init__(self) -> None:
+        if self.thetas.ndim != 2 or self.in_mask.ndim != 2 or self.thetas.shape[0] != self.in_mask.shape[0]:
+            raise ValueError("thetas [N, P] and in_mask [N, n] must have the same number of shadows")
+        if self.in_mask.shape[1] != len(self.row_ids):
+            raise ValueError("row_ids must name every column of in_mask")
+
+    @property
+    def n_shadows(self) -> int:
+        return int(self.thetas.shape[0])
+
+
+def balanced_in_mask(n_shadows: int, n_rows: int, keep_fraction: float, rng: np.random.Generator) -> np.ndarray:
+    """[N, n] bool with keep_fraction · N True per column (LiRA's train.py draw: ``argsort(rand) < k``).
+
+    When keep_fraction · N is not an integer (an odd number of replacements, say) each column takes the floor or the
+    ceiling at random with the fractional part as probability, so every row is IN with probability keep_fraction.
+    """
+    target = keep_fraction * n_shadows
+    base = int(np.floor(target))
+    k = base + (rng.random(n_rows) < target - base).astype(np.int64)
+    order = rng.random((n_shadows, n_rows)).argsort(axis=0)
+    return order < k[None, :]
+
+
+def _shadow_recipe(recipe: tabular.TabularRecipe, settings: ShadowSettings, index: int) -> tabular.TabularRecipe:
+    if settings.seed_mode == "recipe":
+        return recipe
+    return tabular.TabularRecipe.from_dict({**recipe.to_dict(), "seed": int(recipe.seed) + 1 + int(index)})
+
+
+def _train_many(
+    recipe: tabular.TabularRecipe,
+    X: np.ndarray,
+    y: np.ndarray,
+    n_classes: int,
+    mask: np.ndarray,
+    settings: ShadowSettings,
+    first_index: int,
+    progress: ProgressFn | None,
+) -> torch.Tensor:
+    thetas = []
+    for i, row in enumerate(mask):
+        if not row.any():
+            raise ValueError("a shadow subset is empty: the pool is too small for this keep_fraction")
+        thetas.append(tabular.train(_shadow_recipe(recipe, settings, first_index + i), X[row], y[row], n_classes))
+        if progress is not None:
+            progress(i + 1, len(mask))
+    return torch.stack(thetas)
+
+
+def train_shadows(
+    recipe: tabular.TabularRecipe,
+    X: np.ndarray,
+    y: np.ndarray,
+    n_classes: int,
+    settings: ShadowSettings | None = None,
+    row_ids: np.ndarray | None = None,
+    progress: ProgressFn | None = None,
+) -> ShadowSet:
+    """Train ``settings.n_shadows`` models of ``recipe`` on random subsets of the pool (X, y); seedable.
+
+    ``progress(done, total)`` is called after each shadow.
+    """
+    settings = settings or ShadowSettings()
+    X, y = np.asarray(X), np.asarray(y)
+    n = len(X)
+    if len(y) != n or n < 2:
+        raise ValueError("X and y must hold the same (at least two) pool rows")
+    ids = np.arange(n) if row_ids is None else np.asarray(row_ids)
+    if len(ids) != n or len(np.unique(ids)) != n:
+        raise ValueError("row_ids must be unique and name every pool row")
+    rng = np.random.default_rng([int(settings.seed), 0])
+    mask = balanced_in_mask(int(settings.n_shadows), n, settings.keep_fraction, rng)
+    thetas = _train_many(recipe, X, y, n_classes, mask, settings, 0, progress)
+    return ShadowSet(recipe, int(n_classes), thetas, mask, ids, settings, generation=0)
+
+
+def shadow_phi(shadows: ShadowSet, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """φ of every shadow on the given rows: float64 [N, n_rows] (signals.logit_scaled_confidence)."""
+    X, y = np.asarray(X), np.asarray(y)
+    out = np.empty((shadows.n_shadows, len(X)))
+    for i, theta in enumerate(shadows.thetas):
+        out[i] = logit_scaled_confidence(tabular.predict_logits(shadows.recipe, theta, X, shadows.n_classes), y)
+    return out
+
+
+def model_phi(
+    recipe: tabular.TabularRecipe, theta: torch.Tensor, X: np.ndarray, y: np.ndarray, n_classes: int
+) -> np.ndarray:
+    """φ of one (target) model on the given rows, float64 [n_rows]; an ensemble θ (SISA) goes through probabilities."""
+    X, y = np.asarray(X), np.asarray(y)
+    theta = torch.as_tensor(theta)
+    if tabular.ensemble_size(recipe, theta, X.shape[1], n_classes) > 1:
+        return phi_from_proba(tabular.predict_proba(recipe, theta, X, n_classes), y)
+    return logit_scaled_confidence(tabular.predict_logits(recipe, theta, X, n_classes), y)
+
+
+def positions_of(shadows: ShadowSet, row_ids: np.ndarray) -> np.ndarray:
+    """Pool column positions of the given row ids (raises on an unknown id)."""
+    lookup = {rid.item() if hasattr(rid, "item") else rid: j for j, rid in enumerate(shadows.row_ids)}
+    try:
+        return np.array([lookup[r.item() if hasattr(r, "item") else r] for r in np.asarray(row_ids)], dtype=np.int64)
+    except KeyError as exc:
+        raise ValueError(f"row id {exc.args[0]!r} is not in the shadow pool") from exc
+
+
+def shadows_containing(shadows: ShadowSet, positions: np.ndarray) -> np.ndarray:
+    """Indices of the shadows whose training subset held any of the given pool positions (sorted)."""
+    pos = np.asarray(positions, dtype=np.int64).reshape(-1)
+    if pos.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero(shadows.in_mask[:, pos].any(axis=1))
+
+
+def replace_shadows(
+    shadows: ShadowSet,
+    erased_positions: np.ndarray,
+    X_remaining: np.ndarray,
+    y_remaining: np.ndarray,
+    progress: ProgressFn | None = None,
+) -> tuple[ShadowSet, dict[str, int]]:
+    """Drop every shadow that trained on an erased row and train as many replacements on the remaining pool.
+
+    ``X_remaining`` / ``y_remaining`` are the pool without the erased rows, in the old order. The erased columns leave
+    the membership matrix (their ids are personal data too). Replacements get a fresh balanced draw over the
+    remaining rows (each row IN for round(keep_fraction · n_replaced) of them); kept shadows keep their subsets.
+    Returns the new set and counts {"dropped", "kept", "trained"}.
+    """
+    erased = np.unique(np.asarray(erased_positions, dtype=np.int64).reshape(-1))
+    n_old = shadows.in_mask.shape[1]
+    if erased.size and (erased.min() < 0 or erased.max() >= n_old):
+        raise ValueError("erased_positions must index the shadow pool")
+    keep_cols = np.ones(n_old, dtype=bool)
+    keep_cols[erased] = False
+    X_remaining, y_remaining = np.asarray(X_remaining), np.asarray(y_remaining)
+    if len(X_remaining) != int(keep_cols.sum()) or len(y_remaining) != len(X_remaining):
+        raise ValueError(f"X_remaining must hold the {int(keep_cols.sum())} rows left after erasure")
+    dropped = shadows_containing(shadows, erased)
+    kept = np.setdiff1d(np.arange(shadows.n_shadows), dropped)
+    generation = shadows.generation + 1
+    new_mask = shadows.in_mask[kept][:, keep_cols]
+    new_thetas = shadows.thetas[torch.as_tensor(kept, dtype=torch.long)]
+    if dropped.size:
+        rng = np.random.default_rng([int(shadows.settings.seed), generation])
+        repl_mask = balanced_in_mask(len(dropped), len(X_remaining), shadows.settings.keep_fraction, rng)
+        first = generation * 1_000_003  # distinct "vary" seeds from earlier generations
+        repl = _train_many(
+            shadows.recipe, X_remaining, y_remaining, shadows.n_classes, repl_mask, shadows.settings, first, progress
+        )
+        new_mask = np.concatenate([new_mask, repl_mask], axis=0)
+        new_thetas = torch.cat([new_thetas, repl], dim=0)
+    result = ShadowSet(
+        shadows.recipe,
+        shadows.n_classes,
+        new_thetas,
+        new_mask,
+        shadows.row_ids[keep_cols],
+        shadows.settings,
+        generation=generation,
+    )
+    return result, {"dropped": int(dropped.size), "kept": int(kept.size), "trained": int(dropped.size)}

@@ -1,0 +1,394 @@
+"""Membership-inference audit: φ, LiRA, the population MIA, U-LiRA, shadows, the forget-set audit, policy and plots.
+
+The two model worlds (module fixtures) are built once:
+- ``mlp_world``: an MLP that memorises 200 rows with 20 % flipped labels (10 features, 64 hidden units, l2 = 1e-4,
+  200 L-BFGS iterations) from a 400-row pool (200 members, 200 held-out non-members), 32 shadows on random halves.
+  The recipe was chosen for memorisation before looking at any audit figure of these seeds: l2 = 0 stops L-BFGS at
+  an arbitrary point of a flat valley (φ of members then mostly reflects where it stopped, which weakens LiRA), so a
+  tiny penalty was used instead; over data seeds 0–3 LiRA's TPR@1%FPR on all members was 0.19–0.47.
+- ``lr_world``: the same pool under a well-regularised logistic regression (l2 = 1e-2), deleting one row.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from sklearn.datasets import make_classification
+from sklearn.metrics import roc_auc_score
+
+from app.ml import tabular as T
+from app.ml.verification import audit as A
+from app.ml.verification import lira as L
+from app.ml.verification import mia as M
+from app.ml.verification import plots
+from app.ml.verification import policy as P
+from app.ml.verification import shadows as S
+from app.ml.verification import signals as G
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+N_POOL, N_MEMBERS, N_FEATURES, FLIP = 400, 200, 10, 0.2
+N_SHADOWS = 32
+N_FORGET = 20
+MLP = T.TabularRecipe(family="mlp", hidden_units=64, l2=1e-4, max_iter=200, seed=0)
+LR = T.TabularRecipe(family="logistic_regression", l2=1e-2)
+
+
+def _pool(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    X, y = make_classification(
+        n_samples=N_POOL, n_features=N_FEATURES, n_informative=N_FEATURES - 1, n_redundant=0, random_state=seed
+    )
+    rng = np.random.default_rng(seed)
+    y = np.where(rng.random(N_POOL) < FLIP, 1 - y, y)
+    perm = np.random.default_rng(seed + 100).permutation(N_POOL)
+    return X.astype(np.float32), y.astype(np.int64), np.sort(perm[:N_MEMBERS]), np.sort(perm[N_MEMBERS:])
+
+
+def _world(recipe: T.TabularRecipe, n_forget: int) -> dict:
+    X, y, members, nonmembers = _pool()
+    start = time.perf_counter()
+    shadows = S.train_shadows(recipe, X, y, 2, S.ShadowSettings(n_shadows=N_SHADOWS, seed=0))
+    shadow_s = time.perf_counter() - start
+    theta = T.train(recipe, X[members], y[members], 2)
+    forget = np.sort(np.random.default_rng(7).choice(members, n_forget, replace=False))
+    retain = np.setdiff1d(members, forget)
+    theta_r = T.train(recipe, X[retain], y[retain], 2)
+    return dict(
+        X=X, y=y, members=members, nonmembers=nonmembers, shadows=shadows, theta=theta, forget=forget,
+        retain=retain, theta_r=theta_r, shadow_s=shadow_s,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def mlp_world():
+    return _world(MLP, N_FORGET)
+
+
+@pytest.fixture(scope="module")
+def lr_world():
+    return _world(LR, 1)
+
+
+# ---------------------------------------------------------------------------------------------- signals
+def test_phi_matches_naive_formula_and_is_stable():
+    rng = np.random.default_rng(0)
+    z = rng.normal(scale=3.0, size=(50, 4))
+    y = rng.integers(0, 4, 50)
+    p = np.exp(z) / np.exp(z).sum(1, keepdims=True)
+    naive = np.log(p[np.arange(50), y]) - np.log(1.0 - p[np.arange(50), y])
+    assert np.allclose(G.logit_scaled_confidence(z, y), naive, atol=1e-9)
+    assert np.allclose(G.logit_scaled_confidence(torch.tensor(z, dtype=torch.float32), y), naive, atol=1e-4)
+    assert np.allclose(G.phi_from_proba(p, y), naive, atol=1e-9)
+    assert np.allclose(G.cross_entropy(z, y), -np.log(p[np.arange(50), y]))
+    assert np.all(G.hinge_confidence(z, y) >= G.logit_scaled_confidence(z, y) - 1e-12)  # LSE ≥ max
+    # extreme logits: the naive formula gives inf/nan, the stable one exact values
+    big = np.array([[1e4, -1e4, 0.0], [-5e3, 5e3, 5e3], [800.0, 799.0, -1e6]])
+    phi = G.logit_scaled_confidence(big, [0, 0, 1])
+    assert np.all(np.isfinite(phi))
+    assert phi[0] == pytest.approx(1e4 - np.logaddexp(-1e4, 0.0))
+    assert phi[1] == pytest.approx(-5e3 - (5e3 + np.log(2.0)))
+    assert phi[2] == pytest.approx(799.0 - 800.0, abs=1e-12)
+    with np.errstate(all="ignore"):
+        pb = np.exp(big) / np.exp(big).sum(1, keepdims=True)
+        assert not np.all(np.isfinite(np.log(pb[:, 0]) - np.log(1 - pb[:, 0])))
+    # binary: a single sigmoid logit equals the two-column form [0, z]
+    zb = rng.normal(scale=50.0, size=20)
+    yb = rng.integers(0, 2, 20)
+    two = np.stack([np.zeros(20), zb], 1)
+    assert np.allclose(G.logit_scaled_confidence(zb, yb), G.logit_scaled_confidence(two, yb))
+    assert np.allclose(G.logit_scaled_confidence(zb, yb), np.where(yb == 1, zb, -zb))
+    with pytest.raises(ValueError):
+        G.logit_scaled_confidence(z, np.full(50, 4))
+
+
+def test_clip_pair_confidence_over_a_fixed_gallery():
+    torch.manual_seed(0)
+    img, txt = torch.randn(5, 8), torch.randn(5, 8)
+    d_img, d_txt = torch.randn(3, 8), torch.randn(3, 8)
+    scale = 20.0
+    out = G.clip_pair_confidence(img, txt, scale, d_img, d_txt)
+    sims = (
+        scale
+        * torch.nn.functional.normalize(img, dim=1)
+        @ torch.nn.functional.normalize(torch.cat([txt, d_txt]), dim=1).T
+    )
+    expected = [float(sims[i, i] - torch.logsumexp(torch.cat([sims[i, :i], sims[i, i + 1 :]]), 0)) for i in range(5)]
+    assert np.allclose(out["i2t"], expected, atol=1e-5)
+    assert out["t2i"].shape == (5,) and np.allclose(out["mean"], 0.5 * (out["i2t"] + out["t2i"]))
+    # a repeated caption (pair 1 has pair 0's text) is not a competitor when captions are given
+    txt_dup = txt.clone()
+    txt_dup[1] = txt_dup[0]
+    caps = ["a red cube", "A red cube ", "a blue ball", "a cat", "a dog"]
+    with_twins = G.clip_pair_confidence(img, txt_dup, scale, captions=caps)
+    without = G.clip_pair_confidence(img, txt_dup, scale)
+    sims = scale * torch.nn.functional.normalize(img, dim=1) @ torch.nn.functional.normalize(txt_dup, dim=1).T
+    exp0 = float(sims[0, 0] - torch.logsumexp(sims[0, 2:], 0))
+    assert with_twins["i2t"][0] == pytest.approx(exp0, abs=1e-5)
+    assert with_twins["i2t"][0] > without["i2t"][0]
+    assert with_twins["i2t"][2] == pytest.approx(without["i2t"][2])
+
+
+# ---------------------------------------------------------------------------------------------- ROC, MIA
+def test_roc_against_hand_computed_examples():
+    # members 3, 2, 1; non-members 2.5, 0.5. Thresholds: inf, 3, 2.5, 2, 1, 0.5
+    roc = L.roc_curve([3.0, 2.0, 1.0], [2.5, 0.5])
+    assert roc.thresholds.tolist() == [np.inf, 3.0, 2.5, 2.0, 1.0, 0.5]
+    assert roc.tpr.tolist() == pytest.approx([0, 1 / 3, 1 / 3, 2 / 3, 1, 1])
+    assert roc.fpr.tolist() == pytest.approx([0, 0, 0.5, 0.5, 0.5, 1])
+    # pairs won: (3 > 2.5, 0.5), (2 > 0.5), (1 > 0.5) = 4 of 6
+    assert roc.auc == pytest.approx(4 / 6)
+    assert L.tpr_at_fpr(roc, 0.0) == pytest.approx(1 / 3)  # above every non-member
+    assert L.tpr_at_fpr(roc, 0.5) == pytest.approx(1.0)
+    assert L.threshold_at_fpr(roc, 0.5) == 1.0
+    # ties: one tied pair counts a half
+    tied = L.roc_curve([1.0, 1.0], [1.0, 0.0])
+    assert tied.auc == pytest.approx(0.75) and tied.fpr.tolist() == [0, 0.5, 1] and tied.tpr.tolist() == [0, 1, 1]
+    rng = np.random.default_rng(1)
+    pos, neg = rng.normal(0.5, 1, 300).round(1), rng.normal(0, 1, 500).round(1)
+    assert L.roc_curve(pos, neg).auc == pytest.approx(
+        roc_auc_score(np.r_[np.ones(300), np.zeros(500)], np.r_[pos, neg])
+    )
+    s = L.attack_summary(pos, neg)
+    assert set(s["tpr_at_fpr"]) == {"0.001", "0.01"} and s["fpr_resolution"] == pytest.approx(1 / 500)
+    assert s["detected_at_fpr"]["0.01"] == round(s["tpr_at_fpr"]["0.01"] * 300)
+
+
+def test_population_threshold_mia():
+    non = np.array([5.0, 4.0, 3.0, 2.0, 1.0, 0.0, -1.0, -2.0, -3.0, -4.0])
+    assert M.fit_threshold(non, 0.2) == 4.0  # flags 5 and 4: FPR 0.2
+    assert M.fit_threshold(non, 0.1) == 5.0
+    assert M.fit_threshold(non, 0.05) > 5.0  # fewer than 1/FPR non-members: above all of them
+    tied = np.array([3.0, 2.0, 2.0, 1.0])
+    assert M.fit_threshold(tied, 0.5) > 2.0  # flagging 2.0 would flag three of four
+    out = M.threshold_attack([6.0, 4.5, 0.0], non, 0.1)
+    assert out["threshold"] == 5.0 and out["tpr"] == pytest.approx(1 / 3) and out["fpr"] == pytest.approx(0.1)
+
+
+# ---------------------------------------------------------------------------------------------- LiRA Gaussians
+def test_gaussian_fit_and_scores():
+    rng = np.random.default_rng(0)
+    n_sh, n = 40, 6
+    mask = S.balanced_in_mask(n_sh, n, 0.5, rng)
+    assert (mask.sum(0) == 20).all()
+    mu_in, mu_out = np.linspace(1, 6, n), np.linspace(-1, 1, n)
+    phi = np.where(mask, mu_in + rng.normal(0, 0.5, (n_sh, n)), mu_out + rng.normal(0, 2.0, (n_sh, n)))
+    fit = L.fit_gaussians(phi, mask)
+    assert fit.variance == "global"  # 40 < 64 shadows (Carlini et al. §VI-B)
+    assert np.allclose(fit.mu_in, mu_in, atol=0.4) and np.allclose(fit.mu_out, mu_out, atol=1.2)
+    assert np.ptp(fit.std_in) == 0 and fit.std_in[0] == pytest.approx(0.5, rel=0.15)
+    assert fit.std_out[0] == pytest.approx(2.0, rel=0.15)
+    per = L.fit_gaussians(phi, mask, variance="per_example")
+    assert np.ptp(per.std_in) > 0
+    assert L.fit_gaussians(np.tile(phi, (2, 1)), np.tile(mask, (2, 1))).variance == "per_example"  # 80 ≥ 64
+    target = np.array([2.0, 0.0, 3.0, 4.0, 5.0, 0.5])
+    on = L.online_scores(target, fit)
+    hand = stats.norm.logpdf(target, fit.mu_in, fit.std_in) - stats.norm.logpdf(target, fit.mu_out, fit.std_out)
+    assert np.allclose(on, hand)
+    off = L.offline_scores(target, fit)
+    assert np.allclose(off, (target - fit.mu_out) / fit.std_out)
+    assert np.allclose(L.offline_p_values(target, fit), 1 - stats.norm.cdf(target, fit.mu_out, fit.std_out))
+    med = L.fit_gaussians(phi, mask, center="median")
+    assert med.mu_in[0] == pytest.approx(np.median(phi[mask[:, 0], 0]))
+    # a row with a single IN shadow cannot be scored online
+    thin = mask.copy()
+    thin[:, 0] = False
+    thin[0, 0] = True
+    with pytest.raises(ValueError):
+        L.online_scores(target, L.fit_gaussians(phi, thin))
+
+
+def test_ulira_distinguishability():
+    rng = np.random.default_rng(0)
+    n_models, n = 32, 40
+    never = rng.normal(0.0, 1.0, (n_models, n))
+    same = L.ulira_distinguishability(rng.normal(0.0, 1.0, (n_models, n)), never)
+    leaky = L.ulira_distinguishability(rng.normal(3.0, 1.0, (n_models, n)), never)
+    # indistinguishable (perfect unlearning) is near 0.5; a 3σ shift is near Φ(1.5) = 0.93 for the LRT
+    assert abs(same["mean_accuracy"] - 0.5) < 0.05 and abs(same["mean_auc"] - 0.5) < 0.06
+    assert leaky["mean_accuracy"] > 0.85 and leaky["mean_auc"] > 0.95
+    assert leaky["pooled"]["tpr_at_fpr"]["0.01"] > 0.3 > same["pooled"]["tpr_at_fpr"]["0.01"]
+    assert same["per_example_accuracy"].shape == (n,)
+    # NaN = "not this kind of model for this example"
+    partial = rng.normal(3.0, 1.0, (n_models, n))
+    partial[:4, 0] = np.nan
+    assert np.isfinite(L.ulira_distinguishability(partial, never)["per_example_auc"]).all()
+
+
+# ---------------------------------------------------------------------------------------------- chance margin
+def test_chance_margin_formula():
+    # binomial: smallest c with P(Bin(k, 0.01) <= c) >= 0.95
+    assert P.chance_margin(1, margin="binomial")["max_detected"] == 0  # P(X = 0) = 0.99
+    m100 = P.chance_margin(100, margin="binomial")
+    assert stats.binom.cdf(2, 100, 0.01) < 0.95 <= stats.binom.cdf(3, 100, 0.01)
+    assert m100["max_detected"] == 3 and m100["max_tpr"] == pytest.approx(0.03)
+    # rank: exact under exchangeability with m negatives; a row passes the (a+1)-th highest negative w.p. (a+1)/(m+1)
+    r = P.chance_margin(100, n_nonmembers=100)
+    assert r["method"] == "rank" and r["null_rate"] == pytest.approx(2 / 101)
+    assert r["max_detected"] == int(stats.nhypergeom.ppf(0.95, 200, 100, 2)) == 6
+    assert P.chance_margin(100, n_nonmembers=10**6)["max_detected"] == 3  # agrees with binomial for large m
+    assert P.chance_margin(5)["method"] == "binomial"  # no m given
+    # Monte Carlo under the null (forget rows scored like non-members): the rank margin keeps false fails ≤ 5 %,
+    # the plain binomial one does not when m is small
+    rng = np.random.default_rng(0)
+    k, m = 100, 100
+    det = np.array(
+        [
+            L.attack_summary(rng.normal(size=k), rng.normal(size=m), (0.01,))["detected_at_fpr"]["0.01"]
+            for _ in range(800)
+        ]
+    )
+    assert (det > r["max_detected"]).mean() <= 0.05
+    assert (det > m100["max_detected"]).mean() > 0.1
+
+
+# ---------------------------------------------------------------------------------------------- shadows
+def test_shadows_mask_seed_progress_and_replacement():
+    X, y, _, _ = _pool()
+    X, y = X[:60], y[:60]
+    calls: list[tuple[int, int]] = []
+    settings = S.ShadowSettings(n_shadows=8, seed=3)
+    sh = S.train_shadows(LR, X, y, 2, settings, row_ids=np.arange(100, 160), progress=lambda d, t: calls.append((d, t)))
+    assert calls == [(i, 8) for i in range(1, 9)]
+    assert sh.thetas.shape == (8, N_FEATURES + 1) and (sh.in_mask.sum(0) == 4).all()
+    again = S.train_shadows(LR, X, y, 2, settings, row_ids=np.arange(100, 160))
+    assert torch.equal(again.thetas, sh.thetas) and np.array_equal(again.in_mask, sh.in_mask)
+    assert torch.equal(sh.thetas[2], T.train(LR, X[sh.in_mask[2]], y[sh.in_mask[2]], 2))
+    phi = S.shadow_phi(sh, X[:5], y[:5])
+    assert phi.shape == (8, 5) and np.allclose(phi[1], S.model_phi(LR, sh.thetas[1], X[:5], y[:5], 2))
+    # erase rows with ids 103 and 150
+    erased = S.positions_of(sh, np.array([103, 150]))
+    assert erased.tolist() == [3, 50]
+    holders = S.shadows_containing(sh, erased)
+    assert set(holders) == set(np.flatnonzero(sh.in_mask[:, 3] | sh.in_mask[:, 50]))
+    keep = np.setdiff1d(np.arange(60), erased)
+    new, counts = S.replace_shadows(sh, erased, X[keep], y[keep])
+    assert counts == {"dropped": len(holders), "kept": 8 - len(holders), "trained": len(holders)}
+    assert new.n_shadows == 8 and new.in_mask.shape == (8, 58) and 103 not in new.row_ids and 150 not in new.row_ids
+    # kept shadows are the same vectors; replacements trained on the remaining rows only
+    kept = np.setdiff1d(np.arange(8), holders)
+    assert torch.equal(new.thetas[: len(kept)], sh.thetas[kept])
+    j = len(kept)
+    assert torch.equal(new.thetas[j], T.train(LR, X[keep][new.in_mask[j]], y[keep][new.in_mask[j]], 2))
+    with pytest.raises(ValueError):
+        S.positions_of(sh, np.array([999]))
+
+
+# ---------------------------------------------------------------------------------------------- audits
+def test_lira_finds_members_of_an_overfit_mlp(mlp_world):
+    w = mlp_world
+    acc_train = T.accuracy(MLP, w["theta"], w["X"][w["members"]], w["y"][w["members"]], 2)
+    assert acc_train == 1.0  # memorised, flipped labels included
+    scores = A.forget_set_scores(w["shadows"], w["X"], w["y"], w["members"], w["nonmembers"], {"o": w["theta"]})
+    assert scores.mode == "online" and scores.variance == "global"
+    s = L.attack_summary(scores.forget_scores["o"], scores.nonmember_scores["o"])
+    print(f"\noverfit MLP, {N_SHADOWS} shadows ({w['shadow_s']:.1f} s): all members vs non-members {s}")
+    assert s["tpr_at_fpr"]["0.01"] >= 0.05
+    assert s["auc"] > 0.7
+    pop = M.threshold_attack(scores.forget_phi["o"], scores.nonmember_phi["o"], 0.01)
+    print(f"population MIA: TPR {pop['tpr']:.3f} at FPR {pop['fpr']:.3f}, AUC {pop['auc']:.3f}")
+
+
+def test_audit_retrained_passes_and_do_nothing_fails(mlp_world):
+    w = mlp_world
+    X_test, y_test = w["X"][w["nonmembers"]], w["y"][w["nonmembers"]]
+    args = (w["shadows"], w["X"], w["y"], w["forget"], w["nonmembers"], w["theta"])
+    rep, scores = A.run_audit(*args, w["theta_r"], w["theta_r"], X_test=X_test, y_test=y_test)
+    lira_figs = {k: v["lira"]["tpr_at_fpr"] for k, v in rep["models"].items()}
+    print(
+        f"\nforget set k={N_FORGET}: LiRA TPR by model {lira_figs}, margin {rep['chance']['max_detected']}/{N_FORGET}"
+    )
+    assert rep["n_forget"] == N_FORGET and rep["n_nonmembers"] == N_POOL - N_MEMBERS
+    assert rep["informative"] is True
+    assert rep["models"]["retrained"]["lira"]["detected_at_fpr"]["0.01"] <= rep["chance"]["max_detected"]
+    verdict = P.decide(rep)
+    attack = next(c for c in verdict["checks"] if c["name"] == "forget_attack")
+    assert attack["passed"] is True
+    assert "TPR@0.01FPR" in attack["message"] and "max" in attack["message"]
+    print(f"retrain verdict {verdict['verdict']}: {verdict['reasons']}")
+    # offline LiRA (OUT shadows only, one-sided) scores the same rows; reported for comparison, not judged here
+    off = A.audit_forget_set(*args, w["theta_r"], mode="offline")
+    assert off["attack"]["mode"] == "offline"
+    print(f"offline: { {k: v['lira']['tpr_at_fpr'] for k, v in off['models'].items()} }")
+    # do nothing: θ' = θ fails, by the unchanged-parameters rule and by the attack
+    nothing = A.audit_forget_set(*args, w["theta"].clone(), w["theta_r"], X_test=X_test, y_test=y_test)
+    assert nothing["theta"]["bitwise_equal"] is True
+    v = P.decide(nothing)
+    assert v["verdict"] == "fail"
+    failed = {c["name"] for c in v["checks"] if c["passed"] is False}
+    assert failed == {"parameters_changed", "forget_attack"}
+    assert all("max" in r or "≤" in r for r in v["reasons"])
+    # plots from the same audit
+    pngs = plots.audit_plots(scores)
+    assert set(pngs) == {"roc.png", "phi_hist.png"}
+    assert all(b.startswith(PNG_MAGIC) and len(b) > 5000 for b in pngs.values())
+
+
+def test_uninformative_audit_is_reported_as_such(lr_world):
+    w = lr_world
+    rep = A.audit_forget_set(w["shadows"], w["X"], w["y"], w["forget"], w["nonmembers"], w["theta"], w["theta_r"])
+    print(f"\nLR l2=1e-2, one row: {rep['informative_detail']}")
+    assert rep["informative"] is False and rep["n_forget"] == 1
+    v = P.decide(rep)
+    attack = next(c for c in v["checks"] if c["name"] == "forget_attack")
+    assert attack["passed"] is None and "uninformative" in attack["message"]
+    assert any("uninformative" in note for note in v["notes"])
+    assert v["verdict"] == "pass"  # exact retrain: nothing else fails; the notes say the attack proved nothing
+    assert P.decide(rep, P.VerdictPolicy(fail_when_uninformative=True))["verdict"] == "fail"
+    # do nothing still fails: the parameters rule does not need an informative attack
+    nothing = A.audit_forget_set(w["shadows"], w["X"], w["y"], w["forget"], w["nonmembers"], w["theta"], w["theta"])
+    assert P.decide(nothing)["verdict"] == "fail"
+
+
+# ---------------------------------------------------------------------------------------------- policy
+def _report(**overrides) -> dict:
+    rep = {
+        "n_forget": 100,
+        "n_nonmembers": 10_000,
+        "informative": True,
+        "models": {"unlearned": {"lira": {"tpr_at_fpr": {"0.01": 0.02}, "detected_at_fpr": {"0.01": 2}}}},
+        "utility": {"n_test": 1000, "accuracy": {"original": 0.85, "unlearned": 0.845}, "loss_points": 0.5},
+        "theta": {"trained_on_forget": True, "bitwise_equal": False, "max_abs_change": 0.1},
+    }
+    rep.update(overrides)
+    return rep
+
+
+def test_policy_checks_and_settings():
+    assert P.decide(_report())["verdict"] == "pass"
+    high = _report(models={"unlearned": {"lira": {"tpr_at_fpr": {"0.01": 0.05}, "detected_at_fpr": {"0.01": 5}}}})
+    v = P.decide(high)
+    assert v["verdict"] == "fail" and "0.0500" in v["reasons"][0] and "max 0.0300" in v["reasons"][0]
+    lossy = _report(utility={"n_test": 1000, "accuracy": {"original": 0.85, "unlearned": 0.83}, "loss_points": 2.0})
+    assert "2.00 points > max 1" in P.decide(lossy)["reasons"][0]
+    assert P.decide(lossy, P.VerdictPolicy(max_utility_loss_points=None))["verdict"] == "pass"
+    bounded = P.VerdictPolicy(max_proven_distance=0.01)
+    assert P.decide(_report(), bounded, proven_distance=0.005)["verdict"] == "pass"
+    assert "0.02 > max 0.01" in P.decide(_report(), bounded, proven_distance=0.02)["reasons"][0]
+    assert P.decide(_report(), proven_distance=0.5)["notes"]  # a bound without a maximum is noted, not judged
+    tiny = _report(theta={"trained_on_forget": True, "bitwise_equal": False, "max_abs_change": 1e-13})
+    assert P.decide(tiny)["verdict"] == "fail"
+    not_trained = _report(theta={"trained_on_forget": False, "bitwise_equal": True, "max_abs_change": 0.0})
+    assert P.decide(not_trained)["verdict"] == "pass"  # rows the model never saw: unchanged is correct
+    a = torch.zeros(4, dtype=torch.float64)
+    assert P.theta_unchanged(a, a + 1e-13, 1e-12) and not P.theta_unchanged(a, a + 1e-6, 1e-12)
+    policy = P.VerdictPolicy(attack_fpr=0.01, max_utility_loss_points=2.0)
+    assert P.VerdictPolicy.from_dict(policy.to_dict()) == policy
+    with pytest.raises(ValueError):
+        P.VerdictPolicy.from_dict({"bogus": 1})
+    with pytest.raises(ValueError):
+        P.decide(_report(), P.VerdictPolicy(attack_fpr=0.05))  # the report has no figure at 5 %
+
+
+def test_plots_return_png():
+    rng = np.random.default_rng(0)
+    roc = plots.roc_plot(
+        {
+            "original": (rng.normal(2, 1, 30), rng.normal(0, 1, 300)),
+            "unlearned": (rng.normal(0, 1, 30), rng.normal(0, 1, 300)),
+        }
+    )
+    hist = plots.phi_histograms({"original": rng.normal(5, 1, 30), "retrained": np.r_[rng.normal(0, 1, 29), np.inf]})
+    assert roc.startswith(PNG_MAGIC) and hist.startswith(PNG_MAGIC)
