@@ -23,9 +23,9 @@ def _tables_with_mark(pg_url: str) -> list[str]:
             ).fetchall()
         ]
         for table in tables:
-            count = conn.execute(
-                f'SELECT count(*) FROM "{table}" t WHERE t::text LIKE %s', (f"%{MARK}%",)
-            ).fetchone()[0]
+            count = conn.execute(f'SELECT count(*) FROM "{table}" t WHERE t::text LIKE %s', (f"%{MARK}%",)).fetchone()[
+                0
+            ]
             if count:
                 hits.append(table)
     return hits
