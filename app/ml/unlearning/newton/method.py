@@ -1,0 +1,408 @@
+"""Newton / influence-function removal (Guo et al. 2020, "Certified data removal", §3: theta^- = theta + H^-1 Delta).
+
+The objective is the one app/ml/tabular.py minimises, over the rows a model version was trained on (set D, n rows):
+    L_D(theta) = (1/n) sum_{i in D} loss_i(theta) + (l2/2) ||weights||^2      (biases unpenalised).
+Deleting f (k rows) leaves R = D minus f. Guo et al.'s step assumes theta minimises L_D exactly; here it does not
+(a float32 model, a solver tolerance, and after one approximate deletion theta' is *not* the minimiser of L_R), so
+the gradient residual r = grad L_D(theta) is stored and used (measured-findings.md, "Sequential requests must use the
+true gradient residual"). With per-row sums G_f = sum_{i in f} grad loss_i(theta) the retained gradient needs no pass
+over R (the mean's denominator changes from n to n - k):
+    grad L_R(theta) = (n r - G_f - k l2 M theta) / (n - k)                  (M: the weight mask)
+    H_R(theta_H)    = (n (H_D - l2 M) - sum_{i in f} hess loss_i(theta_H)) / (n - k) + l2 M    (O(k p^2))
+with theta_H the point the stored Hessian is at (theta itself unless ``purge="downdate"``, below):
+``newton``:    theta' = theta - H_R(theta_H)^-1 grad L_R(theta)   (Cholesky of the downdated matrix, O(p^3)).
+``influence``: theta' = theta - H_D(theta_H)^-1 grad L_R(theta)   (the cached factor: no downdate, O(p^2)).
+``exact_steps`` more steps each take one full pass over R for the exact gradient and reuse the factor (chord steps;
+they converge linearly at rate ~||I - H^-1 H_R(theta')||, i.e. to retraining's float32 floor in one or two).
+
+Hessian: logistic regression and MLPs of at most ``exact_hessian_max_params`` parameters use the exact Hessian
+(app/ml/tabular.py ``data_hessian_sum``); larger MLPs the Gauss-Newton matrix plus ``gauss_newton_damping`` I
+(positive definite where the exact Hessian of a non-convex net may not be). Softmax layouts (multi-class LR, every
+MLP) are exactly singular along "add one constant to every output bias", which changes nothing; a ridge of
+``BIAS_SHIFT_RIDGE`` (as tabular's own Newton solver uses) keeps the Cholesky factor defined, and the step's
+component along it (rounding noise divided by the ridge) is dropped. Only if the factorisation still fails (an
+indefinite MLP Hessian) is the damping raised, and reported.
+
+State and purge (GDPR: H and r are aggregates of every training row, the erased ones included). After answering,
+``unlearn`` returns new state with the erased rows' contributions gone:
+- the residual is recomputed at the published theta' (float32, as stored) over R: one gradient pass, which is also
+  the honest ``retained_grad_norm``. It is required, not optional: the next request starts from it;
+- ``purge="recompute"`` (default): H is recomputed over R at theta' (O(|R| p^2), the preparation's cost, reported as
+  ``purge_seconds``). The stored state is then a function of theta' and the retained rows only;
+- ``purge="downdate"``: the erased rows' terms are subtracted, evaluated at the point where they were added
+  (O(k p^2), nothing more to compute for ``newton``), so the Hessian stays at the model of the last full
+  computation (prepare or a refresh), stored as ``hessian_theta``; later steps use it as a chord (the true residual
+  keeps them right, their accuracy decays as the model drifts from that point). Cheaper, but that stored model was
+  trained with every row erased since, and the Hessian depends on the erased rows through it (together with
+  theta' it reveals aggregates of their gradients). Use it only where keeping that version is acceptable.
+If the model given is not the one the state was computed at, its row set changed (another method answered a
+request in between) or the settings ask for another Hessian kind or damping, the state is first recomputed at the
+given model (``state_refreshed`` in info, with the reason).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from app.ml import tabular
+from app.ml.unlearning.base import TabularProblem, UnlearningResult
+
+ARTIFACT_STATE = "newton_state.safetensors"
+PURGE_MODES = ("recompute", "downdate")
+BIAS_SHIFT_RIDGE = 1e-10
+"""Added to the diagonal for softmax layouts, whose Hessian is singular along the shared output-bias shift."""
+INDEFINITE_DAMPING_START = 1e-8
+"""First damping tried (times the mean |diagonal|) when the Cholesky factorisation fails; then x DAMPING_GROWTH."""
+DAMPING_GROWTH = 100.0
+DAMPING_TRIES = 8
+STATE_FORMAT = "1"
+GAUSS_NEWTON_DAMPING = 1e-2
+"""Levenberg-Marquardt damping added to the Gauss-Newton matrix. GN has no curvature floor along the unpenalised
+biases: on a 5-unit MLP at l2 = 1e-2 (its units had converged onto one function, so GN was singular along four
+hidden-bias combinations) one deletion measured param_ratio 1.7 at damping 1e-4, 0.9 at 1e-3 and 0.31 at 1e-2,
+against 0.0085 with the exact Hessian. Prefer raising ``exact_hessian_max_params`` to relying on GN."""
+
+
+@dataclass
+class NewtonConfig:
+    """Settings shared by ``newton`` and ``influence`` (see the module docstring)."""
+
+    exact_steps: int = 0
+    purge: str = "recompute"
+    exact_hessian_max_params: int = 2048
+    gauss_newton_damping: float = GAUSS_NEWTON_DAMPING
+    certify: bool = True  # logistic regression: the proven ||theta' - theta_retrain|| bound (verification/bounds.py)
+
+    def __post_init__(self) -> None:
+        if int(self.exact_steps) < 0:
+            raise ValueError("exact_steps must be >= 0")
+        if self.purge not in PURGE_MODES:
+            raise ValueError(f"purge must be one of {PURGE_MODES}")
+        if self.exact_hessian_max_params < 0 or self.gauss_newton_damping < 0:
+            raise ValueError("exact_hessian_max_params and gauss_newton_damping must be >= 0")
+
+    def hessian_kind(self, recipe: tabular.TabularRecipe, n_params: int) -> str:
+        if recipe.family == "logistic_regression" or n_params <= self.exact_hessian_max_params:
+            return "exact"
+        return "gauss_newton"
+
+
+@dataclass
+class NewtonState:
+    """What ``prepare`` stores and ``unlearn`` replaces: everything at ``theta`` over the rows in ``rows``."""
+
+    theta: torch.Tensor  # float32 [p]: the model the residual is at
+    hessian_theta: torch.Tensor  # float32 [p]: the model the Hessian is at (== theta unless purge="downdate")
+    hessian: torch.Tensor  # float64 [p, p]: Hessian of L_rows at hessian_theta, undamped
+    cholesky: torch.Tensor  # float64 [p, p]: lower factor of hessian + damping * I
+    damping: float
+    residual: torch.Tensor  # float64 [p]: grad L_rows(theta)
+    rows: np.ndarray  # bool [N]: the rows aggregated
+    hessian_kind: str
+    base_damping: float  # the damping the settings asked for (``damping`` is larger only if that failed)
+    requests: int = 0
+
+    @property
+    def n(self) -> int:
+        return int(self.rows.sum())
+
+    def to_bytes(self) -> bytes:
+        tensors = {
+            "theta": self.theta.contiguous(),
+            "hessian_theta": self.hessian_theta.clone(),  # often the same tensor as theta: safetensors refuses aliases
+            "hessian": self.hessian.contiguous(),
+            "cholesky": self.cholesky.contiguous(),
+            "residual": self.residual.contiguous(),
+            "rows": torch.from_numpy(self.rows.astype(np.uint8)),
+        }
+        meta = {
+            "format": STATE_FORMAT,
+            "damping": repr(float(self.damping)),
+            "hessian_kind": self.hessian_kind,
+            "base_damping": repr(float(self.base_damping)),
+            "requests": str(self.requests),
+        }
+        return st_save(tensors, metadata=meta)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> NewtonState:
+        t = st_load(data)
+        header_len = int.from_bytes(data[:8], "little")
+        meta = json.loads(data[8 : 8 + header_len]).get("__metadata__", {})
+        if meta.get("format") != STATE_FORMAT:
+            raise ValueError(f"unknown Newton state format {meta.get('format')!r}; run prepare again")
+        return cls(
+            theta=t["theta"],
+            hessian_theta=t["hessian_theta"],
+            hessian=t["hessian"],
+            cholesky=t["cholesky"],
+            damping=float(meta["damping"]),
+            residual=t["residual"],
+            rows=t["rows"].numpy().astype(bool),
+            hessian_kind=meta["hessian_kind"],
+            base_damping=float(meta["base_damping"]),
+            requests=int(meta["requests"]),
+        )
+
+
+# ---------------------------------------------------------------------------------------------- linear algebra
+def _n_out(recipe: tabular.TabularRecipe, n_features: int, n_classes: int) -> int:
+    """1 for a sigmoid output (binary LR), C for softmax: the length of the last bias in the layout."""
+    return tabular.param_shapes(recipe, n_features, n_classes)[-1][1][0]
+
+
+def _shift_free(step: torch.Tensor, n_out: int) -> torch.Tensor:
+    """Drop a step's component along the shared output-bias shift (softmax): the objective is flat there, so that
+    component is only rounding noise divided by the ridge (see tabular.center_output_bias)."""
+    if n_out > 1:
+        step = step.clone()
+        step[-n_out:] -= step[-n_out:].mean()
+    return step
+
+
+def factor(H: torch.Tensor, base_damping: float) -> tuple[torch.Tensor, float]:
+    """Lower Cholesky factor of H + damping I, with damping = ``base_damping`` unless that fails (then raised)."""
+    eye = torch.eye(H.shape[0], dtype=H.dtype)
+    damping = float(base_damping)
+    scale = float(H.diagonal().abs().mean()) or 1.0
+    for _ in range(DAMPING_TRIES):
+        L, info = torch.linalg.cholesky_ex(H + damping * eye)
+        if int(info) == 0:
+            return L, damping
+        damping = max(damping * DAMPING_GROWTH, INDEFINITE_DAMPING_START * scale)
+    raise ValueError(
+        f"the Hessian is not positive definite even with damping {damping:.3g}: theta is far from a minimum"
+    )
+
+
+def objective_hessian(
+    recipe: tabular.TabularRecipe, theta: torch.Tensor, X: np.ndarray, y: np.ndarray, n_classes: int, kind: str
+) -> torch.Tensor:
+    """Hessian (or Gauss-Newton matrix) of the mean objective over these rows: sum / n + l2 M, symmetrised (a BLAS
+    Gram product is symmetric only to rounding, and the Cholesky factor reads one triangle)."""
+    mask = tabular.regularisation_mask(recipe, X.shape[1], n_classes)
+    H = tabular.data_hessian_sum(recipe, theta, X, y, n_classes, kind)
+    return (H + H.T) / (2 * len(X)) + torch.diag(recipe.l2 * mask)
+
+
+def downdate(H: torch.Tensor, n: int, H_f_sum: torch.Tensor, k: int, l2_mask: torch.Tensor) -> torch.Tensor:
+    """H_R from H_D (mean objective over n rows) and the k erased rows' summed loss Hessians (module docstring)."""
+    reg = torch.diag(l2_mask)
+    return (n * (H - reg) - (H_f_sum + H_f_sum.T) / 2) / (n - k) + reg
+
+
+def retained_gradient(
+    residual: torch.Tensor, n: int, G_f_sum: torch.Tensor, k: int, l2_mask: torch.Tensor, theta: torch.Tensor
+) -> torch.Tensor:
+    """grad L_R(theta) from the stored grad L_D(theta) and the erased rows' summed loss gradients."""
+    return (n * residual - G_f_sum - k * l2_mask * theta) / (n - k)
+
+
+# ---------------------------------------------------------------------------------------------- the methods
+class NewtonUnlearning:
+    """Newton removal: the Hessian downdated by the erased rows (more exact, O(k p^2 + p^3) per request)."""
+
+    mode = "newton"
+
+    def __init__(self, config: NewtonConfig | None = None):
+        self.config = config or NewtonConfig()
+
+    # ------------------------------------------------------------------ state
+    def _state(self, problem: TabularProblem, theta: torch.Tensor, rows: np.ndarray) -> tuple[NewtonState, dict]:
+        """H, its factor and the residual at theta over ``rows``: two passes over the rows."""
+        recipe, C = problem.recipe, problem.n_classes
+        X, y = problem.X[rows], np.asarray(problem.y)[rows]
+        kind = self.config.hessian_kind(recipe, theta.numel())
+        t0 = time.perf_counter()
+        _, residual = tabular.objective_gradient(recipe, theta, X, y, C)
+        t1 = time.perf_counter()
+        H = objective_hessian(recipe, theta, X, y, C, kind)
+        t2 = time.perf_counter()
+        base = self._base_damping(recipe, X.shape[1], C, kind)
+        L, damping = factor(H, base)
+        t3 = time.perf_counter()
+        state = NewtonState(theta.clone(), theta.clone(), H, L, damping, residual, rows.copy(), kind, base)
+        timings = {"gradient_s": t1 - t0, "hessian_s": t2 - t1, "cholesky_s": t3 - t2}
+        return state, timings
+
+    def _base_damping(self, recipe: tabular.TabularRecipe, d: int, C: int, kind: str) -> float:
+        base = BIAS_SHIFT_RIDGE if _n_out(recipe, d, C) > 1 else 0.0
+        return base + (self.config.gauss_newton_damping if kind == "gauss_newton" else 0.0)
+
+    @staticmethod
+    def _theta(problem: TabularProblem) -> torch.Tensor:
+        theta = torch.as_tensor(problem.theta).detach().to("cpu", torch.float32).reshape(-1).contiguous()
+        P = tabular.param_count(problem.recipe, problem.X.shape[1], problem.n_classes)
+        if theta.numel() != P:
+            family = problem.recipe.family
+            raise ValueError(f"Newton removal needs a single {family} of {P} parameters, got {theta.numel()}")
+        return theta
+
+    def prepare(self, problem: TabularProblem) -> UnlearningResult:
+        rows = np.asarray(problem.retain_mask, dtype=bool)
+        if not rows.any():
+            raise ValueError("no training rows to prepare on")
+        theta = self._theta(problem)
+        problem.progress(0.0, f"Hessian over {int(rows.sum())} rows")
+        state, timings = self._state(problem, theta, rows)
+        t0 = time.perf_counter()
+        artifacts = {ARTIFACT_STATE: state.to_bytes()}
+        timings["save_s"] = time.perf_counter() - t0
+        problem.progress(1.0, f"{self.mode} prepared")
+        info = {
+            "method": self.mode,
+            "stage": "prepare",
+            "rows": state.n,
+            "n_params": int(theta.numel()),
+            "hessian": state.hessian_kind,
+            "hessian_damping": state.damping,
+            "residual_norm": float(state.residual.norm()),
+            "timings": timings,
+            "artifact_bytes": {k: len(v) for k, v in artifacts.items()},
+        }
+        return UnlearningResult(theta=theta, info=info, artifacts=artifacts)
+
+    # ------------------------------------------------------------------ one request
+    def _load(self, problem: TabularProblem, theta: torch.Tensor) -> tuple[NewtonState, str | None, dict]:
+        if ARTIFACT_STATE not in problem.artifacts:
+            raise ValueError(f"{self.mode} is not prepared for this model (no {ARTIFACT_STATE}); run prepare first")
+        t0 = time.perf_counter()
+        state = NewtonState.from_bytes(problem.artifacts[ARTIFACT_STATE])
+        timings = {"load_seconds": time.perf_counter() - t0}
+        if state.rows.shape != (len(problem.y),) or state.theta.numel() != theta.numel():
+            raise ValueError("the stored Newton state belongs to another data set or model; run prepare again")
+        # rows the model in hand was trained on: the retained ones and this request's (not tombstoned earlier)
+        forget = np.asarray(problem.forget_mask, dtype=bool) & ~np.asarray(problem.tombstone_mask, dtype=bool)
+        present = np.asarray(problem.retain_mask, dtype=bool) | forget
+        reason = None
+        if not torch.equal(state.theta, theta):
+            reason = "the model is not the one the state was computed at"
+        elif not np.array_equal(state.rows, present):
+            reason = "the training rows changed since the state was computed"
+        else:
+            kind = self.config.hessian_kind(problem.recipe, theta.numel())
+            base = self._base_damping(problem.recipe, problem.X.shape[1], problem.n_classes, kind)
+            if (kind, base) != (state.hessian_kind, state.base_damping):
+                reason = f"the settings ask for another Hessian or damping than the stored {state.hessian_kind!r}"
+        if reason is not None:
+            state, refresh = self._state(problem, theta, present)
+            timings["refresh_seconds"] = sum(refresh.values())
+        return state, reason, timings
+
+    def unlearn(self, problem: TabularProblem) -> UnlearningResult:
+        cfg, recipe, C = self.config, problem.recipe, problem.n_classes
+        X, y = problem.X, np.asarray(problem.y)
+        theta = self._theta(problem)
+        state, refreshed, timings = self._load(problem, theta)
+        forget = np.asarray(problem.forget_mask, dtype=bool) & state.rows
+        k, n = int(forget.sum()), state.n
+        if k == 0:
+            raise ValueError("nothing to forget: no forget row is in the current training set")
+        if k >= n:
+            raise ValueError("every training row would be forgotten: there is no retained objective")
+        retained = state.rows & ~forget
+        d = X.shape[1]
+        l2_mask = recipe.l2 * tabular.regularisation_mask(recipe, d, C)
+        base = self._base_damping(recipe, d, C, state.hessian_kind)
+        theta64 = theta.to(torch.float64)
+        at64 = state.hessian_theta.to(torch.float64)  # the erased rows' Hessian terms leave at the point they entered
+
+        # --- the step itself: only the k erased rows are read (timed on its own: the requester's latency) ---
+        t0 = time.perf_counter()
+        G_f = tabular.data_gradient_sum(recipe, theta64, X[forget], y[forget], C)
+        grad = retained_gradient(state.residual, n, G_f, k, l2_mask, theta64)
+
+        def downdated() -> torch.Tensor:
+            H_f = tabular.data_hessian_sum(recipe, at64, X[forget], y[forget], C, state.hessian_kind)
+            return downdate(state.hessian, n, H_f, k, l2_mask)
+
+        H_R = downdated() if self.mode == "newton" else None
+        L, damping = factor(H_R, base) if H_R is not None else (state.cholesky, state.damping)
+        n_out = _n_out(recipe, d, C)
+        new64 = theta64 - _shift_free(torch.cholesky_solve(grad[:, None], L)[:, 0], n_out)
+        timings["method_seconds"] = time.perf_counter() - t0
+
+        # --- optional chord steps with the exact retained gradient (one full pass each) ---
+        Xr, yr = X[retained], y[retained]
+        t0 = time.perf_counter()
+        for _ in range(int(cfg.exact_steps)):
+            current = new64.to(torch.float32).to(torch.float64)  # step from the model as it will be published
+            _, g_full = tabular.objective_gradient(recipe, current, Xr, yr, C)
+            new64 = current - _shift_free(torch.cholesky_solve(g_full[:, None], L)[:, 0], n_out)
+        timings["exact_steps_seconds"] = time.perf_counter() - t0
+        theta_new = new64.to(torch.float32).contiguous()
+
+        # --- purge: the new residual (also the honest retained gradient norm) and the Hessian without f ---
+        t0 = time.perf_counter()
+        _, residual = tabular.objective_gradient(recipe, theta_new, Xr, yr, C)
+        timings["residual_seconds"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        if cfg.purge == "recompute":
+            H_new = objective_hessian(recipe, theta_new, Xr, yr, C, state.hessian_kind)
+            L_new, damping_new = factor(H_new, base)
+            H_at = theta_new
+        elif H_R is not None:  # newton: the downdated matrix and its factor are already at hand
+            H_new, L_new, damping_new, H_at = H_R, L, damping, state.hessian_theta
+        else:
+            H_new = downdated()
+            L_new, damping_new = factor(H_new, base)
+            H_at = state.hessian_theta
+        timings["purge_seconds"] = time.perf_counter() - t0
+        new_state = NewtonState(
+            theta_new, H_at, H_new, L_new, damping_new, residual, retained, state.hessian_kind, base, state.requests + 1
+        )
+
+        bound = None
+        if cfg.certify and recipe.family == "logistic_regression":
+            from app.ml.verification.bounds import strong_convexity_bound
+
+            t0 = time.perf_counter()
+            bound = strong_convexity_bound(recipe, theta_new, Xr, C, residual)
+            timings["bound_seconds"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        artifacts = {ARTIFACT_STATE: new_state.to_bytes()}
+        timings["save_seconds"] = time.perf_counter() - t0
+        missing = sorted(set(range(C)) - set(np.unique(yr).tolist()))
+        info: dict[str, Any] = {
+            "method": self.mode,
+            "k": k,
+            "rows_forgotten": k,
+            "rows_before": n,
+            "rows_after": n - k,
+            "hessian": state.hessian_kind,
+            "hessian_damping": damping,
+            "exact_steps": int(cfg.exact_steps),
+            "retained_grad_norm_before": float(grad.norm()),
+            "retained_grad_norm": float(residual.norm()),
+            "update_norm": float((theta_new.to(torch.float64) - theta64).norm()),
+            "purge": cfg.purge,
+            "stored_hessian_at": "theta_new" if H_at is theta_new else "earlier_theta",
+            "state_refreshed": refreshed,
+            "requests": new_state.requests,
+            "bound": bound,
+            "config": asdict(cfg),
+            **timings,
+        }
+        if missing:
+            info["warning"] = (
+                f"no retained rows of classes {missing}: their unpenalised output bias has no finite optimum, so "
+                "neither this step nor a retrain has a well-defined target"
+            )
+        problem.progress(1.0, f"{self.mode}: {k} rows removed")
+        return UnlearningResult(theta=theta_new, info=info, artifacts=artifacts)
+
+
+class InfluenceUnlearning(NewtonUnlearning):
+    """Influence-function removal: the Hessian factor cached for the previous version, no downdate (cheaper, less
+    exact: the step ignores the erased rows' own curvature, an O(k/n) relative error)."""
+
+    mode = "influence"

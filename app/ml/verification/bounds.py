@@ -1,0 +1,193 @@
+"""A proven distance to the retrained model from the retained objective at theta' (no retraining needed).
+
+Guo et al. 2020 ("Certified data removal", Theorem 1 and its proof) bound the error of the Newton removal step by
+the gradient residual ||grad L(theta')|| divided by the objective's strong-convexity constant, taken there as the
+L2 weight lambda. That constant is NOT valid for this project's objective (app/ml/tabular.py): the biases are not
+penalised, so along the bias coordinates the curvature is the data's alone, p(1 - p) averaged over rows, which tends
+to 0 as predictions saturate; for softmax models adding one constant to every class bias leaves the objective
+unchanged (direction e), so there is no strong convexity along e at all. mu = l2 would overstate the guarantee.
+
+What ``gradient_norm_bound`` proves (logistic regression, exact arithmetic; float64 rounding margins are added).
+L is the retained objective (mean cross-entropy over the retained rows + (l2/2)||weights||^2), g = grad L(theta'),
+H' = Hessian of L at theta' (softmax: restricted to e-perp, where g lies), lambda = lambda_min(H') > 0 (curvature
+the data actually give the biases, not l2), ||v||_H' = sqrt(v^T H' v), J_i = d logits_i / d theta (softmax: minus
+its mean over classes, since a shift shared by all logits leaves p unchanged), rho = max_i ||J_i H'^-1/2|| and
+a = 1 (sigmoid) or sqrt(2) (softmax).
+1. Curvature is stable near theta'. If ||u - theta'||_H' <= R, row i's (centred) logits move by w with ||w|| <= rho R,
+   so each log p_c moves by at most a rho R =: t (softmax: by |w_c| + max|w| <= sqrt(2) ||w||, as the log-sum-exp
+   moves by at most max|w|); p(1 - p) has |d log / dz| <= 1, and
+   diag(p) - p p^T (the covariance form Var_p(v)) scales between e^-t and e^t when every p_c does. Hence
+       e^-t H'  <=  H(u)  <=  e^t H'      (Loewner order; the penalty term only helps).
+2. The minimiser is near. L is convex, and e^-t-strongly convex in the H'-norm on that region; if
+   2 ||g||_{H'^-1} e^t <= R, L exceeds L(theta') wherever ||u - theta'||_H' is in (2 ||g||_{H'^-1} e^t, R], so the
+   minimiser theta* (softmax: the one in theta' + e-perp) lies inside the region.
+3. Two bounds follow for delta = theta' - theta*, with Hbar the Hessian averaged along the segment (inside the region,
+   so between e^-t H' and e^t H') and g = Hbar delta:
+       ||delta|| <= ||delta||_H' / sqrt(lambda) <= e^t ||g||_{H'^-1} / sqrt(lambda)                  (convexity)
+       ||delta - H'^-1 g|| <= ||H'^-1/2|| ||(I + E)^-1 - I|| ||g||_{H'^-1} <= (e^t - 1) ||g||_{H'^-1} / sqrt(lambda),
+   so ||delta|| <= ||H'^-1 g|| + (e^t - 1) ||g||_{H'^-1} / sqrt(lambda): the remaining Newton step's own length,
+   nearly exact when t is small. The smaller of the two is returned as ``bound``.
+It bounds the distance to the exact minimiser theta*; the retrained model theta_r is the solver's float32
+approximation of it, so ||theta' - theta_r|| <= bound(theta') + bound(theta_r) (the triangle inequality; theta_r's
+own gradient is ~0, so its bound is its rounding).
+
+The MLP objective is not convex: a small gradient says theta' is near *a* stationary point, not near the retrain
+(which depends on the initialisation and the solver path), so no bound is returned for it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import scipy.linalg
+import torch
+
+from app.ml import tabular
+
+RADIUS_FACTORS = (1.001, 1.01, 1.1, 1.5, 2.0, 4.0, 8.0, 16.0, 64.0)
+"""Candidate radii R (H'-norm), as multiples of 2 ||g||_{H'^-1}: the first that certifies itself (step 2) gives the
+tightest bound, since t grows with R."""
+ROUNDING_MARGIN = 1e-12
+"""Float64 rounding allowance: g may be off by it times the gradient's typical per-row magnitude, lambda_min shrinks
+by it times lambda_max, and the H'^-1 norms grow by it times the condition number."""
+SOFTMAX_LOGIT_FACTOR = math.sqrt(2.0)
+"""Softmax: centred logits moving by w move each log p_c by at most sqrt(2) ||w|| (module docstring, step 1)."""
+
+
+def _outputs(recipe: tabular.TabularRecipe, n_features: int, n_classes: int) -> int:
+    """1 for sigmoid (binary LR), C for softmax: the length of the last bias in the layout."""
+    return tabular.param_shapes(recipe, n_features, n_classes)[-1][1][0]
+
+
+def _hessian64(recipe: tabular.TabularRecipe, theta: np.ndarray, Xa: np.ndarray, k: int) -> np.ndarray:
+    """The LR objective's Hessian at theta in float64 throughout (tabular's own accumulates the Gram matrix in
+    float32, fine for a Newton direction, not for a proof), in the flat layout."""
+    n, d1 = Xa.shape
+    d = d1 - 1
+    if k == 1:
+        z = Xa @ theta
+        s = np.exp(-np.logaddexp(0.0, z) - np.logaddexp(0.0, -z))  # sigmoid(z) sigmoid(-z) without underflow
+        H = (Xa * (s / n)[:, None]).T @ Xa
+        H[np.arange(d), np.arange(d)] += recipe.l2
+        return H
+    Wa = np.concatenate([theta[: k * d].reshape(k, d), theta[k * d :, None]], axis=1)
+    Z = Xa @ Wa.T
+    P = np.exp(Z - np.logaddexp.reduce(Z, axis=1, keepdims=True))
+    Hb = np.zeros((k, d1, k, d1))
+    for c in range(k):
+        for c2 in range(c, k):
+            w = P[:, c] * ((1.0 if c == c2 else 0.0) - P[:, c2]) / n
+            block = (Xa * w[:, None]).T @ Xa
+            Hb[c, :, c2, :] = block
+            Hb[c2, :, c, :] = block.T
+    idx = np.concatenate([np.arange(k * d1).reshape(k, d1)[:, :d].reshape(-1), np.arange(k) * d1 + d])
+    H = Hb.reshape(k * d1, k * d1)[np.ix_(idx, idx)]
+    H[np.arange(k * d), np.arange(k * d)] += recipe.l2
+    return H
+
+
+def strong_convexity_bound(
+    recipe: tabular.TabularRecipe,
+    theta: torch.Tensor | np.ndarray,
+    X: np.ndarray,
+    n_classes: int,
+    grad: torch.Tensor | np.ndarray,
+) -> dict[str, Any]:
+    """The bound of the module docstring for theta, given the retained rows ``X`` and the retained objective's
+    gradient ``grad`` at theta (callers that already hold it, such as the Newton method, skip a pass).
+
+    Cost: the float64 Hessian (O(n d^2 C^2)), its eigendecomposition (O(p^3)) and rho (O(n C p^2)).
+    """
+    g = np.asarray(torch.as_tensor(grad).detach().cpu(), dtype=np.float64).reshape(-1)
+    grad_norm = float(np.linalg.norm(g))
+    if recipe.family != "logistic_regression":
+        return {
+            "grad_norm": grad_norm,
+            "mu": None,
+            "bound": None,
+            "holds_for": "nothing: the MLP objective is not convex, so a small gradient does not place theta near "
+            "the retrained model (retraining reaches an initialisation- and path-dependent stationary point)",
+        }
+    th = np.asarray(torch.as_tensor(theta).detach().cpu(), dtype=np.float64).reshape(-1)
+    X = np.asarray(X)
+    d = X.shape[1]
+    k = _outputs(recipe, d, n_classes)
+    Xa = np.concatenate([X.astype(np.float64), np.ones((len(X), 1))], axis=1)
+    H = _hessian64(recipe, th, Xa, k)
+    out: dict[str, Any] = {"grad_norm": grad_norm, "rows": int(len(X))}
+    Q = np.eye(len(th))
+    if k == 1:
+        out["holds_for"] = "||theta - theta*||, theta* the exact (unique) minimiser of the retained objective"
+    else:
+        out["holds_for"] = (
+            "||P (theta - theta*)||, P removing the shared class-bias shift e (which leaves the objective unchanged);"
+            " equals ||theta - theta*|| when both have the same mean output bias (tabular.center_output_bias)"
+        )
+        out["mean_bias"] = float(th[k * d :].mean())
+        e = np.zeros(len(th))
+        e[k * d :] = 1.0
+        Q = scipy.linalg.null_space(e[None, :])  # orthonormal basis of e-perp
+    H, g = Q.T @ H @ Q, Q.T @ g  # (softmax: g is in e-perp up to rounding; Q^T drops that rounding)
+    lam, V = np.linalg.eigh(H)
+    lam_min = float(lam[0]) - ROUNDING_MARGIN * float(lam[-1])
+    out["mu_at_theta"] = lam_min
+    if lam_min <= 0:
+        return {**out, "mu": None, "bound": None, "reason": "the Hessian at theta is not positive definite"}
+    lam = np.maximum(lam, lam_min)
+    mask = tabular.regularisation_mask(recipe, d, n_classes).numpy()
+    typical = float(np.linalg.norm(Xa, axis=1).mean()) + recipe.l2 * float(np.linalg.norm(mask * th))
+    extra = ROUNDING_MARGIN * typical  # rounding allowance on g (per-row gradient magnitude), carried into the norms
+    slack = 1.0 + ROUNDING_MARGIN * float(lam[-1]) / lam_min
+    coords = V.T @ g
+    step_norm = float(np.linalg.norm(coords / lam)) * slack + extra / lam_min  # ||H'^-1 g||
+    g_dual = math.sqrt(float(np.sum(coords**2 / lam))) * slack + extra / math.sqrt(lam_min)  # ||g||_{H'^-1}
+    # rho_H = max_i ||J_i H'^-1/2|| (J_i: the row's logits' Jacobian): how far a logit moves per unit H'-norm step
+    T = Q @ (V / np.sqrt(lam))  # H'^-1/2 in the flat layout, [p, p or p - 1]
+    if k == 1:
+        rho_h = float(np.linalg.norm(Xa @ T, axis=1).max())
+    else:
+        JT = np.stack([Xa @ T[np.r_[c * d : (c + 1) * d, k * d + c]] for c in range(k)], axis=1)  # [n, C, .]
+        JT -= JT.mean(axis=1, keepdims=True)  # a shift shared by all logits leaves p unchanged (module docstring)
+        rho_h = float(np.sqrt(np.linalg.eigvalsh(JT @ JT.transpose(0, 2, 1))[:, -1].max()))
+    rho_h *= slack
+    a = 1.0 if k == 1 else SOFTMAX_LOGIT_FACTOR
+    out["newton_step_norm"] = step_norm
+    for factor in RADIUS_FACTORS:
+        radius = factor * 2.0 * g_dual  # in the H'-norm
+        t = a * radius * rho_h
+        if t <= math.log(factor):  # 2 ||g||_{H'^-1} e^t <= R, in logs (e^t overflows for a hopeless start)
+            by_convexity = math.exp(t) * g_dual / math.sqrt(lam_min)
+            by_newton = step_norm + math.expm1(t) * g_dual / math.sqrt(lam_min)
+            return {
+                **out,
+                "mu": math.exp(-t) * lam_min,
+                "radius_h_norm": radius,
+                "bound_strong_convexity": by_convexity,
+                "bound_newton_step": by_newton,
+                "bound": min(by_convexity, by_newton),
+            }
+    return {**out, "mu": None, "bound": None, "reason": "the curvature falls too fast within the required radius"}
+
+
+def gradient_norm_bound(
+    recipe: tabular.TabularRecipe,
+    theta: torch.Tensor | np.ndarray,
+    X: np.ndarray,
+    y: np.ndarray,
+    n_classes: int,
+    retain_mask: np.ndarray,
+) -> dict[str, Any]:
+    """||grad L_retained(theta)|| and, for logistic regression, the proven ||theta - theta_retrain*|| bound.
+
+    Returns ``{"grad_norm", "mu", "bound" (None for the MLP or when nothing is certified), "holds_for", ...}``;
+    see the module docstring for what is proven. One pass over the retained rows for the gradient and one for the
+    float64 Hessian (O(n d^2 C^2)), then an eigendecomposition of it.
+    """
+    retain = np.asarray(retain_mask, dtype=bool)
+    if not retain.any():
+        raise ValueError("no retained rows: the retained objective is undefined")
+    Xr, yr = np.asarray(X)[retain], np.asarray(y)[retain]
+    _, grad = tabular.objective_gradient(recipe, theta, Xr, yr, n_classes)
+    return strong_convexity_bound(recipe, theta, Xr, n_classes, grad)
