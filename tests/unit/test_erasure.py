@@ -112,3 +112,31 @@ def test_a_completed_deletion_leaves_no_stored_copy(stack, tmp_path):
 
     wait_for(lambda: not _bytes_with_mark(home), timeout=30, what="the last copies to be shredded")
     assert _bytes_with_mark(home) == []  # no byte of the SQLite file, its WAL or the artifact store holds them
+
+
+def test_newton_deletes_through_the_api_and_its_state_is_purged_by_other_methods(stack, tmp_path):
+    client, _ = stack
+    source = tmp_path / "t.csv"
+    write_table(source, n=300, seed=8)
+    metadata = {
+        "name": "newton",
+        "unlearning": ["newton"],
+        "holdout_fraction": 0.2,
+        "dataset": {"row_id_column": "row_id", "label_column": "label"},
+    }
+    with source.open("rb") as handle:
+        response = client.post(
+            "/v1/models", data={"metadata": json.dumps(metadata)}, files={"file": ("t.csv", handle, "text/csv")}
+        )
+    model_id = response.json()["id"]
+    wait_for(
+        lambda: client.get(f"/v1/models/{model_id}").json()["unlearning"]["newton"].get("status") == "ready",
+        timeout=120,
+        what="newton preparation",
+    )
+    done = _delete(client, model_id, "r3", "newton")
+    version = client.get(f"/v1/models/{model_id}/versions").json()[-1]
+    assert version["method"] == "newton" and version["metrics"]["method_info"]["retained_grad_norm"] >= 0
+    assert done["erasure"]["method_state"]["newton"]["action"] == "purged"  # its Hessian no longer holds the row
+    later = _delete(client, model_id, "r4", "retrain")  # another method erases: newton's stored state follows
+    assert later["erasure"]["method_state"]["newton"]["action"] in ("purged", "state deleted; prepare again to use")
