@@ -136,7 +136,7 @@ def submit(
         while True:
             body = client.get(location).json()
             typer.echo(f"{body['status']:>10}  {body['progress']:.0%}  {body.get('message') or ''}")
-            if body["status"] in ("completed", "failed", "rejected"):
+            if body["status"] in ("certified", "failed", "rejected"):
                 break
             time.sleep(1)
 

@@ -39,7 +39,12 @@ class Settings(BaseSettings):
     poll_seconds: float = Field(0.5, description="How often the dispatcher and in-process executor poll the outbox.")
     run_dispatcher: bool = Field(True, description="Run the dispatcher/reconciler loop inside the API process.")
     retry_after_seconds: int = Field(5, description="Retry-After sent with 202 Accepted.")
-    webhook_timeout_seconds: float = 5.0
+    webhook_timeout_seconds: float = Field(5.0, gt=0, description="Total time one webhook delivery attempt may take.")
+    webhook_retry_hours: float = Field(24.0, gt=0, description="How long a webhook is retried before it is dead.")
+    webhook_allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Hosts, addresses or CIDRs a callback may reach although private or loopback (e.g. 127.0.0.1).",
+    )
     retired_version_grace_seconds: float = Field(
         0.0, ge=0, description="How long a version trained on erased rows stays stored (410 at once) before shredding."
     )

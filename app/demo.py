@@ -153,9 +153,9 @@ def _tabular_story(client: httpx.Client) -> str:
     )
     print(f"   POST /v1/deletion-requests → {response.status_code}, Location {response.headers['location']}")
     request = _wait(
-        client, response.headers["location"], lambda b: b["status"] in ("completed", "failed", "rejected"), "request"
+        client, response.headers["location"], lambda b: b["status"] in ("certified", "failed", "rejected"), "request"
     )
-    if request["status"] != "completed":
+    if request["status"] != "certified":
         raise SystemExit(f"the deletion did not complete: {request['error']}")
 
     versions = client.get(f"/v1/models/{model['id']}/versions").json()
@@ -184,7 +184,7 @@ def _tabular_story(client: httpx.Client) -> str:
 
 
 def _finished(client: httpx.Client, location: str, label: str) -> dict:
-    return _wait(client, location, lambda b: b["status"] in ("completed", "failed", "rejected"), label, timeout=900)
+    return _wait(client, location, lambda b: b["status"] in ("certified", "failed", "rejected"), label, timeout=900)
 
 
 def _l2ul_story(client: httpx.Client, tabular_model_id: str) -> None:
@@ -235,7 +235,7 @@ def _l2ul_story(client: httpx.Client, tabular_model_id: str) -> None:
         )
         response.raise_for_status()
         done = _finished(client, response.headers["location"], method)
-        if done["status"] != "completed":
+        if done["status"] != "certified":
             print(f"   {method}: {done['status']} {done['error']}")
             continue
         version = client.get(f"/v1/models/{model_id}/versions").json()[-1]
@@ -316,7 +316,7 @@ def _ease_story(client: httpx.Client) -> None:
     )
     response.raise_for_status()
     done = _finished(client, response.headers["location"], "request")
-    if done["status"] != "completed":
+    if done["status"] != "certified":
         raise SystemExit(f"EASE did not complete: {done['error']}")
     version = client.get(f"/v1/models/{model_id}/versions").json()[-1]
     before, after, info = version["metrics"]["before"], version["metrics"]["after"], version["metrics"]["method_info"]

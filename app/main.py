@@ -10,13 +10,16 @@ from sqlalchemy import text
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.audit.router import router as audit_router
+from app.certificates.router import router as certificates_router
 from app.config import get_settings
 from app.db import get_engine
 from app.jobs.router import router as jobs_router
 from app.problems import Problem, install_problem_handlers, problem_response
 from app.registry.router import router as registry_router
+from app.reports.router import router as reports_router
 from app.requests.intake import reset_batcher
 from app.requests.router import router as requests_router
+from app.webhooks.router import router as webhooks_router
 
 log = logging.getLogger("lethe")
 
@@ -102,6 +105,9 @@ def create_app(run_background: bool | None = None) -> FastAPI:
     app.include_router(requests_router)
     app.include_router(audit_router)
     app.include_router(jobs_router)
+    app.include_router(reports_router)
+    app.include_router(certificates_router)
+    app.include_router(webhooks_router)
 
     @app.get("/healthz", tags=["health"])
     def healthz():

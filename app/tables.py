@@ -2,12 +2,18 @@
 
 from app.audit.tables import AuditEvent
 from app.auth.tables import ApiKey
+from app.certificates.tables import Certificate
 from app.db import Base
 from app.jobs.tables import Job
 from app.registry.tables import Dataset, DatasetRow, ErasedRow, Model, ModelVersion, ShredItem
+from app.reports.tables import Report
 from app.requests.tables import DeletionRequest
+from app.webhooks.tables import WebhookDelivery
 
 __all__ = [
+    "Certificate",
+    "Report",
+    "WebhookDelivery",
     "ApiKey",
     "AuditEvent",
     "Base",

@@ -76,7 +76,7 @@ def wait_request(client, request_id: str, timeout: float = 600, interval: float 
     return wait_for(
         lambda: (
             (b := client.get(f"/v1/deletion-requests/{request_id}").json())["status"]
-            in ("completed", "failed", "rejected")
+            in ("certified", "failed", "rejected")
             and b
         ),
         timeout=timeout,

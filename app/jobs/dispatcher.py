@@ -21,6 +21,7 @@ from app.jobs.outbox import mark_dispatched
 from app.jobs.tables import Job
 from app.registry.versions import shred_due
 from app.requests.service import mark_queued
+from app.webhooks.sender import WebhookSender
 
 log = logging.getLogger("lethe.dispatcher")
 
@@ -82,6 +83,7 @@ class Dispatcher:
         self.send = send
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.companions: list = []  # loops started with the dispatcher and stopped with it (the webhook sender)
 
     def tick(self) -> int:
         """One pass: reconcile, then dispatch due jobs. Sending happens after the commit (the outbox pattern)."""
@@ -120,6 +122,8 @@ class Dispatcher:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=10)
+        for companion in self.companions:
+            companion.stop()
 
 
 def start_background(settings=None) -> tuple[Dispatcher, InProcessExecutor | None]:
@@ -132,5 +136,8 @@ def start_background(settings=None) -> tuple[Dispatcher, InProcessExecutor | Non
         dispatcher = Dispatcher(executor.send)
     else:
         dispatcher = Dispatcher(celery_sender())
+    sender = WebhookSender(settings.poll_seconds)  # the webhook outbox, never in a job worker
+    sender.start()
+    dispatcher.companions.append(sender)
     dispatcher.start()
     return dispatcher, executor

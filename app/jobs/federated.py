@@ -26,17 +26,23 @@ from app.jobs import outbox
 from app.jobs.lease import JobContext
 from app.jobs.outbox import PermanentJobError
 from app.jobs.tables import Job
-from app.jobs.work import DeletionWork, ErasurePlan, Unlearned, weights
+from app.jobs.work import DeletionWork, ErasurePlan, Unlearned, Verification, weights
 from app.ml.clip import TINY_ARCH, ClipLoRA, ClipSpec, LoraSettings, pretrain_tiny_clip
 from app.ml.data.captions import CaptionDataset, make_synthetic_federation
 from app.ml.federation import FederatedProblem, FedSettings, apply_round
 from app.ml.federation.lock import ForgetLock
+from app.ml.verification.lira import attack_summary
+from app.ml.verification.policy import VerdictPolicy, theta_unchanged
 from app.ml.verification.retrieval import evaluate_retrieval
+from app.ml.verification.signals import clip_pair_confidence
 from app.registry import versions as registry
 from app.registry.tables import Model
 from app.requests.tables import DeletionRequest
 from app.storage import get_store
 
+MAX_RETAIN_R1_DROP_POINTS = 5.0
+"""[INFERENCE] The most retain R@1 (points) a federated deletion may cost before its verdict fails; EASE's measured
+retain drops are 1–2.5 points (README), retraining's own noise about 2."""
 EVAL_RETAIN_PAIRS = 500
 """Retained pairs (a fixed random sample) on which a deletion's before/after retain R@1 is measured."""
 EVAL_SAMPLE_SEED = 0
@@ -305,6 +311,9 @@ class Deletion:
             theta=result.theta, method=name, metrics=metrics, positions=positions, state_update=state_update
         )
 
+    def verify(self, work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> Verification:
+        return verify_federated(work, unlearned)
+
     def erase(self, work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> ErasurePlan:
         """A departed client's stored round updates are rewritten without it (its row zeroed), so no later method
         and no reader of the store finds its contribution. Pairs deleted by class or samples scope are mixed into
@@ -329,3 +338,73 @@ class Deletion:
             state_update={"rounds": rewritten},
             notes={"rounds": {"action": "client's updates zeroed", "before": rounds, "after": rewritten}},
         )
+
+
+# ------------------------------------------------------------------------------------------------------ verification
+def _pair_phi(clip: ClipLoRA, theta: torch.Tensor, pairs: CaptionDataset, gallery: CaptionDataset) -> np.ndarray:
+    """LiRA's statistic for each pair over a fixed caption gallery (signals.clip_pair_confidence, both directions)."""
+    clip.set_theta(theta)
+    img, txt = clip.embed(pairs)
+    g_img, g_txt = clip.embed(gallery)
+    scale = float(clip.model.logit_scale.exp())
+    return clip_pair_confidence(img, txt, scale, g_img, g_txt, pairs.captions, gallery.captions)["mean"]
+
+
+def verify_federated(work: DeletionWork, unlearned: Unlearned) -> Verification:
+    """Utility (retain R@1 drop within the policy) and changed parameters decide; a population membership attack on
+    the forget pairs against held-out test pairs (the statistic over the test gallery) is reported for the original
+    and the new model. Without shadow LoRA runs its chance level is not calibrated, so it is reported, not enforced
+    (the report says so)."""
+    problem: FederatedProblem = work.inputs.problem
+    policy = VerdictPolicy.from_dict(work.model.spec.get("verification", {}).get("policy"))
+    clip, data = problem.get_model(), data_for(work.model)
+    forget = problem.forget_data()
+    thetas = {"original": problem.theta, "unlearned": unlearned.theta}
+    members = {name: _pair_phi(clip, th, forget, data.test) for name, th in thetas.items()}
+    nonmembers = {name: _pair_phi(clip, th, data.test, data.test) for name, th in thetas.items()}
+    models = {name: {"population_mia": attack_summary(members[name], nonmembers[name])} for name in members}
+    before, after = unlearned.metrics["before"], unlearned.metrics["after"]
+    drop = before.get("retain_r1", 0.0) - after.get("retain_r1", 0.0)
+    unchanged = theta_unchanged(problem.theta, unlearned.theta, policy.unchanged_atol)
+    checks = [
+        {
+            "name": "parameters_changed",
+            "figure": None,
+            "threshold": policy.unchanged_atol,
+            "passed": not unchanged,
+            "message": "the model was returned unchanged" if unchanged else "the parameters changed",
+        },
+        {
+            "name": "retain_r1_drop",
+            "figure": round(drop, 3),
+            "threshold": MAX_RETAIN_R1_DROP_POINTS,
+            "passed": drop <= MAX_RETAIN_R1_DROP_POINTS,
+            "message": f"retain R@1 {before.get('retain_r1')} → {after.get('retain_r1')} (drop {drop:.2f} points, "
+            f"max {MAX_RETAIN_R1_DROP_POINTS})",
+        },
+        {
+            "name": "forget_attack",
+            "figure": models["unlearned"]["population_mia"]["tpr_at_fpr"].get("0.01"),
+            "threshold": None,
+            "passed": None,
+            "message": "population attack reported, not enforced: no shadow LoRA runs calibrate its chance level",
+        },
+    ]
+    failed = [c["message"] for c in checks if c["passed"] is False]
+    report = {
+        "attack": {"name": "population threshold on the CLIP pair statistic", "gallery": "held-out test pairs"},
+        "n_forget": len(forget),
+        "n_nonmembers": len(data.test),
+        "models": models,
+        "retrieval": {"before": before, "after": after},
+        "informative": False,
+        "informative_detail": "no shadow runs for CLIP: the attack is reported without a calibrated chance level",
+    }
+    verdict = {
+        "verdict": "fail" if failed else "pass",
+        "reasons": failed or [c["message"] for c in checks if c["passed"]],
+        "checks": checks,
+        "notes": [report["informative_detail"]],
+        "policy": policy.to_dict(),
+    }
+    return Verification(report, verdict)

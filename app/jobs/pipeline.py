@@ -10,18 +10,21 @@ from __future__ import annotations
 import logging
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
+from app.audit.service import chain_head
+from app.certificates import service as certificates
 from app.config import get_settings
-from app.db import new_id, release_freed_pages, session_scope
+from app.db import new_id, release_freed_pages, session_scope, utcnow
 from app.jobs import federated, lease, outbox, tabular
 from app.jobs.lease import JobContext
 from app.jobs.outbox import LeaseLostError, PermanentJobError
 from app.jobs.tables import Job
-from app.jobs.work import DeletionWing, DeletionWork, ErasurePlan, Unlearned, method_for
+from app.jobs.work import DeletionWing, DeletionWork, ErasurePlan, Unlearned, Verification, escalation_for, method_for
 from app.registry import versions as registry
+from app.reports import service as reports_service
 from app.requests import service as requests
-from app.webhooks.service import deliver_webhook
 
 log = logging.getLogger("lethe.pipeline")
 
@@ -56,15 +59,33 @@ def execute_job(job_id: str, owner: str) -> str:
 
 
 def run_deletion(job: Job, ctx: JobContext, wing: DeletionWing) -> None:
-    """claim (done by execute_job) → load → unlearn → store version → erase → publish → shred → notify."""
+    """claim (execute_job) → load → unlearn → store → verify (auto: escalate once) → erase → publish + certify."""
     work = load(job, ctx, wing)
-    unlearned = wing.unlearn(work, ctx)
-    draft = store_version(work, unlearned)
+    attempts: list[Attempt] = []
+    while True:
+        unlearned = wing.unlearn(work, ctx)
+        draft = store_version(work, unlearned)
+        verification = verify(work, unlearned, ctx, attempt=len(attempts) + 1, wing=wing)
+        attempts.append(Attempt(work.method_name, unlearned, verification))
+        if verification.passed:
+            break
+        escalation = escalation_for(work)
+        if escalation is None:
+            return reject(work, attempts, ctx)
+        work.method_name, work.spec, work.method = escalation
+        work.version_id = new_id()
     erasure = wing.erase(work, unlearned, ctx)
-    # verify → certify: the evidence steps go here, before publishing
-    publish(work, unlearned, draft, erasure, ctx)
+    publish(work, attempts, draft, erasure, ctx)
     shred()
-    notify(job.request_id)
+
+
+@dataclass
+class Attempt:
+    """One unlearning attempt and its verification (``auto`` may make two: the approximate method, then exact)."""
+
+    method: str
+    unlearned: Unlearned
+    verification: Verification
 
 
 def load(job: Job, ctx: JobContext, wing: DeletionWing) -> DeletionWork:
@@ -93,12 +114,54 @@ def store_version(work: DeletionWork, unlearned: Unlearned) -> registry.VersionD
     )
 
 
+def verify(work: DeletionWork, unlearned: Unlearned, ctx: JobContext, attempt: int, wing: DeletionWing):
+    """The wing audits the new parameters on the forget rows (they are not erased yet); nothing is published."""
+    with session_scope() as session:
+        requests.mark_verifying(session, work.request.id, unlearned.method, attempt)
+    ctx.progress(0.9, f"verifying {unlearned.method} (attempt {attempt})")
+    return wing.verify(work, unlearned, ctx)
+
+
+def _record_reports(session, work: DeletionWork, attempts: list[Attempt]) -> list:
+    reports = []
+    for n, attempt in enumerate(attempts, start=1):
+        body = {"attempt": n, "method": attempt.method, **attempt.verification.report, **attempt.verification.verdict}
+        report = reports_service.add_report(
+            session, work.request.id, work.model.id, body, attempt.verification.verdict["verdict"],
+            attempt.verification.plots,
+        )  # fmt: skip
+        requests.record_verdict(session, work.request.id, report.id, attempt.method, report.verdict, report.etag)
+        reports.append(report)
+    return reports
+
+
+def reject(work: DeletionWork, attempts: list[Attempt], ctx: JobContext) -> None:
+    """The verdict failed and there is nowhere to escalate: the request ends ``failed`` (verification-failed) with
+    its report; no version is published, nothing is erased, no certificate is issued."""
+    with session_scope() as session:
+        job_row = ctx.assert_lease(session)
+        reports = _record_reports(session, work, attempts)
+        reasons = "; ".join(attempts[-1].verification.verdict["reasons"])
+        requests.mark_failed(
+            session,
+            work.request.id,
+            work.job.id,
+            job_row.attempts,
+            f"verification failed ({attempts[-1].method}): {reasons}",
+            "failed",
+            "verification-failed",
+        )
+        outbox.finish(session, job_row, {"verdict": "fail", "reports": [r.id for r in reports]})
+
+
 def publish(
-    work: DeletionWork, unlearned: Unlearned, draft: registry.VersionDraft, erasure: ErasurePlan, ctx: JobContext
+    work: DeletionWork, attempts: list[Attempt], draft: registry.VersionDraft, erasure: ErasurePlan, ctx: JobContext
 ) -> None:
-    """ONE transaction: the new current version; every stored copy of the rows swapped for its erased replacement,
-    earlier versions retired; the request completed with its erasure manifest (and audit event); the job finished."""
+    """ONE transaction: the verified version becomes current; every stored copy of the rows is swapped for its
+    erased replacement and earlier versions are retired (the manifest); the reports are recorded; the certificate is
+    signed over all of it and the audit chain's head; the request is certified (its callback queued); job finished."""
     model_id, request_id = work.model.id, work.request.id
+    unlearned, verification = attempts[-1].unlearned, attempts[-1].verification
     grace = get_settings().retired_version_grace_seconds
     with session_scope() as session:
         job_row = ctx.assert_lease(session)
@@ -120,7 +183,31 @@ def publish(
         )
         manifest["retired_weights_shredded_after_s"] = grace
         manifest.update(erasure.notes)
-        requests.mark_completed(session, request_id, work.job.id, version, model_id, len(unlearned.positions), manifest)
+        reports = _record_reports(session, work, attempts)
+        certificate = certificates.issue(
+            session,
+            request=work.request,
+            version=version,
+            parent_digest=work.parent.digest,
+            method=unlearned.method,
+            method_settings=work.request.method_settings,
+            manifest=manifest,
+            figures={**verification.figures(), "reports": [r.id for r in reports], "attempts": len(attempts)},
+            verdict=verification.verdict["verdict"],
+            audit_head=chain_head(session),
+            completed_at=utcnow(),
+        )
+        requests.mark_certified(
+            session,
+            request_id,
+            work.job.id,
+            version,
+            model_id,
+            len(unlearned.positions),
+            manifest,
+            certificate.id,
+            certificate.digest,
+        )
         outbox.finish(session, job_row, {"version_id": version.id, "digest": version.digest})
     release_freed_pages()
 
@@ -129,14 +216,6 @@ def shred() -> None:
     """Delete the queued blobs whose grace period has passed (the dispatcher's tick does the same for later ones)."""
     with session_scope() as session:
         registry.shred_due(session)
-
-
-def notify(request_id: str) -> None:
-    """Tell the compliance system the request ended (best effort after the commit: the status is durable)."""
-    with session_scope() as session:
-        url, body = requests.callback_of(session, request_id)
-    if url:
-        deliver_webhook(url, body)
 
 
 HANDLERS: dict[tuple[str, str], Handler] = {

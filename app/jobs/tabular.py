@@ -18,14 +18,28 @@ from app.db import session_scope
 from app.jobs.lease import JobContext, finish
 from app.jobs.outbox import PermanentJobError
 from app.jobs.tables import Job
-from app.jobs.work import DeletionWork, ErasurePlan, Unlearned, build, weights
+from app.jobs.work import DeletionWork, ErasurePlan, Unlearned, Verification, build, weights
 from app.ml import tabular
 from app.ml.data.tabular import TableEncoder, load_table
 from app.ml.unlearning.base import TabularProblem, UnlearningResult, get_method
+from app.ml.verification.audit import run_audit
+from app.ml.verification.bounds import gradient_norm_bound
+from app.ml.verification.plots import audit_plots
+from app.ml.verification.policy import VerdictPolicy, decide, theta_unchanged
+from app.ml.verification.shadows import (
+    ShadowSettings,
+    positions_of,
+    replace_shadows,
+    shadows_from_bytes,
+    shadows_to_bytes,
+    train_shadows,
+)
 from app.registry import versions as registry
 from app.registry.tables import Dataset, Model
 from app.storage import get_store
 
+DEFAULT_SHADOWS = 64
+"""LiRA shadows per model unless the registration says otherwise (Carlini et al. use 64 for per-example variance)."""
 HOLDOUT_SEED_OFFSET = 7919
 """The held-out split's random stream is the recipe's seed plus this (kept apart from the training seed's)."""
 ENCODED_CACHE_SIZE = 4
@@ -193,8 +207,39 @@ def train(job: Job, ctx: JobContext) -> None:
         theta, version_id = weights(existing.digest), existing.id
     with session_scope() as session:
         model, _, _ = registry.load_model(session, job.model_id)
+    if "verification" not in model.state:
+        train_verification_shadows(ctx, model, recipe, data)
+        with session_scope() as session:
+            model, _, _ = registry.load_model(session, job.model_id)
     preparations = prepare_methods(ctx, model, recipe, data, theta, holdout)
     finish(job.id, ctx.owner, {"version_id": version_id, "preparations": preparations})
+
+
+def train_verification_shadows(ctx: JobContext, model: Model, recipe, data: TabularData) -> None:
+    """LiRA's shadow models for this model (issue 9; notes Part 2): the model's own recipe on random halves of the
+    rows it holds (training and held-out alike), so every row is IN about half the shadows and OUT of the rest. Pool
+    columns are positions, never sample ids. Stored with the model; replaced when rows are erased."""
+    settings = ShadowSettings(n_shadows=int(model.spec.get("verification", {}).get("shadows", DEFAULT_SHADOWS)))
+    pool = np.flatnonzero(data.present)
+    started = time.perf_counter()
+    shadows = train_shadows(
+        recipe,
+        data.X[pool],
+        data.y[pool],
+        data.encoder.n_classes,
+        settings,
+        row_ids=pool,
+        progress=lambda done, total: ctx.progress(0.2 + 0.1 * done / total, f"verification shadows {done}/{total}"),
+    )
+    entry = {
+        "shadows": get_store().put_bytes(shadows_to_bytes(shadows)),
+        "n_shadows": shadows.n_shadows,
+        "generation": shadows.generation,
+        "train_seconds": round(time.perf_counter() - started, 3),
+    }
+    with session_scope() as session:
+        ctx.assert_lease(session)
+        registry.set_state(session, model.id, {"verification": entry})
 
 
 def prepare_methods(ctx: JobContext, model: Model, recipe, data: TabularData, theta, holdout) -> dict[str, Any]:
@@ -276,6 +321,9 @@ class Deletion:
 
     def erase(self, work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> ErasurePlan:
         return erase_copies(work, unlearned, ctx)
+
+    def verify(self, work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> Verification:
+        return verify_deletion(work, unlearned)
 
     def unlearn(self, work: DeletionWork, ctx: JobContext) -> Unlearned:
         inputs: TabularInputs = work.inputs
@@ -369,9 +417,125 @@ def erase_copies(work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> E
             progress=ctx.scaled(0.92, 0.05, f"purging {name}"),
         )
         purged[name] = dict(method.purge(problem).artifacts)
+    state_update: dict[str, Any] = {"encoder": encoder} if encoder else {}
+    if "verification" in work.model.state:
+        state_update["verification"] = _replace_shadows(work.model.state["verification"], inputs.data, erased, ctx)
     return ErasurePlan(
         dataset_digest=new_digest,
-        state_update={"encoder": encoder} if encoder else {},
+        state_update=state_update,
         purged=purged,
         invalidated=invalidated,
     )
+
+
+# ------------------------------------------------------------------------------------------------------ verification
+def verify_deletion(work: DeletionWork, unlearned: Unlearned) -> Verification:
+    """LiRA on the forget rows against the original and the new parameters (matched non-members: held-out rows),
+    the audit's power, test accuracy against the original, and — for L2-regularised LR — the proven distance to the
+    retrained optimum; the model's verdict policy decides (app/ml/verification, issue 9)."""
+    inputs: TabularInputs = work.inputs
+    data, recipe = inputs.data, inputs.recipe
+    policy = VerdictPolicy.from_dict(work.model.spec.get("verification", {}).get("policy"))
+    theta_parent = weights(work.parent.digest)
+    trained = np.flatnonzero(inputs.forget & ~inputs.holdout & ~inputs.tombstone)
+    if len(trained) == 0:
+        report = {"n_forget": 0, "informative": False, "informative_detail": "the rows were held out of training"}
+        verdict = {
+            "verdict": "pass",
+            "reasons": ["every deleted row was held out of training: no version carries a trace of it"],
+            "checks": [],
+            "notes": [],
+            "policy": policy.to_dict(),
+        }
+        return Verification(report, verdict)
+    test = inputs.holdout & data.present & ~inputs.forget
+    shadows = shadows_from_bytes(get_store().get_bytes(work.model.state["verification"]["shadows"]))
+    pool = np.asarray(shadows.row_ids, dtype=np.int64)
+    nonmembers = np.flatnonzero(np.isin(pool, np.flatnonzero(test)))
+    proven = _proven_distance(recipe, unlearned.theta, data, inputs.retain)
+    if len(nonmembers) == 0:
+        return _verify_without_attack(policy, theta_parent, unlearned.theta, len(trained), proven)
+    report, scores = run_audit(
+        shadows,
+        data.X[pool],
+        data.y[pool],
+        positions_of(shadows, trained),
+        nonmembers,
+        theta_parent,
+        unlearned.theta,
+        theta_retrained=unlearned.theta if work.spec.exact else None,
+        X_test=data.X[test],
+        y_test=data.y[test],
+        trained_on_forget=True,
+        policy=policy,
+    )
+    report["proven"] = proven
+    verdict = decide(report, policy, proven_distance=proven.get("bound") if proven else None, exact=work.spec.exact)
+    return Verification(report, verdict, audit_plots(scores))
+
+
+def _proven_distance(recipe, theta, data: TabularData, retain: np.ndarray) -> dict[str, Any] | None:
+    """‖∇L_retained(θ′)‖ and, for L2-regularised LR, the proven bound on ‖θ′ − θ_retrain‖ (bounds.py); None for an
+    ensemble (SISA), whose parameters are not one model's."""
+    if tabular.ensemble_size(recipe, theta, data.X.shape[1], data.encoder.n_classes) > 1:
+        return None
+    return gradient_norm_bound(recipe, theta, data.X, data.y, data.encoder.n_classes, retain)
+
+
+def _verify_without_attack(policy, theta, theta_new, k: int, proven) -> Verification:
+    """No held-out rows to serve as non-members (holdout_fraction 0): the attack cannot run, and the report says so;
+    the verdict rests on the parameters having changed and on a proven bound where one exists."""
+    unchanged = theta_unchanged(theta, theta_new, policy.unchanged_atol)
+    checks = [
+        {
+            "name": "parameters_changed",
+            "figure": None,
+            "threshold": policy.unchanged_atol,
+            "passed": not unchanged,
+            "message": "the model was returned unchanged" if unchanged else "the parameters changed",
+        }
+    ]
+    bound = proven.get("bound") if proven else None
+    if bound is not None and policy.max_proven_distance is not None:
+        ok = bound <= policy.max_proven_distance
+        checks.append(
+            {
+                "name": "proven_distance",
+                "figure": bound,
+                "threshold": policy.max_proven_distance,
+                "passed": ok,
+                "message": f"proven ‖θ′ − θ_retrain‖ ≤ {bound:.3g}",
+            }
+        )
+    failed = [c["message"] for c in checks if c["passed"] is False]
+    report = {
+        "n_forget": k,
+        "n_nonmembers": 0,
+        "informative": False,
+        "informative_detail": "no held-out rows to serve as non-members: the membership attack could not run",
+        "proven": proven,
+    }
+    verdict = {
+        "verdict": "fail" if failed else "pass",
+        "reasons": failed or [c["message"] for c in checks],
+        "checks": checks,
+        "notes": [report["informative_detail"]],
+        "policy": policy.to_dict(),
+    }
+    return Verification(report, verdict)
+
+
+def _replace_shadows(entry: dict[str, Any], data: TabularData, erased: np.ndarray, ctx: JobContext) -> dict[str, Any]:
+    """Shadows that trained on an erased row are copies of it: drop them and train as many on the remaining rows."""
+    shadows = shadows_from_bytes(get_store().get_bytes(entry["shadows"]))
+    pool = np.asarray(shadows.row_ids, dtype=np.int64)
+    gone = np.flatnonzero(np.isin(pool, erased))
+    remaining = pool[~np.isin(pool, erased)]
+    ctx.progress(0.97, "replacing verification shadows that saw the erased rows")
+    new, counts = replace_shadows(shadows, gone, data.X[remaining], data.y[remaining])
+    return {
+        **entry,
+        "shadows": get_store().put_bytes(shadows_to_bytes(new)),
+        "generation": new.generation,
+        "last_replacement": counts,
+    }

@@ -17,11 +17,13 @@ from app.jobs.lease import JobContext
 from app.jobs.outbox import PermanentJobError
 from app.jobs.tables import Job
 from app.ml.unlearning.base import (
+    AUTO,
     InvalidMethodSettingsError,
     MethodNotSupportedError,
     MethodSpec,
     UnlearningMethod,
     choose_method,
+    exact_method,
     supporting_method,
 )
 from app.registry import versions as registry
@@ -86,6 +88,31 @@ class ErasurePlan:
     notes: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class Verification:
+    """A wing's verify step, as a value: the report (every figure, its settings and sample sizes), the verdict with
+    its checks, the plots (PNG bytes), and the figures a certificate carries."""
+
+    report: dict[str, Any]
+    verdict: dict[str, Any]
+    plots: dict[str, bytes] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict["verdict"] == "pass"
+
+    def figures(self) -> dict[str, Any]:
+        """What the certificate states: the verdict's checks (figure, threshold, outcome) and the audit's power."""
+        return {
+            "checks": [
+                {k: c.get(k) for k in ("name", "figure", "threshold", "passed")} for c in self.verdict["checks"]
+            ],
+            "informative": self.report.get("informative"),
+            "n_forget": self.report.get("n_forget"),
+            "n_nonmembers": self.report.get("n_nonmembers"),
+        }
+
+
 class DeletionWing(Protocol):
     """A model kind's deletion steps."""
 
@@ -93,6 +120,9 @@ class DeletionWing(Protocol):
         """Gather the inputs (data, masks, history); PermanentJobError when the deletion cannot be done."""
 
     def unlearn(self, work: DeletionWork, ctx: JobContext) -> Unlearned: ...
+
+    def verify(self, work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> Verification:
+        """Audit the new parameters against the parent on the forget rows (before they are erased)."""
 
     def erase(self, work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> ErasurePlan: ...
 
@@ -107,6 +137,16 @@ def method_for(request: DeletionRequest, model: Model) -> tuple[str, MethodSpec,
     except MethodNotSupportedError as exc:
         raise PermanentJobError(str(exc), "method-not-supported") from exc
     return name, spec, build(spec, {**model.spec.get("method_settings", {}).get(name, {}), **request.method_settings})
+
+
+def escalation_for(work: DeletionWork) -> tuple[str, MethodSpec, UnlearningMethod] | None:
+    """``auto`` only: when the verdict on an approximate method fails, the same request escalates to the exact
+    method (retraining without the rows). None when the request named its method or already ran the exact one."""
+    if work.request.method != AUTO or work.spec.exact:
+        return None
+    name = exact_method(work.model.kind, work.request.scope["kind"])
+    spec = supporting_method(name, work.model.kind, work.request.scope["kind"])
+    return name, spec, build(spec, work.model.spec.get("method_settings", {}).get(name, {}))
 
 
 def build(spec: MethodSpec, settings: Mapping[str, Any]) -> UnlearningMethod:

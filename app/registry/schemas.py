@@ -30,6 +30,19 @@ class DatasetRef(BaseModel):
     label_column: str = Field(..., min_length=1, max_length=200)
 
 
+class VerificationIn(BaseModel):
+    """How deletions on this model are verified (app/ml/verification): LiRA shadows trained at registration on
+    random halves of the data with the model's own recipe, and the verdict policy's settings."""
+
+    model_config = ConfigDict(extra="forbid")
+    shadows: int = Field(64, ge=4, le=512, description="Shadow models (global variance below 64, per-example above).")
+    policy: dict[str, Any] = Field(
+        default_factory=dict,
+        description="VerdictPolicy settings: attack_fpr, confidence, margin, max_utility_loss_points, "
+        "max_proven_distance, fail_when_uninformative.",
+    )
+
+
 class ModelCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(..., min_length=1, max_length=200)
@@ -40,6 +53,7 @@ class ModelCreate(BaseModel):
     unlearning: list[str] = Field(default_factory=list, description="Methods to prepare at registration (e.g. l2ul).")
     method_settings: dict[str, dict[str, Any]] = Field(default_factory=dict)
     holdout_fraction: float = Field(0.2, ge=0.0, lt=0.9, description="Rows kept out of training, for test accuracy.")
+    verification: VerificationIn = Field(default_factory=VerificationIn)
 
 
 class VersionOut(BaseModel):

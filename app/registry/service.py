@@ -137,6 +137,7 @@ def register_model(
         "unlearning": list(dict.fromkeys(body.unlearning)),
         "method_settings": body.method_settings,
         "holdout_fraction": body.holdout_fraction,
+        "verification": body.verification.model_dump(),
     }
     model = Model(name=body.name, kind=body.kind, dataset_id=dataset.id, spec=spec, state={})
     _add_with_training_job(

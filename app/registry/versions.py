@@ -136,6 +136,12 @@ def model_kind(session: Session, model_id: str) -> str:
     return session.execute(select(Model.kind).where(Model.id == model_id)).scalar_one()
 
 
+def set_state(session: Session, model_id: str, update_: Mapping[str, Any]) -> None:
+    """Merge keys into the model's state (e.g. its verification shadows)."""
+    model = session.get(Model, model_id)
+    model.state = {**model.state, **update_}
+
+
 def mark_ready(session: Session, model_id: str, *, dataset_id: str | None = None) -> None:
     model = session.get(Model, model_id)
     model.status = "ready"
@@ -403,6 +409,8 @@ def _live_digests(session: Session) -> set[str]:
                 live.add(state[key])
         if state.get("forget_lock"):
             live.add(state["forget_lock"]["digest"])
+        if state.get("verification", {}).get("shadows"):
+            live.add(state["verification"]["shadows"])
     return live
 
 

@@ -24,6 +24,7 @@ from app.registry.tables import DatasetRow, Model, ModelVersion
 from app.registry.versions import ID_QUERY_CHUNK, erased_hashes, hash_row_id
 from app.requests.schemas import DeletionRequestCreate, DeletionRequestOut
 from app.requests.tables import DeletionRequest
+from app.webhooks import service as webhooks
 
 META_METHODS = {AUTO}
 
@@ -405,29 +406,61 @@ def mark_failed(
         entity_id=request_id,
         payload={"job_id": job_id, "error": error.split("\n", 1)[0][:500], "attempts": attempts},
     )
+    _queue_callback(session, request, f"deletion.{status}")
 
 
-def mark_completed(
+def mark_verifying(session: Session, request_id: str, method: str, attempt: int) -> None:
+    """running → verifying: the new parameters exist and are being audited (nothing is published yet)."""
+    now = utcnow()
+    request = session.get(DeletionRequest, request_id)
+    request.status, request.updated_at = "verifying", now
+    request.message = f"verifying the {method} result (attempt {attempt})"
+    append_event(
+        session,
+        actor="worker",
+        action="deletion_request.verifying",
+        entity_type="deletion_request",
+        entity_id=request_id,
+        payload={"method": method, "attempt": attempt},
+    )
+
+
+def record_verdict(session: Session, request_id: str, report_id: str, method: str, verdict: str, etag: str) -> None:
+    """The audit log records every verdict (a failed approximate attempt escalated by ``auto`` included)."""
+    append_event(
+        session,
+        actor="worker",
+        action="deletion_request.verified",
+        entity_type="deletion_request",
+        entity_id=request_id,
+        payload={"report_id": report_id, "method": method, "verdict": verdict, "report_etag": etag},
+    )
+
+
+def mark_certified(
     session: Session,
     request_id: str,
     job_id: str,
     version: ModelVersion,
     model_id: str,
     rows_deleted: int,
-    erasure: dict | None = None,
+    erasure: dict,
+    certificate_id: str,
+    certificate_digest: str,
 ) -> None:
-    """Completed: the new version is current and ``erasure`` (the manifest) lists every store that was rewritten."""
+    """Certified: the verified version is current, every stored copy is erased (``erasure``, the manifest) and the
+    signed certificate is issued; the audit log records its digest; the callback (if any) is queued."""
     now = utcnow()
     request = session.get(DeletionRequest, request_id)
-    request.erasure = erasure
+    request.erasure, request.certificate_id = erasure, certificate_id
     _hash_sample_ids(request)
-    request.status, request.progress, request.result_version_id = "completed", 1.0, version.id
+    request.status, request.progress, request.result_version_id = "certified", 1.0, version.id
     request.completed_at = request.updated_at = now
-    request.message = f"version {version.number} without {rows_deleted} rows ({version.method})"
+    request.message = f"version {version.number} without {rows_deleted} rows ({version.method}), certified"
     append_event(
         session,
         actor="worker",
-        action="deletion_request.completed",
+        action="deletion_request.certified",
         entity_type="deletion_request",
         entity_id=request_id,
         payload={
@@ -438,12 +471,20 @@ def mark_completed(
             "method": version.method,
             "rows_deleted": rows_deleted,
             "job_id": job_id,
+            "certificate_id": certificate_id,
+            "certificate_digest": certificate_digest,
         },
     )
+    _queue_callback(session, request, "deletion.certified")
 
 
-def callback_of(session: Session, request_id: str) -> tuple[str | None, dict]:
-    """Where to tell the compliance system the request ended, and what to tell it."""
-    request = session.get(DeletionRequest, request_id)
-    body = {"id": request.id, "status": request.status, "result_version_id": request.result_version_id}
-    return request.callback_url, body
+def _queue_callback(session: Session, request: DeletionRequest, event: str) -> None:
+    if not request.callback_url:
+        return
+    data = {"id": request.id, "status": request.status, "result_version_id": request.result_version_id}
+    data["links"] = {"self": f"/v1/deletion-requests/{request.id}"}
+    if request.certificate_id:
+        data["links"]["certificate"] = f"/v1/certificates/{request.certificate_id}"
+    if request.error:
+        data["error"] = request.error
+    webhooks.enqueue(session, request.id, request.callback_url, event, data)

@@ -8,7 +8,8 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db import Base, JSONType, UTCDateTime, new_id, utcnow
 
-REQUEST_STATUSES = ("received", "queued", "running", "completed", "failed", "rejected")
+REQUEST_STATUSES = ("received", "queued", "running", "verifying", "certified", "failed", "rejected")
+TERMINAL_STATUSES = ("certified", "failed", "rejected")
 
 
 class DeletionRequest(Base):
@@ -33,6 +34,7 @@ class DeletionRequest(Base):
     api_key_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     body_hash: Mapped[str] = mapped_column(String(64))
+    certificate_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
     erasure: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)  # the erasure manifest
     result_version_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
     job_id: Mapped[str | None] = mapped_column(String(36), nullable=True)

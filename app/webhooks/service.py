@@ -1,38 +1,165 @@
-"""Callbacks to the compliance system when a request ends: a signed JSON POST, retried a few times.
+"""Webhooks per the Standard Webhooks spec, from an outbox (ARCHITECTURE.md, "webhook sender").
 
-The signature is ``X-Lethe-Signature: sha256=<HMAC of the body with the server secret>`` so the receiver can check
-the sender. Delivery is best effort after the commit: the request's status is already durable and pollable.
+The transaction that ends a deletion request writes a :class:`WebhookDelivery` row; the sender (app/webhooks/
+sender.py, a loop beside the dispatcher, never the job worker) delivers due rows: it vets the callback URL's resolved
+addresses (guard.py), signs with the endpoint's own ``whsec_`` secret (not the master secret), POSTs to exactly the
+vetted address without following redirects, and retries with exponential backoff until ``give_up_at``; then the
+row is ``dead`` and an operator can redeliver it. A slow or dead receiver never blocks a job.
+
+Per-endpoint secrets are derived, not stored: HMAC-SHA256 of the normalised URL under a key derived (HKDF) from the
+master secret for this one purpose, so the database never holds them; ``POST /v1/webhooks/secret`` tells an admin
+the secret of an URL to configure the receiver with.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
 import logging
-import time
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from app.config import get_settings
+from app.db import utcnow
+from app.problems import Problem
+from app.webhooks.guard import WebhookTargetRefused, deliver
+from app.webhooks.signing import SECRET_PREFIX, new_message_id, sign_headers
+from app.webhooks.tables import WebhookDelivery
 
 log = logging.getLogger("lethe.webhooks")
 
+SECRET_PURPOSE = b"lethe/webhook-endpoint-secrets/v1"
+FIRST_RETRY_SECONDS = 5.0
+MAX_RETRY_SECONDS = 3600.0
+"""Backoff doubles from the first retry up to this; the row is given up ``webhook_retry_hours`` after it was written."""
+SEND_BATCH = 20
 
-def sign(body: bytes) -> str:
-    return "sha256=" + hmac.new(get_settings().secret(), body, hashlib.sha256).hexdigest()
+
+def endpoint_secret(url: str) -> str:
+    """The ``whsec_`` secret of one callback URL (scheme, host and port normalised; path kept)."""
+    parts = urlsplit(url)
+    normal = f"{parts.scheme.lower()}://{(parts.hostname or '').lower()}:{parts.port or ''}{parts.path or '/'}"
+    key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=SECRET_PURPOSE).derive(get_settings().secret())
+    raw = hmac.new(key, normal.encode(), hashlib.sha256).digest()
+    return SECRET_PREFIX + base64.b64encode(raw).decode()
 
 
-def deliver_webhook(url: str, payload: dict, attempts: int = 3) -> bool:
-    body = json.dumps(payload, sort_keys=True).encode()
-    headers = {"content-type": "application/json", "x-lethe-signature": sign(body)}
-    for attempt in range(1, attempts + 1):
+def enqueue(session: Session, request_id: str, url: str, event: str, data: dict[str, Any]) -> WebhookDelivery:
+    """Write one event for delivery (inside the transaction that ends the request)."""
+    now = utcnow()
+    message_id = new_message_id()
+    delivery = WebhookDelivery(
+        request_id=request_id,
+        event=event,
+        url=url,
+        message_id=message_id,
+        payload={"type": event, "timestamp": now.isoformat(), "data": data},
+        status="pending",
+        attempts=0,
+        next_attempt_at=now,
+        give_up_at=now + timedelta(hours=get_settings().webhook_retry_hours),
+    )
+    session.add(delivery)
+    return delivery
+
+
+def _backoff(attempts: int) -> float:
+    return min(MAX_RETRY_SECONDS, FIRST_RETRY_SECONDS * 2 ** max(0, attempts - 1))
+
+
+def send_due(session: Session, limit: int = SEND_BATCH) -> dict[str, int]:
+    """Deliver the due rows once each (rows another sender holds are skipped); returns counts."""
+    now = utcnow()
+    due = (
+        session.execute(
+            select(WebhookDelivery)
+            .where(WebhookDelivery.status == "pending", WebhookDelivery.next_attempt_at <= now)
+            .order_by(WebhookDelivery.next_attempt_at)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        .scalars()
+        .all()
+    )
+    counts = {"delivered": 0, "retrying": 0, "dead": 0}
+    settings = get_settings()
+    for delivery in due:
+        body = json.dumps(delivery.payload, sort_keys=True, separators=(",", ":")).encode()
+        headers = {
+            "content-type": "application/json",
+            **sign_headers(endpoint_secret(delivery.url), body, message_id=delivery.message_id),
+        }
+        delivery.attempts += 1
+        error = None
         try:
-            response = httpx.post(url, content=body, headers=headers, timeout=get_settings().webhook_timeout_seconds)
-            if response.status_code < 300:
-                return True
-            log.warning("webhook %s answered %s (attempt %d)", url, response.status_code, attempt)
+            result = deliver(
+                delivery.url,
+                body,
+                headers,
+                allowlist=settings.webhook_allowed_hosts,
+                timeout=settings.webhook_timeout_seconds,
+            )
+            delivery.last_status_code = result.status_code
+            if result.delivered:
+                delivery.status, delivery.delivered_at, delivery.last_error = "delivered", utcnow(), None
+                counts["delivered"] += 1
+                continue
+            error = f"answered {result.status_code}"
+        except WebhookTargetRefused as exc:
+            error = f"refused: {exc.reason}"
         except httpx.HTTPError as exc:
-            log.warning("webhook %s failed: %s (attempt %d)", url, exc, attempt)
-        time.sleep(0.5 * attempt)
-    return False
+            error = f"{type(exc).__name__}: {exc}"
+        delivery.last_error = error[:500]
+        retry_at = utcnow() + timedelta(seconds=_backoff(delivery.attempts))
+        if retry_at > delivery.give_up_at:
+            delivery.status = "dead"
+            counts["dead"] += 1
+            log.warning("webhook %s to %s given up after %d attempts", delivery.id, delivery.url, delivery.attempts)
+        else:
+            delivery.next_attempt_at = retry_at
+            counts["retrying"] += 1
+    return counts
+
+
+def deliveries_for(session: Session, request_id: str) -> list[WebhookDelivery]:
+    return list(
+        session.execute(
+            select(WebhookDelivery).where(WebhookDelivery.request_id == request_id).order_by(WebhookDelivery.created_at)
+        ).scalars()
+    )
+
+
+def delivery_out(delivery: WebhookDelivery) -> dict[str, Any]:
+    return {
+        "id": delivery.id,
+        "event": delivery.event,
+        "url": delivery.url,
+        "webhook_id": delivery.message_id,
+        "status": delivery.status,
+        "attempts": delivery.attempts,
+        "last_status_code": delivery.last_status_code,
+        "last_error": delivery.last_error,
+        "next_attempt_at": delivery.next_attempt_at.isoformat() if delivery.status == "pending" else None,
+        "delivered_at": delivery.delivered_at.isoformat() if delivery.delivered_at else None,
+        "created_at": delivery.created_at.isoformat(),
+    }
+
+
+def redeliver(session: Session, request_id: str, delivery_id: str) -> WebhookDelivery:
+    """Send an event again (same webhook-id, so the receiver can deduplicate), with a fresh retry window."""
+    delivery = session.get(WebhookDelivery, delivery_id)
+    if delivery is None or delivery.request_id != request_id:
+        raise Problem(404, "delivery-not-found", "No such webhook delivery for this request", delivery_id)
+    now = utcnow()
+    delivery.status, delivery.next_attempt_at = "pending", now
+    delivery.give_up_at = now + timedelta(hours=get_settings().webhook_retry_hours)
+    return delivery

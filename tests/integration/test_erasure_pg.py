@@ -73,7 +73,7 @@ def test_erasure_leaves_no_copy_on_postgresql(stack, pg_url, tmp_path):
     )
     assert response.status_code == 202, response.text
     done = wait_request(stack.client, response.json()["id"], timeout=300)
-    assert done["status"] == "completed", done
+    assert done["status"] == "certified", done
     assert done["erasure"]["method_state"]["sisa"]["action"] == "purged"
     assert stack.client.get(f"/v1/models/{model_id}/versions/1/weights").status_code == 410
     assert _tables_with_mark(pg_url) == []

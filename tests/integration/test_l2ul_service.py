@@ -52,7 +52,7 @@ def test_l2ul_deletions_through_the_api(stack, tmp_path):
     )
     assert first.status_code == 202, first.text
     done = _finished(stack, first.json()["id"])
-    assert done["status"] == "completed", done
+    assert done["status"] == "certified", done
 
     second = stack.client.post(
         "/v1/deletion-requests",
@@ -64,7 +64,7 @@ def test_l2ul_deletions_through_the_api(stack, tmp_path):
         },
     )
     done2 = _finished(stack, second.json()["id"])
-    assert done2["status"] == "completed", done2
+    assert done2["status"] == "certified", done2
 
     versions = stack.client.get(f"/v1/models/{model_id}/versions").json()
     assert [v["method"] for v in versions] == ["train", "l2ul", "l2ul"], versions

@@ -73,7 +73,7 @@ def test_sigkill_mid_job_finishes_after_lease_expiry_with_one_version(stack, tmp
 
     stack.worker = stack.start_worker("w2")
     done = wait_request(stack.client, request_id, timeout=600)
-    assert done["status"] == "completed", done
+    assert done["status"] == "certified", done
     assert done["attempts"] == 2
     with session_scope() as session:
         versions = session.execute(select(ModelVersion).where(ModelVersion.model_id == model_id)).scalars().all()
@@ -84,4 +84,4 @@ def test_sigkill_mid_job_finishes_after_lease_expiry_with_one_version(stack, tmp
         for e in stack.client.get("/v1/audit", params={"entity_id": request_id, "limit": 100}).json()["items"]
     ]
     assert actions.count("deletion_request.running") == 2
-    assert actions.count("deletion_request.completed") == 1
+    assert actions.count("deletion_request.certified") == 1

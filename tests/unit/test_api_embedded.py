@@ -45,7 +45,7 @@ def _register(client, tmp_path, suffix=".csv", **extra):
 
 def _finished(client, location):
     return wait_for(
-        lambda: (b := client.get(location).json())["status"] in ("completed", "failed", "rejected") and b,
+        lambda: (b := client.get(location).json())["status"] in ("certified", "failed", "rejected") and b,
         timeout=60,
         what="deletion request",
     )
@@ -71,7 +71,7 @@ def test_register_delete_and_lineage(client, tmp_path, suffix):
     body = response.json()
     assert body["subject_hash"] != "alice" and len(body["subject_hash"]) == 64
     done = _finished(client, response.headers["location"])
-    assert done["status"] == "completed", done
+    assert done["status"] == "certified", done
     assert done["attempts"] == 1
 
     versions = client.get(f"/v1/models/{model['id']}/versions").json()
@@ -92,7 +92,7 @@ def test_register_delete_and_lineage(client, tmp_path, suffix):
         "/v1/deletion-requests",
         json={"subject_ref": "bob", "model_id": model["id"], "scope": {"kind": "samples", "sample_ids": ["r3"]}},
     )
-    assert _finished(client, second.headers["location"])["status"] == "completed"
+    assert _finished(client, second.headers["location"])["status"] == "certified"
     versions = client.get(f"/v1/models/{model['id']}/versions").json()
     assert [v["number"] for v in versions] == [1, 2, 3]
     assert versions[2]["parent_id"] == versions[1]["id"]
@@ -104,7 +104,9 @@ def test_register_delete_and_lineage(client, tmp_path, suffix):
         "deletion_request.received",
         "deletion_request.queued",
         "deletion_request.running",
-        "deletion_request.completed",
+        "deletion_request.verifying",
+        "deletion_request.verified",
+        "deletion_request.certified",
     ]
     verdict = client.get("/v1/audit/verify").json()
     assert verdict["ok"] and verdict["checked"] >= 9
@@ -118,7 +120,7 @@ def test_class_deletion_removes_the_class(client, tmp_path):
     )
     assert response.status_code == 202, response.text
     done = _finished(client, response.headers["location"])
-    assert done["status"] == "completed", done
+    assert done["status"] == "certified", done
     version = client.get(f"/v1/models/{model['id']}/versions").json()[-1]
     after = version["metrics"]["after"]
     # every remaining training row is "no": the retrained model predicts "no" everywhere, so forget accuracy is 0
@@ -149,7 +151,7 @@ def test_listing_with_cursor_and_filter(client, tmp_path):
         if not cursor:
             break
     assert seen == list(reversed(ids))
-    completed = client.get("/v1/deletion-requests", params={"status": "completed", "limit": 500}).json()["items"]
+    completed = client.get("/v1/deletion-requests", params={"status": "certified", "limit": 500}).json()["items"]
     assert {item["id"] for item in completed} == set(ids)
     assert client.get("/v1/deletion-requests", params={"status": "failed"}).json()["items"] == []
     bad = client.get("/v1/deletion-requests", params={"cursor": "not-a-cursor"})
@@ -178,7 +180,7 @@ def test_rows_never_trained_on_need_no_unlearning(client, tmp_path):
         json={"subject_ref": "gina", "model_id": model["id"], "scope": {"kind": "samples", "sample_ids": held_out}},
     )
     done = _finished(client, response.headers["location"])
-    assert done["status"] == "completed", done
+    assert done["status"] == "certified", done
     versions = client.get(f"/v1/models/{model['id']}/versions").json()
     assert versions[-1]["method"] == "none-needed"
     assert versions[-1]["digest"] == versions[-2]["digest"]  # same parameters, new version: the tombstones changed

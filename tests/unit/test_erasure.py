@@ -43,7 +43,7 @@ def _delete(client, model_id, row_id, method):
     )
     assert response.status_code == 202, response.text
     done = wait_request(client, response.json()["id"], timeout=300)
-    assert done["status"] == "completed", done
+    assert done["status"] == "certified", done
     return done
 
 

@@ -89,6 +89,8 @@ class MethodSpec:
     scopes: frozenset[str]
     needs_preparation: bool = False
     auto_priority: int | None = None
+    exact: bool = False
+    """Retraining without the rows: the reference, and where ``auto`` escalates when a verdict fails."""
 
     @property
     def config_cls(self) -> type:
@@ -130,6 +132,7 @@ def register_method(
     scopes: set[str] | frozenset[str],
     needs_preparation: bool = False,
     auto_priority: int | None = None,
+    exact: bool = False,
 ) -> MethodSpec:
     """Register a method under ``name``, once: a second registration of the name is a bug, not "last one wins".
 
@@ -139,7 +142,14 @@ def register_method(
     if name in _REGISTRY:
         raise ValueError(f"method {name!r} is already registered by {_ref_name(_REGISTRY[name].method_ref)!r}")
     spec = MethodSpec(
-        name, config_cls, method_cls, frozenset(model_kinds), frozenset(scopes), needs_preparation, auto_priority
+        name,
+        config_cls,
+        method_cls,
+        frozenset(model_kinds),
+        frozenset(scopes),
+        needs_preparation,
+        auto_priority,
+        exact,
     )
     _REGISTRY[name] = spec
     return spec
@@ -201,6 +211,15 @@ def choose_method(requested: str, model_kind: str, scope: str, prepared: Iterabl
     if not candidates:
         raise MethodNotSupportedError(f"no method can take a {scope!r} scope on a {model_kind} model automatically")
     return max(candidates, key=lambda spec: spec.auto_priority).name
+
+
+def exact_method(model_kind: str, scope: str) -> str:
+    """The exact method (retraining without the rows) for this kind and scope: where ``auto`` escalates when the
+    verdict on an approximate method fails."""
+    exact = [spec for spec in available_methods(model_kind, scope) if spec.exact and not spec.needs_preparation]
+    if not exact:
+        raise MethodNotSupportedError(f"no exact method takes a {scope!r} scope on a {model_kind} model")
+    return exact[0].name
 
 
 AUTO = "auto"

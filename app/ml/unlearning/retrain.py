@@ -54,4 +54,5 @@ register_method(
     model_kinds={"tabular"},
     scopes={"samples", "class"},
     auto_priority=AUTO_PRIORITY_FALLBACK,
+    exact=True,
 )

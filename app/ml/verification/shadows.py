@@ -16,8 +16,9 @@ replacements on the remaining rows.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
@@ -235,3 +236,46 @@ def replace_shadows(
         generation=generation,
     )
     return result, {"dropped": int(dropped.size), "kept": int(kept.size), "trained": int(dropped.size)}
+
+
+SHADOW_FORMAT = "lethe-shadows/1"
+
+
+def shadows_to_bytes(shadows: ShadowSet) -> bytes:
+    """The shadow set as safetensors (θs, membership matrix, pool row ids) with its recipe and settings as metadata.
+
+    Pool row ids should be positions, not sample ids: the stored set must not become a copy of identifiers."""
+    from safetensors.torch import save
+
+    tensors = {
+        "thetas": shadows.thetas.detach().float().contiguous(),
+        "in_mask": torch.from_numpy(np.ascontiguousarray(shadows.in_mask, dtype=np.uint8)),
+        "row_ids": torch.from_numpy(np.ascontiguousarray(np.asarray(shadows.row_ids, dtype=np.int64))),
+    }
+    meta = {
+        "format": SHADOW_FORMAT,
+        "recipe": json.dumps(shadows.recipe.to_dict(), sort_keys=True),
+        "n_classes": str(shadows.n_classes),
+        "settings": json.dumps(asdict(shadows.settings), sort_keys=True),
+        "generation": str(shadows.generation),
+    }
+    return save(tensors, metadata=meta)
+
+
+def shadows_from_bytes(data: bytes) -> ShadowSet:
+    from safetensors.torch import load
+
+    header_len = int.from_bytes(data[:8], "little")  # safetensors: u64 header length, then the JSON header
+    meta = json.loads(data[8 : 8 + header_len]).get("__metadata__") or {}
+    if meta.get("format") != SHADOW_FORMAT:
+        raise ValueError("not a Lethe shadow set")
+    tensors = load(data)
+    return ShadowSet(
+        tabular.TabularRecipe.from_dict(json.loads(meta["recipe"])),
+        int(meta["n_classes"]),
+        tensors["thetas"],
+        tensors["in_mask"].numpy().astype(bool),
+        tensors["row_ids"].numpy(),
+        ShadowSettings(**json.loads(meta["settings"])),
+        generation=int(meta["generation"]),
+    )

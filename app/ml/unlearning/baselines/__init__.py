@@ -8,6 +8,7 @@ from app.ml.unlearning.base import register_method
 
 _FEDERATED = {"clip_federated"}
 _ALL_SCOPES = {"client", "class", "samples"}
+_EXACT = {"fed_retrain"}  # federated retraining from θ₀ without the forget pairs: where ``auto`` escalates
 _BASELINES = (
     ("sisa", "sisa:SISAConfig", "sisa:SISA", {"tabular"}, {"samples"}, True),
     ("fed_retrain", "fed_retrain:FedRetrainConfig", "fed_retrain:FedRetrain", _FEDERATED, _ALL_SCOPES, False),
@@ -30,4 +31,5 @@ for _name, _config, _method, _kinds, _scopes, _prepared in _BASELINES:
         model_kinds=_kinds,
         scopes=_scopes,
         needs_preparation=_prepared,
+        exact=_name in _EXACT,
     )

@@ -1,0 +1,72 @@
+"""Deletion certificates: issued in the transaction that publishes a verified deletion, never for a failed verdict.
+The certificates domain is the only writer of its table."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from app.certificates.signing import build_deletion_predicate, issue_certificate
+from app.certificates.tables import Certificate
+from app.problems import Problem
+
+
+def issue(
+    session: Session,
+    *,
+    request: Any,
+    version: Any,
+    parent_digest: str,
+    method: str,
+    method_settings: dict[str, Any],
+    manifest: dict[str, Any],
+    figures: dict[str, Any],
+    verdict: str,
+    audit_head: dict[str, Any],
+    completed_at: Any,
+) -> Certificate:
+    """Sign an in-toto Statement (subject: the new version's sha256) in a DSSE envelope and record it."""
+    if verdict != "pass":
+        raise ValueError("a certificate is never issued for a failed verdict")
+    predicate = build_deletion_predicate(
+        request_id=request.id,
+        subject_hash=request.subject_hash,
+        model_id=version.model_id,
+        parent_version_digest=parent_digest,
+        new_version_digest=version.digest,
+        method=method,
+        method_settings=method_settings,
+        erasure_manifest=manifest,
+        verification_figures=figures,
+        verdict=verdict,
+        audit_chain_head=audit_head,
+        requested_at=request.created_at,
+        completed_at=completed_at,
+    )
+    envelope = issue_certificate(version.digest, predicate)
+    certificate = Certificate(
+        request_id=request.id,
+        model_id=version.model_id,
+        version_id=version.id,
+        subject_digest=version.digest,
+        key_id=envelope["signatures"][0]["keyid"],
+        digest=envelope_digest(envelope),
+        envelope=envelope,
+    )
+    session.add(certificate)
+    session.flush()
+    return certificate
+
+
+def envelope_digest(envelope: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(envelope, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def get_certificate_or_404(session: Session, certificate_id: str) -> Certificate:
+    certificate = session.get(Certificate, certificate_id)
+    if certificate is None:
+        raise Problem(404, "certificate-not-found", "No such certificate", certificate_id)
+    return certificate

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse
+from sqlalchemy.orm import Session
+
+from app.auth.service import Principal, require_scope
+from app.db import get_session
+from app.problems import Problem
+from app.reports.service import get_report_or_404, report_out
+from app.storage import get_store
+
+router = APIRouter(prefix="/v1/reports", tags=["reports"])
+
+
+def _not_modified(request: Request, etag: str) -> bool:
+    return request.headers.get("if-none-match", "").strip() in (f'"{etag}"', "*")
+
+
+@router.get("/{report_id}")
+def get_report(
+    report_id: str,
+    request: Request,
+    _: Principal = Depends(require_scope("requests:read")),
+    session: Session = Depends(get_session),
+):
+    """One verification report: every figure with its settings and sample sizes, the verdict and its checks, and the
+    plots' links. ``ETag``; ``If-None-Match`` answers ``304 Not Modified`` for pollers."""
+    report = get_report_or_404(session, report_id)
+    headers = {"ETag": f'"{report.etag}"', "Cache-Control": "private, max-age=0"}
+    if _not_modified(request, report.etag):
+        return Response(status_code=304, headers=headers)
+    return JSONResponse(report_out(report), headers=headers)
+
+
+@router.get("/{report_id}/plots/{name}")
+def get_plot(
+    report_id: str,
+    name: str,
+    request: Request,
+    _: Principal = Depends(require_scope("requests:read")),
+    session: Session = Depends(get_session),
+):
+    """A report's plot (PNG): the log-log ROC, or the histograms of the attack statistic on the forget set."""
+    report = get_report_or_404(session, report_id)
+    digest = report.plots.get(name)
+    if digest is None:
+        raise Problem(404, "plot-not-found", "No such plot", f"plots: {sorted(report.plots)}")
+    headers = {"ETag": f'"{digest}"', "Cache-Control": "private, max-age=86400"}
+    if _not_modified(request, digest):
+        return Response(status_code=304, headers=headers)
+    return Response(get_store().get_bytes(digest), media_type="image/png", headers=headers)
