@@ -11,6 +11,7 @@ Ends with the audit chain's verdict.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -167,7 +168,7 @@ def _tabular_story(client: httpx.Client) -> str:
         print(f"   #{event['seq']:<3} {event['at'][11:23]}  {event['action']:<28} by {event['actor']}")
     print(
         f"   received {request['created_at'][11:23]} → started {request['started_at'][11:23]} → "
-        f"completed {request['completed_at'][11:23]}  (attempts: {request['attempts']})"
+        f"certified {request['completed_at'][11:23]}  (attempts: {request['attempts']})"
     )
     print("\n4. Old and new version:")
     print(f"   {'':<12}{'version':>8}{'retain acc':>12}{'forget acc':>12}{'holdout acc':>13}")
@@ -180,7 +181,41 @@ def _tabular_story(client: httpx.Client) -> str:
         f"   lineage: v{versions[-2]['number']} {versions[-2]['digest'][:12]}… → v{new['number']} "
         f"{new['digest'][:12]}… ({new['method']}, {new['metrics']['unlearn_seconds']:.3f} s)"
     )
+    print("\n5. Evidence:")
+    _evidence(client, request, "retrain")
     return model["id"]
+
+
+def _evidence(client: httpx.Client, request: dict, label: str) -> None:
+    """What a compliance officer gets: the verdict and why, the audit's power, the erasure, the certificate — checked
+    offline here against the published keys, as a third party would."""
+    from app.certificates.verify_cli import verify_file
+
+    reports = client.get(request["links"]["reports"]).json()["items"]
+    for report in reports:
+        print(f"   verdict on {report['method']}: {report['verdict'].upper()}")
+        for check in report["checks"]:
+            mark = {True: "✓", False: "✗", None: "·"}[check["passed"]]
+            print(f"     {mark} {check['message']}")
+        print(f"     audit power: {'informative' if report.get('informative') else 'UNINFORMATIVE'} — "
+              f"{report.get('informative_detail', '')}")  # fmt: skip
+    manifest = request.get("erasure") or {}
+    if manifest:
+        methods = ", ".join(f"{k}: {v['action']}" for k, v in manifest.get("method_state", {}).items()) or "none"
+        print(
+            f"   erased: {manifest.get('index', {}).get('rows_deleted', 0)} rows from the stored table and index; "
+            f"{len(manifest.get('versions_retired', []))} earlier versions retired (410); method state: {methods}"
+        )
+    if "certificate" not in request["links"]:
+        print(f"   {label}: no certificate (the verdict did not pass)")
+        return
+    envelope = client.get(request["links"]["certificate"]).json()
+    cert = HOME / f"certificate-{request['id'][:8]}.json"
+    keys = HOME / "lethe-keys.json"
+    cert.write_text(json.dumps(envelope, indent=1))
+    keys.write_text(json.dumps(client.get("/.well-known/lethe-keys.json").json()))
+    ok, message = verify_file(str(cert), str(keys))
+    print(f"   certificate {cert.name}: {'VERIFIED offline' if ok else 'INVALID'} — {message}")
 
 
 def _finished(client: httpx.Client, location: str, label: str) -> dict:
@@ -235,8 +270,9 @@ def _l2ul_story(client: httpx.Client, tabular_model_id: str) -> None:
         )
         response.raise_for_status()
         done = _finished(client, response.headers["location"], method)
+        _evidence(client, done, method)
         if done["status"] != "certified":
-            print(f"   {method}: {done['status']} {done['error']}")
+            print(f"   {method}: {done['status']} — {done['error']['detail']}")
             continue
         version = client.get(f"/v1/models/{model_id}/versions").json()[-1]
         outcome[method] = version["metrics"]
@@ -316,6 +352,7 @@ def _ease_story(client: httpx.Client) -> None:
     )
     response.raise_for_status()
     done = _finished(client, response.headers["location"], "request")
+    _evidence(client, done, "ease")
     if done["status"] != "certified":
         raise SystemExit(f"EASE did not complete: {done['error']}")
     version = client.get(f"/v1/models/{model_id}/versions").json()[-1]

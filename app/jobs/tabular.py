@@ -193,7 +193,6 @@ def train(job: Job, ctx: JobContext) -> None:
                     "n_features": data.encoder.n_features,
                 },
             )
-            registry.mark_ready(session, model.id)
             append_event(
                 session,
                 actor="worker",
@@ -209,8 +208,9 @@ def train(job: Job, ctx: JobContext) -> None:
         model, _, _ = registry.load_model(session, job.model_id)
     if "verification" not in model.state:
         train_verification_shadows(ctx, model, recipe, data)
-        with session_scope() as session:
-            model, _, _ = registry.load_model(session, job.model_id)
+    with session_scope() as session:  # ready once every deletion can be verified; methods prepare after
+        registry.mark_ready(session, job.model_id)
+        model, _, _ = registry.load_model(session, job.model_id)
     preparations = prepare_methods(ctx, model, recipe, data, theta, holdout)
     finish(job.id, ctx.owner, {"version_id": version_id, "preparations": preparations})
 
@@ -449,12 +449,15 @@ def verify_deletion(work: DeletionWork, unlearned: Unlearned) -> Verification:
         }
         return Verification(report, verdict)
     test = inputs.holdout & data.present & ~inputs.forget
+    proven = _proven_distance(recipe, unlearned.theta, data, inputs.retain)
+    if "verification" not in work.model.state:  # registered before verification existed
+        return _verify_without_attack(policy, theta_parent, unlearned.theta, len(trained), proven, "no shadow models")
     shadows = shadows_from_bytes(get_store().get_bytes(work.model.state["verification"]["shadows"]))
     pool = np.asarray(shadows.row_ids, dtype=np.int64)
     nonmembers = np.flatnonzero(np.isin(pool, np.flatnonzero(test)))
-    proven = _proven_distance(recipe, unlearned.theta, data, inputs.retain)
     if len(nonmembers) == 0:
-        return _verify_without_attack(policy, theta_parent, unlearned.theta, len(trained), proven)
+        reason = "no held-out rows to serve as non-members"
+        return _verify_without_attack(policy, theta_parent, unlearned.theta, len(trained), proven, reason)
     report, scores = run_audit(
         shadows,
         data.X[pool],
@@ -482,9 +485,9 @@ def _proven_distance(recipe, theta, data: TabularData, retain: np.ndarray) -> di
     return gradient_norm_bound(recipe, theta, data.X, data.y, data.encoder.n_classes, retain)
 
 
-def _verify_without_attack(policy, theta, theta_new, k: int, proven) -> Verification:
-    """No held-out rows to serve as non-members (holdout_fraction 0): the attack cannot run, and the report says so;
-    the verdict rests on the parameters having changed and on a proven bound where one exists."""
+def _verify_without_attack(policy, theta, theta_new, k: int, proven, reason: str) -> Verification:
+    """The attack cannot run (no held-out rows to serve as non-members, or no shadows), and the report says so; the
+    verdict rests on the parameters having changed and on a proven bound where one exists."""
     unchanged = theta_unchanged(theta, theta_new, policy.unchanged_atol)
     checks = [
         {
@@ -512,7 +515,7 @@ def _verify_without_attack(policy, theta, theta_new, k: int, proven) -> Verifica
         "n_forget": k,
         "n_nonmembers": 0,
         "informative": False,
-        "informative_detail": "no held-out rows to serve as non-members: the membership attack could not run",
+        "informative_detail": f"{reason}: the membership attack could not run",
         "proven": proven,
     }
     verdict = {

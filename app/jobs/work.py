@@ -159,3 +159,12 @@ def build(spec: MethodSpec, settings: Mapping[str, Any]) -> UnlearningMethod:
 def weights(digest: str) -> torch.Tensor:
     """A stored version's parameters as a float32 CPU tensor."""
     return torch.from_numpy(registry.load_weights(digest).copy())
+
+
+@dataclass
+class Attempt:
+    """One unlearning attempt and its verification (``auto`` may make two: the approximate method, then exact)."""
+
+    method: str
+    unlearned: Unlearned
+    verification: Verification

@@ -1,13 +1,13 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal, require_scope
 from app.db import get_session
 from app.problems import Problem
-from app.reports.service import get_report_or_404, report_out
+from app.reports.service import get_report_or_404, report_out, reports_for
 from app.storage import get_store
 
 router = APIRouter(prefix="/v1/reports", tags=["reports"])
@@ -15,6 +15,16 @@ router = APIRouter(prefix="/v1/reports", tags=["reports"])
 
 def _not_modified(request: Request, etag: str) -> bool:
     return request.headers.get("if-none-match", "").strip() in (f'"{etag}"', "*")
+
+
+@router.get("")
+def list_reports(
+    request_id: str = Query(..., max_length=36),
+    _: Principal = Depends(require_scope("requests:read")),
+    session: Session = Depends(get_session),
+):
+    """A deletion request's verification reports, in order (``auto`` may have escalated: two attempts)."""
+    return {"items": [report_out(r) for r in reports_for(session, request_id)]}
 
 
 @router.get("/{report_id}")

@@ -52,7 +52,13 @@ def to_out(request: DeletionRequest) -> DeletionRequestOut:
         updated_at=request.updated_at,
         started_at=request.started_at,
         completed_at=request.completed_at,
-        links={"self": f"/v1/deletion-requests/{request.id}", "model": f"/v1/models/{request.model_id}"},
+        links={
+            "self": f"/v1/deletion-requests/{request.id}",
+            "model": f"/v1/models/{request.model_id}",
+            "reports": f"/v1/reports?request_id={request.id}",
+            "webhooks": f"/v1/deletion-requests/{request.id}/webhooks",
+            **({"certificate": f"/v1/certificates/{request.certificate_id}"} if request.certificate_id else {}),
+        },
     )
 
 

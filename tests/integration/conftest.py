@@ -140,7 +140,14 @@ class Services:
 def stack(pg_url, redis_url, tmp_path_factory):
     """PostgreSQL + Redis + API process + one Celery worker, migrated, with an all-scopes key."""
     home = tmp_path_factory.mktemp("lethe")
-    configure(home, database_url=pg_url, broker_url=redis_url, poll_seconds="0.2", lease_seconds="3")
+    configure(
+        home,
+        database_url=pg_url,
+        broker_url=redis_url,
+        poll_seconds="0.2",
+        lease_seconds="3",
+        webhook_allowed_hosts='["127.0.0.1"]',  # the tests' own receivers listen on loopback only
+    )
     key = make_key()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     services = Services(env, home)

@@ -1,0 +1,145 @@
+"""Evidence issue: every deletion ends in an audit, a verdict, a report and — only when the verdict passes — a signed
+certificate that verifies offline; a method that changes nothing is never certified, and ``auto`` escalates from it
+to exact retraining in the same request (embedded default: SQLite + in-process worker)."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.certificates.verify_cli import verify_file
+from app.main import create_app
+from app.ml.unlearning import base
+from tests.helpers import configure, make_key, wait_for, wait_request, write_table
+
+DO_NOTHING = "app.ml.unlearning.baselines.sisa:DoNothing"
+DO_NOTHING_CONFIG = "app.ml.unlearning.baselines.sisa:DoNothingConfig"
+
+
+@pytest.fixture
+def stack(tmp_path):
+    configure(tmp_path / "home", poll_seconds="0.05")
+    key = make_key(["models:write", "requests:write", "requests:read", "audit:read", "admin"])
+    with TestClient(create_app(run_background=True)) as client:
+        client.headers["authorization"] = f"Bearer {key}"
+        yield client
+
+
+@pytest.fixture
+def do_nothing_methods():
+    """The do-nothing floor registered for this test only (the service never registers it): once by name, once as
+    the method ``auto`` prefers, to show neither is ever certified."""
+    base.register_method("test-do-nothing", DO_NOTHING_CONFIG, DO_NOTHING, model_kinds={"tabular"}, scopes={"samples"})
+    base.register_method(
+        "test-do-nothing-auto",
+        DO_NOTHING_CONFIG,
+        DO_NOTHING,
+        model_kinds={"tabular"},
+        scopes={"samples"},
+        auto_priority=10_000,
+    )
+    yield
+    for name in ("test-do-nothing", "test-do-nothing-auto"):
+        base._REGISTRY.pop(name, None)
+
+
+def _register(client, tmp_path):
+    source = tmp_path / "t.csv"
+    write_table(source, n=400, seed=2)
+    metadata = {
+        "name": "evidence",
+        "holdout_fraction": 0.25,
+        "verification": {"shadows": 16},
+        "dataset": {"row_id_column": "row_id", "label_column": "label"},
+    }
+    with source.open("rb") as handle:
+        response = client.post(
+            "/v1/models", data={"metadata": json.dumps(metadata)}, files={"file": ("t.csv", handle, "text/csv")}
+        )
+    model_id = response.json()["id"]
+    model = wait_for(
+        lambda: (b := client.get(f"/v1/models/{model_id}").json())["status"] != "registering" and b,
+        timeout=120,
+        what="registration",
+    )
+    assert model["status"] == "ready", model
+    return model_id
+
+
+def _delete(client, model_id, ids, method):
+    response = client.post(
+        "/v1/deletion-requests",
+        json={
+            "subject_ref": "s",
+            "model_id": model_id,
+            "method": method,
+            "scope": {"kind": "samples", "sample_ids": ids},
+        },
+    )
+    assert response.status_code == 202, response.text
+    return wait_request(client, response.json()["id"], timeout=300)
+
+
+def test_a_certified_deletion_carries_a_report_and_a_certificate_that_verifies_offline(stack, tmp_path):
+    model_id = _register(stack, tmp_path)
+    done = _delete(stack, model_id, ["r1", "r2", "r3"], "retrain")
+    assert done["status"] == "certified", done
+    reports = stack.get(done["links"]["reports"]).json()["items"]
+    assert len(reports) == 1 and reports[0]["verdict"] == "pass"
+    report = reports[0]
+    assert report["attack"]["n_shadows"] == 16 and 1 <= report["n_forget"] <= 3  # held-out rows are not audited
+    assert set(report["models"]) >= {"original", "unlearned"} and "informative" in report
+    assert report["proven"]["grad_norm"] >= 0  # L2-regularised LR: the retained gradient at θ′
+    first = stack.get(f"/v1/reports/{report['id']}")
+    assert stack.get(f"/v1/reports/{report['id']}", headers={"if-none-match": first.headers["etag"]}).status_code == 304
+    png = stack.get(report["plots"]["roc.png"])
+    assert png.status_code == 200 and png.content[:8] == b"\x89PNG\r\n\x1a\n"
+
+    envelope = stack.get(done["links"]["certificate"]).json()
+    keys = stack.get("/.well-known/lethe-keys.json").json()
+    cert_path, keys_path = tmp_path / "certificate.json", tmp_path / "keys.json"
+    cert_path.write_text(json.dumps(envelope))
+    keys_path.write_text(json.dumps(keys))
+    ok, message = verify_file(str(cert_path), str(keys_path))
+    assert ok, message
+    statement = json.loads(base64.b64decode(envelope["payload"]))
+    version = stack.get(f"/v1/models/{model_id}").json()["current_version"]
+    assert statement["subject"][0]["digest"]["sha256"] == version["digest"]
+    predicate = statement["predicate"]
+    assert predicate["request_id"] == done["id"] and predicate["verification"]["verdict"] == "pass"
+    assert predicate["erasure_manifest"]["index"]["rows_deleted"] == 3
+    audit = [e for e in stack.get("/v1/audit", params={"entity_id": done["id"]}).json()["items"]]
+    certified = next(e for e in audit if e["action"] == "deletion_request.certified")
+    assert certified["payload"]["certificate_id"] == envelope_id(done)
+
+    tampered = dict(envelope, payload=base64.b64encode(base64.b64decode(envelope["payload"]) + b" ").decode())
+    cert_path.write_text(json.dumps(tampered))
+    ok, message = verify_file(str(cert_path), str(keys_path))
+    assert not ok and "signature" in message.lower()
+
+
+def envelope_id(done: dict) -> str:
+    return done["links"]["certificate"].rsplit("/", 1)[-1]
+
+
+def test_a_method_that_changes_nothing_is_never_certified(stack, tmp_path, do_nothing_methods):
+    model_id = _register(stack, tmp_path)
+    before = stack.get(f"/v1/models/{model_id}").json()["current_version"]
+    failed = _delete(stack, model_id, ["r5"], "test-do-nothing")
+    assert failed["status"] == "failed" and failed["error"]["type"].endswith("/verification-failed"), failed
+    assert "certificate" not in failed["links"]
+    reports = stack.get(failed["links"]["reports"]).json()["items"]
+    assert [r["verdict"] for r in reports] == ["fail"]
+    assert any(c["name"] == "parameters_changed" and c["passed"] is False for c in reports[0]["checks"])
+    assert stack.get(f"/v1/models/{model_id}").json()["current_version"]["id"] == before["id"]  # nothing published
+    # nothing was erased either: the row can still be deleted properly
+    assert _delete(stack, model_id, ["r5"], "retrain")["status"] == "certified"
+
+    escalated = _delete(stack, model_id, ["r6"], "auto")
+    assert escalated["status"] == "certified", escalated
+    reports = stack.get(escalated["links"]["reports"]).json()["items"]
+    assert [(r["method"], r["verdict"]) for r in reports] == [("test-do-nothing-auto", "fail"), ("retrain", "pass")]
+    assert stack.get(f"/v1/models/{model_id}").json()["current_version"]["method"] == "retrain"
