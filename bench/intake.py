@@ -174,7 +174,7 @@ def main() -> None:
         {
             "LETHE_DATABASE_URL": url,
             "LETHE_HOME": str(home),
-            "LETHE_SECRET_KEY": "bench-secret",
+            "LETHE_SECRET_KEY": "bench-secret-0123456789abcdef-0123456789",  # >= 32 bytes
             "LETHE_RUN_DISPATCHER": "false",
             "LETHE_DATA_ROOTS": json.dumps([str(home)]),
         }
@@ -225,7 +225,11 @@ def main() -> None:
             headers=headers,
             json={
                 "name": "bench",
-                "dataset": {"path": str(home / "table.csv"), "row_id_column": "row_id", "label_column": "label"},
+                "dataset": {
+                    "path": str(home / "table.csv"),
+                    "row_id_column": "row_id",
+                    "label_column": "label",
+                },
             },
         )
         model_id = response.json()["id"]

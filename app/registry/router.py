@@ -93,14 +93,18 @@ async def register_model(
 
 @router.get("/{model_id}", response_model=ModelOut)
 def get_model(
-    model_id: str, _: Principal = Depends(require_scope("requests:read")), session: Session = Depends(get_session)
+    model_id: str,
+    _: Principal = Depends(require_scope("requests:read", "models:read")),
+    session: Session = Depends(get_session),
 ):
     return service.model_out(session, service.get_model_or_404(session, model_id))
 
 
 @router.get("/{model_id}/versions", response_model=list[VersionOut])
 def get_versions(
-    model_id: str, _: Principal = Depends(require_scope("requests:read")), session: Session = Depends(get_session)
+    model_id: str,
+    _: Principal = Depends(require_scope("requests:read", "models:read")),
+    session: Session = Depends(get_session),
 ):
     service.get_model_or_404(session, model_id)
     return [service.version_out(v) for v in service.list_versions(session, model_id)]
@@ -114,7 +118,7 @@ def get_versions(
 async def submit_round(
     model_id: str,
     request: Request,
-    principal: Principal = Depends(require_scope("models:write")),
+    principal: Principal = Depends(require_scope("rounds:write")),
     session: Session = Depends(get_session),
 ):
     """One FedAvg round of a federated model: a safetensors file with ``updates`` [clients, params] (float32) and,
@@ -138,6 +142,13 @@ async def submit_round(
             "Send application/octet-stream or multipart/form-data.",
         )
     model = service.get_model_or_404(session, model_id)
+    if principal.client_id is not None and principal.client_id in model.state.get("removed", []):
+        raise Problem(
+            403,
+            "client-removed",
+            "The client was forgotten and may not send updates",
+            f"client {principal.client_id} left the federation",
+        )
     job = service.submit_round(session, principal, model, data)
     session.commit()
     return JSONResponse(
@@ -161,7 +172,9 @@ def _lock_entry(model) -> dict:
 
 @router.get("/{model_id}/forget-lock", response_model=ForgetLockOut)
 def get_forget_lock(
-    model_id: str, _: Principal = Depends(require_scope("requests:read")), session: Session = Depends(get_session)
+    model_id: str,
+    _: Principal = Depends(require_scope("models:read", "requests:read")),
+    session: Session = Depends(get_session),
 ):
     """U_mu and alpha for federated clients (EASE, Projection with Forget Lock)."""
     model = service.get_model_or_404(session, model_id)
@@ -180,8 +193,9 @@ def get_forget_lock(
 
 @router.get("/{model_id}/forget-lock.safetensors", response_class=Response)
 def get_forget_lock_tensors(
-    model_id: str, _: Principal = Depends(require_scope("requests:read")), session: Session = Depends(get_session)
+    model_id: str, _: Principal = Depends(require_scope("models:read")), session: Session = Depends(get_session)
 ):
+    """The lock's tensors (basis U_mu and theta_unl) are model parameters: ``models:read``."""
     lock = _lock_entry(service.get_model_or_404(session, model_id))
     return Response(
         get_store().get_bytes(lock["digest"]),
@@ -194,10 +208,11 @@ def get_forget_lock_tensors(
 def get_version_weights(
     model_id: str,
     number: int,
-    _: Principal = Depends(require_scope("requests:read")),
+    _: Principal = Depends(require_scope("models:read")),
     session: Session = Depends(get_session),
 ):
-    """A version's parameters (safetensors, key ``theta``): what federated clients download each round."""
+    """A version's parameters (safetensors, key ``theta``): what federated clients download each round. Weights can
+    leak training data (membership inference), so this needs ``models:read``, not ``requests:read``."""
     service.get_model_or_404(session, model_id)
     version = next((v for v in service.list_versions(session, model_id) if v.number == number), None)
     if version is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import json
 from datetime import datetime
 
@@ -28,8 +29,11 @@ META_METHODS = {"auto"}
 
 
 def body_fingerprint(body: DeletionRequestCreate) -> str:
+    """Keyed (HMAC, request-fingerprint key): the body holds the subject reference, so a plain hash stored in the
+    database would let anyone holding the database test guesses of a subject."""
     canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    key = get_settings().derived_key("request-fingerprint")
+    return hmac.new(key, canonical.encode(), hashlib.sha256).hexdigest()
 
 
 def to_out(request: DeletionRequest) -> DeletionRequestOut:
@@ -203,7 +207,7 @@ def add_request(
     request = DeletionRequest(
         id=new_id(),
         model_id=model.id,
-        subject_hash=hash_subject(get_settings().secret(), body.subject_ref),
+        subject_hash=hash_subject(get_settings().derived_key("subject-hash"), body.subject_ref),
         scope=body.scope.model_dump(exclude_none=True),
         method=body.method,
         method_settings=body.method_settings,

@@ -1,7 +1,9 @@
 """Callbacks to the compliance system when a request ends: a signed JSON POST, retried a few times.
 
-The signature is ``X-Lethe-Signature: sha256=<HMAC of the body with the server secret>`` so the receiver can check
-the sender. Delivery is best effort after the commit: the request's status is already durable and pollable.
+The signature is ``X-Lethe-Signature: sha256=<HMAC of the body>`` keyed with the webhook-signing key (derived from
+the master secret with HKDF; ``lethe keys webhook-secret`` prints it for receivers), so the receiver can check the
+sender without holding the master secret. Delivery is best effort after the commit: the request's status is
+already durable and pollable.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ log = logging.getLogger("lethe.webhooks")
 
 
 def sign(body: bytes) -> str:
-    return "sha256=" + hmac.new(get_settings().secret(), body, hashlib.sha256).hexdigest()
+    return "sha256=" + hmac.new(get_settings().derived_key("webhook-signing"), body, hashlib.sha256).hexdigest()
 
 
 def deliver_webhook(url: str, payload: dict, attempts: int = 3) -> bool:

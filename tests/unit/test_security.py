@@ -1,0 +1,351 @@
+"""Least privilege, secrets and bad input (issue 8), on the embedded default (SQLite), through HTTP where it can.
+
+Each test names the item it covers. PostgreSQL-only behaviour (JSONB numbers, NUL bytes reaching the database, the
+column lengths SQLite does not enforce) is in tests/integration/test_security_pg.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import multiprocessing
+import os
+import stat
+import struct
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from app.config import Settings, get_settings
+from app.db import session_scope
+from app.main import create_app
+from tests.helpers import TEST_SECRET, configure, make_key, wait_for, write_table
+
+PROBLEMS = "https://lethe.dev/problems/"
+
+
+def _problem(response, status: int, slug: str) -> dict:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    body = response.json()
+    assert body["type"] == PROBLEMS + slug, body
+    return body
+
+
+@pytest.fixture
+def api(tmp_path):
+    """The API without the background executor: validation only, nothing trains."""
+    configure(tmp_path)
+    key = make_key()
+    with TestClient(create_app(run_background=False)) as client:
+        client.headers["authorization"] = f"Bearer {key}"
+        yield client
+
+
+@pytest.fixture
+def live(tmp_path):
+    """The API with the in-process executor, and one trained tabular model."""
+    configure(tmp_path, poll_seconds="0.05")
+    key = make_key()
+    with TestClient(create_app(run_background=True)) as client:
+        client.headers["authorization"] = f"Bearer {key}"
+        path = tmp_path / "table.csv"
+        write_table(path, n=200)
+        response = _upload(client, path)
+        assert response.status_code == 202, response.text
+        model_id = response.json()["id"]
+        model = wait_for(
+            lambda: (b := client.get(f"/v1/models/{model_id}").json())["status"] != "registering" and b,
+            timeout=60,
+            what="training",
+        )
+        assert model["status"] == "ready", model
+        client.model = model
+        yield client
+
+
+def _upload(client, path: Path, name: str | None = None, **metadata):
+    meta = {"name": "m", "dataset": {"row_id_column": "row_id", "label_column": "label"}, **metadata}
+    return client.post(
+        "/v1/models",
+        data={"metadata": json.dumps(meta)},
+        files={"file": (name or path.name, path.read_bytes(), "application/octet-stream")},
+    )
+
+
+def _fake_federated_model(**state) -> str:
+    """A ready clip_federated model row (no training): enough for the round-upload checks."""
+    from app.registry.tables import Model
+
+    with session_scope() as session:
+        model = Model(
+            name="fed",
+            kind="clip_federated",
+            status="ready",
+            spec={},
+            state={"clients": ["c0", "c1", "c2"], "n_params": 4, "removed": [], **state},
+        )
+        session.add(model)
+        session.flush()
+        return model.id
+
+
+def _safetensors(header: object, payload: bytes = b"") -> bytes:
+    raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + payload
+
+
+# ---------------------------------------------------------------- item 9: derived keys, secret handling, file modes
+
+
+def test_item9_keys_are_derived_per_purpose_with_hkdf(tmp_path):
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    configure(tmp_path)
+    settings = get_settings()
+    purposes = ["api-key", "subject-hash", "request-fingerprint", "webhook-signing", "audit-checkpoint"]
+    keys = {p: settings.derived_key(p) for p in purposes}
+    assert len(set(keys.values())) == len(purposes) and all(len(k) == 32 for k in keys.values())
+    assert settings.secret() not in keys.values()
+    expected = HKDF(hashes.SHA256(), 32, salt=b"lethe-kdf-v1", info=b"lethe:api-key").derive(TEST_SECRET.encode())
+    assert keys["api-key"] == expected
+    with pytest.raises(ValueError, match="purpose"):
+        settings.derived_key("api-keys")
+
+
+@pytest.mark.parametrize("secret", ["", "short", "x" * 31])
+def test_item9_an_empty_or_short_secret_is_refused_at_start(tmp_path, secret):
+    with pytest.raises(ValidationError, match="at least 32 bytes"):
+        Settings(_env_file=None, home=tmp_path, secret_key=secret)
+    assert Settings(_env_file=None, home=tmp_path, secret_key="x" * 32).secret() == b"x" * 32
+
+
+def _secret_in_process(home: str, barrier, out) -> None:
+    barrier.wait()
+    try:
+        out.put(Settings(_env_file=None, home=Path(home), secret_key=None).secret().decode())
+    except Exception as exc:  # reported, not raised: the parent counts failures
+        out.put(f"ERROR {type(exc).__name__}: {exc}")
+
+
+def test_item9_workers_starting_together_end_with_one_secret(tmp_path):
+    """Two API workers starting at once: one secret, whoever wins; nobody reads a half-written file."""
+    context = multiprocessing.get_context("fork")
+    for attempt in range(6):
+        home = tmp_path / f"home{attempt}"
+        barrier, out = context.Barrier(6), context.Queue()
+        procs = [context.Process(target=_secret_in_process, args=(str(home), barrier, out)) for _ in range(6)]
+        for proc in procs:
+            proc.start()
+        results = [out.get(timeout=60) for _ in procs]
+        for proc in procs:
+            proc.join(timeout=60)
+        assert len(set(results)) == 1, results
+        assert results[0] == (home / "secret.key").read_text().strip() and len(results[0]) >= 32
+        assert stat.S_IMODE((home / "secret.key").stat().st_mode) == 0o600
+        assert [p.name for p in home.iterdir()] == ["secret.key"]  # no temporary file left behind
+    # and threads of one process
+    home = tmp_path / "threads"
+    barrier, results = threading.Barrier(8), []
+
+    def run():
+        barrier.wait()
+        try:
+            results.append(Settings(_env_file=None, home=home, secret_key=None).secret())
+        except Exception as exc:
+            results.append(repr(exc))
+
+    threads = [threading.Thread(target=run) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(results)) == 1 and results[0] == (home / "secret.key").read_text().strip().encode()
+
+
+def test_item9_database_file_and_artifact_folder_are_private(tmp_path):
+    old = os.umask(0o022)  # a usual umask: files 0644, folders 0755 unless the code says otherwise
+    try:
+        home = tmp_path / "svc"
+        configure(home)
+        from app.storage import get_store
+
+        get_store().put_bytes(b"a data set")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((home / "lethe.db").stat().st_mode) & 0o077 == 0
+    assert stat.S_IMODE((home / "artifacts").stat().st_mode) == 0o700
+
+
+def test_item9_stored_hashes_are_keyed_with_their_purpose_keys(live):
+    from app.auth.tables import ApiKey
+    from app.requests.tables import DeletionRequest
+
+    settings = get_settings()
+    body = {
+        "subject_ref": "alice@example.com",
+        "model_id": live.model["id"],
+        "scope": {"kind": "samples", "sample_ids": ["r1"]},
+    }
+    response = live.post("/v1/deletion-requests", json=body)
+    assert response.status_code == 202, response.text
+    key = live.headers["authorization"][7:]
+    with session_scope() as session:
+        request = session.get(DeletionRequest, response.json()["id"])
+        api_key = session.execute(select(ApiKey)).scalars().first()
+    from app.requests.schemas import DeletionRequestCreate
+
+    dumped = DeletionRequestCreate.model_validate(body).model_dump(mode="json")
+    canonical = json.dumps(dumped, sort_keys=True, separators=(",", ":"))
+    # the fingerprint is keyed: the database alone cannot test a guess of the subject
+    assert request.body_hash != hashlib.sha256(canonical.encode()).hexdigest()
+    fingerprint_key = settings.derived_key("request-fingerprint")
+    assert request.body_hash == hmac.new(fingerprint_key, canonical.encode(), hashlib.sha256).hexdigest()
+    subject_key = settings.derived_key("subject-hash")
+    assert request.subject_hash == hmac.new(subject_key, b"alice@example.com", hashlib.sha256).hexdigest()
+    assert api_key.key_hash == hmac.new(settings.derived_key("api-key"), key.encode(), hashlib.sha256).hexdigest()
+    from app.webhooks.service import sign
+
+    assert sign(b"{}") == "sha256=" + hmac.new(settings.derived_key("webhook-signing"), b"{}", "sha256").hexdigest()
+
+
+# ---------------------------------------------------------------- item 10: scopes, bound keys, expiry, revocation
+
+
+def test_item10_weights_and_lock_need_models_read(live):
+    model_id = live.model["id"]
+    reader = make_key(["requests:read"], name="reader")
+    weights = f"/v1/models/{model_id}/versions/1/weights"
+    response = live.get(weights, headers={"authorization": f"Bearer {reader}"})
+    assert _problem(response, 403, "forbidden")["required_scope"] == "models:read"
+    _problem(
+        live.get(f"/v1/models/{model_id}/forget-lock.safetensors", headers={"authorization": f"Bearer {reader}"}),
+        403,
+        "forbidden",
+    )
+    assert live.get(f"/v1/models/{model_id}", headers={"authorization": f"Bearer {reader}"}).status_code == 200
+    downloader = make_key(["models:read"], name="downloader")
+    assert live.get(weights, headers={"authorization": f"Bearer {downloader}"}).status_code == 200
+    admin = make_key(["admin"], name="admin")
+    assert live.get(weights, headers={"authorization": f"Bearer {admin}"}).status_code == 200
+
+
+def test_item10_a_client_key_reaches_its_model_only(live):
+    from typer.testing import CliRunner
+
+    from app.cli import app as cli
+
+    model_id = live.model["id"]
+    other_id = _fake_federated_model()
+    runner = CliRunner()
+    result = runner.invoke(
+        cli,
+        [
+            "keys",
+            "create",
+            "--model",
+            model_id,
+            "--client-id",
+            "c3",
+            "--scope",
+            "rounds:write",
+            "--scope",
+            "models:read",
+        ]
+        + ["--expires-in", "30d", "--name", "hospital-3"],
+    )
+    assert result.exit_code == 0, result.output
+    key = result.stdout.strip().splitlines()[0]
+    assert key.startswith("lethe_")
+    auth = {"authorization": f"Bearer {key}"}
+    assert live.get(f"/v1/models/{model_id}/versions/1/weights", headers=auth).status_code == 200
+    assert live.get(f"/v1/models/{model_id}", headers=auth).status_code == 200
+    _problem(live.get(f"/v1/models/{model_id}/forget-lock", headers=auth), 404, "no-forget-lock")
+    blob = _safetensors({"updates": {"dtype": "F32", "shape": [3, 4], "data_offsets": [0, 48]}}, b"\0" * 48)
+    octet = {**auth, "content-type": "application/octet-stream"}
+    # its own model: past authorisation (a tabular model takes no rounds); any other model does not exist for it
+    _problem(live.post(f"/v1/models/{model_id}/rounds", content=blob, headers=octet), 422, "scope-not-supported")
+    _problem(live.post(f"/v1/models/{other_id}/rounds", content=blob, headers=octet), 404, "model-not-found")
+    _problem(live.get(f"/v1/models/{other_id}/versions/1/weights", headers=auth), 404, "model-not-found")
+    _problem(live.get(f"/v1/models/{other_id}", headers=auth), 404, "model-not-found")
+    # nothing else
+    body = {"subject_ref": "s", "model_id": model_id, "scope": {"kind": "samples", "sample_ids": ["r1"]}}
+    _problem(live.post("/v1/deletion-requests", json=body, headers=auth), 403, "forbidden")
+    _problem(live.get("/v1/deletion-requests", headers=auth), 403, "forbidden")
+    _problem(live.get("/v1/audit", headers=auth), 403, "forbidden")
+    _problem(live.post("/v1/models", json={"name": "x"}, headers=auth), 403, "forbidden")
+    listing = runner.invoke(cli, ["keys", "list", "--json"])
+    assert listing.exit_code == 0, listing.output
+    entries = [json.loads(line) for line in listing.stdout.splitlines()]
+    mine = next(e for e in entries if e["name"] == "hospital-3")
+    assert mine["model_id"] == model_id and mine["client_id"] == "c3" and mine["state"] == "active"
+    assert mine["expires_at"] is not None and "key_hash" not in mine
+    # a bound key holds only what a federated client needs
+    refused = runner.invoke(cli, ["keys", "create", "--model", model_id, "--scope", "requests:write"])
+    assert refused.exit_code != 0 and "bound to a model" in refused.output
+
+
+def test_item10_a_forgotten_clients_key_may_not_send_rounds(api):
+    from app.auth.service import create_key
+
+    model_id = _fake_federated_model(removed=["c2"])
+    with session_scope() as session:
+        key = create_key(session, "c2", ["rounds:write"], model_id=model_id, client_id="c2")[1]
+    blob = _safetensors({"updates": {"dtype": "F32", "shape": [3, 4], "data_offsets": [0, 48]}}, b"\0" * 48)
+    response = api.post(
+        f"/v1/models/{model_id}/rounds",
+        content=blob,
+        headers={"authorization": f"Bearer {key}", "content-type": "application/octet-stream"},
+    )
+    _problem(response, 403, "client-removed")
+
+
+def test_item10_revoked_and_expired_keys_are_refused_at_once(api):
+    from typer.testing import CliRunner
+
+    from app.auth.service import create_key
+    from app.auth.tables import ApiKey
+    from app.cli import app as cli
+
+    key = make_key(["requests:read"], name="to-revoke")
+    auth = {"authorization": f"Bearer {key}"}
+    assert api.get("/v1/deletion-requests", headers=auth).status_code == 200  # used: any cache now holds it
+    with session_scope() as session:
+        key_id = session.execute(select(ApiKey.id).where(ApiKey.name == "to-revoke")).scalar_one()
+    result = CliRunner().invoke(cli, ["keys", "revoke", key_id])
+    assert result.exit_code == 0, result.output
+    _problem(api.get("/v1/deletion-requests", headers=auth), 401, "unauthorized")
+
+    with session_scope() as session:
+        short = create_key(session, "short-lived", ["requests:read"], expires_in=timedelta(seconds=1))[1]
+    auth = {"authorization": f"Bearer {short}"}
+    assert api.get("/v1/deletion-requests", headers=auth).status_code == 200
+    time.sleep(1.1)
+    _problem(api.get("/v1/deletion-requests", headers=auth), 401, "unauthorized")
+    listing = CliRunner().invoke(cli, ["keys", "list", "--json"])
+    states = {json.loads(line)["name"]: json.loads(line)["state"] for line in listing.stdout.splitlines()}
+    assert states["to-revoke"] == "revoked" and states["short-lived"] == "expired"
+
+
+# ---------------------------------------------------------------- item 18: SQL parameters stay out of logs
+
+
+def test_item18_sql_parameters_are_hidden(tmp_path, caplog):
+    from app.auth.tables import ApiKey
+
+    configure(tmp_path)
+    secret_hash = "f" * 60 + "beef"
+    with session_scope() as session:
+        session.add(ApiKey(name="a", prefix="p", key_hash=secret_hash, scopes=["admin"]))
+    with pytest.raises(IntegrityError) as info, session_scope() as session:
+        session.add(ApiKey(name="b", prefix="p", key_hash=secret_hash, scopes=["admin"]))
+    assert secret_hash not in str(info.value) and "hidden" in str(info.value)
