@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     poll_seconds: float = Field(0.5, description="How often the dispatcher and in-process executor poll the outbox.")
     run_dispatcher: bool = Field(True, description="Run the dispatcher/reconciler loop inside the API process.")
     retry_after_seconds: int = Field(5, description="Retry-After sent with 202 Accepted.")
+    audit_checkpoint_every: int = Field(
+        100, ge=1, description="Write a keyed checkpoint of the audit chain's head every N events."
+    )
     webhook_timeout_seconds: float = 5.0
 
     @field_validator("secret_key")

@@ -16,6 +16,7 @@ import psycopg
 import pytest
 from sqlalchemy import update
 
+from app.audit.service import append_event
 from app.auth.tables import ApiKey
 from app.db import session_scope, utcnow
 from tests.helpers import configure, make_key, wait_for, write_table
@@ -88,6 +89,22 @@ def _problem(response: httpx.Response, status: int, slug: str) -> dict:
     return body
 
 
+def test_item14_honest_numbers_survive_jsonb(stack):
+    payload = {
+        "big": 2.5e16,
+        "negative_zero": -0.0,
+        "long": 0.12345678901234567890,
+        "tiny": 5e-324,
+        "huge_int": 2**70,
+        "exp": 1e-7,
+        "nested": [1.0, 2.50, {"x": 1e300}],
+    }
+    with session_scope() as session:
+        append_event(session, actor="test", action="numbers.recorded", entity_type="x", entity_id="n", payload=payload)
+    verdict = stack.client.get("/v1/audit/verify").json()
+    assert verdict["ok"], verdict
+
+
 def test_item10_a_revoked_key_is_refused_at_once_by_another_api_process(stack, model):
     key = make_key(["requests:read"], name="revoke-me")
     auth = {"authorization": f"Bearer {key}"}
@@ -95,3 +112,24 @@ def test_item10_a_revoked_key_is_refused_at_once_by_another_api_process(stack, m
     with session_scope() as session:  # what `lethe keys revoke` does, from another process
         session.execute(update(ApiKey).where(ApiKey.name == "revoke-me").values(revoked_at=utcnow()))
     _problem(httpx.get(stack.base_url + "/v1/deletion-requests", headers=auth), 401, "unauthorized")
+
+
+def test_item14_zz_a_truncated_tail_is_named_by_its_checkpoint(stack, own_pg_url):
+    """Last in the module: it cuts the audit log's tail (as the table owner, triggers disabled)."""
+    for i in range(CHECKPOINT_EVERY + 2):
+        with session_scope() as session:
+            append_event(session, actor="test", action="filler", entity_type="x", entity_id=str(i))
+    verdict = stack.client.get("/v1/audit/verify").json()
+    assert verdict["ok"] and verdict["checkpoints"] >= 1, verdict
+    last_checkpoint = verdict["last_checkpoint_seq"]
+    dsn = own_pg_url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="append-only"):
+            conn.execute("DELETE FROM audit_checkpoints")
+        conn.execute("ALTER TABLE audit_events DISABLE TRIGGER USER")
+        conn.execute("DELETE FROM audit_events WHERE seq > %s", (last_checkpoint - 2,))
+        conn.execute("ALTER TABLE audit_events ENABLE TRIGGER USER")
+    verdict = stack.client.get("/v1/audit/verify").json()
+    assert verdict["ok"] is False, verdict
+    assert verdict["first_broken_seq"] == last_checkpoint - 1
+    assert f"checkpoint {last_checkpoint}" in verdict["reason"] and "truncated" in verdict["reason"]

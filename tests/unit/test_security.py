@@ -336,6 +336,61 @@ def test_item10_revoked_and_expired_keys_are_refused_at_once(api):
     assert states["to-revoke"] == "revoked" and states["short-lived"] == "expired"
 
 
+# ---------------------------------------------------------------- item 14: audit canonical text and checkpoints
+
+
+def test_item14_checkpoints_anchor_the_head_and_catch_a_cut_tail(tmp_path):
+    import sqlite3
+
+    from app.audit.service import append_event, verify_chain
+
+    configure(tmp_path, audit_checkpoint_every="4")
+    for i in range(10):
+        with session_scope() as session:
+            append_event(session, actor="t", action="x", entity_type="x", entity_id=str(i), payload={"v": 2.5e16})
+    with session_scope() as session:
+        verdict = verify_chain(session)
+    assert verdict.ok and verdict.checkpoints == 2 and verdict.last_checkpoint_seq == 8
+    raw = sqlite3.connect(tmp_path / "lethe.db")
+    raw.execute("DROP TRIGGER audit_events_no_delete")
+    raw.execute("DELETE FROM audit_events WHERE seq > 6")
+    raw.commit()
+    with session_scope() as session:
+        verdict = verify_chain(session)
+    assert not verdict.ok and verdict.first_broken_seq == 7
+    assert "checkpoint 8" in verdict.reason and "truncated" in verdict.reason
+
+
+def test_item14_a_changed_payload_column_is_caught_even_though_the_text_is_kept(tmp_path):
+    import sqlite3
+
+    from app.audit.service import append_event, verify_chain
+
+    configure(tmp_path)
+    for i in range(3):
+        with session_scope() as session:
+            append_event(session, actor="t", action="x", entity_type="x", entity_id=str(i), payload={"n": i})
+    raw = sqlite3.connect(tmp_path / "lethe.db")
+    raw.execute("DROP TRIGGER audit_events_no_update")
+    raw.execute("UPDATE audit_events SET payload = json('{\"n\": true}') WHERE seq = 2")
+    raw.commit()
+    with session_scope() as session:
+        verdict = verify_chain(session)
+    assert not verdict.ok and verdict.first_broken_seq == 2 and "columns" in verdict.reason
+
+
+def test_item14_non_finite_numbers_are_written_as_strings(tmp_path):
+    from app.audit.service import append_event, verify_chain
+    from app.audit.tables import AuditEvent
+
+    configure(tmp_path)
+    with session_scope() as session:
+        append_event(session, actor="t", action="x", entity_type="x", entity_id="1", payload={"auc": float("nan")})
+    with session_scope() as session:
+        assert session.get(AuditEvent, 1).payload == {"auc": "NaN"}
+        assert verify_chain(session).ok
+
+
 # ---------------------------------------------------------------- item 18: SQL parameters stay out of logs
 
 
