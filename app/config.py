@@ -17,7 +17,7 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MIN_SECRET_BYTES = 32
@@ -39,7 +39,9 @@ class Settings(BaseSettings):
         "in `home`.",
     )
     data_roots: list[Path] = Field(
-        default_factory=lambda: [Path.cwd()], description="Folders a registered data-set path may lie under."
+        default_factory=list,
+        description="Folders a registered data-set path may lie under; none by default (uploads only). A root may "
+        "not contain the service's home, the artifact store or a `.env` file.",
     )
     max_body_bytes: int = Field(1_000_000, description="Largest JSON body accepted (uploads: max_upload_bytes).")
     max_upload_bytes: int = Field(512 * 1024 * 1024, description="Largest data-set upload accepted.")
@@ -67,6 +69,49 @@ class Settings(BaseSettings):
                 "generated in LETHE_HOME/secret.key"
             )
         return value
+
+    @model_validator(mode="after")
+    def _safe_data_roots(self) -> Settings:
+        """A data root that holds the service's own files would let a registration read them back."""
+        protected = {"the service's home (LETHE_HOME)": self.home.expanduser().resolve()}
+        artifacts = self.local_artifact_path
+        if artifacts is not None:
+            protected["the artifact store (LETHE_ARTIFACT_URL)"] = artifacts
+        database = self.local_database_path
+        if database is not None:
+            protected["the SQLite database (LETHE_DATABASE_URL)"] = database.parent
+        env_file = (Path.cwd() / ".env").resolve()
+        for raw in self.data_roots:
+            root = raw.expanduser().resolve()
+            for what, path in protected.items():
+                if path.is_relative_to(root):
+                    raise ValueError(
+                        f"LETHE_DATA_ROOTS: {str(root)!r} contains {what} ({path}); choose a folder "
+                        "that holds only data sets"
+                    )
+            if (env_file.exists() and env_file.is_relative_to(root)) or (root / ".env").exists():
+                raise ValueError(
+                    f"LETHE_DATA_ROOTS: {str(root)!r} contains a .env file; choose a folder that holds only data sets"
+                )
+        return self
+
+    @property
+    def local_artifact_path(self) -> Path | None:
+        """The artifact store's folder when it is on the local disk (a plain path or file://), else None."""
+        url = self.resolved_artifact_url
+        if url.startswith("file://"):
+            return Path(url[len("file://") :]).expanduser().resolve()
+        if "://" in url:
+            return None
+        return Path(url).expanduser().resolve()
+
+    @property
+    def local_database_path(self) -> Path | None:
+        if self.database_url is None:
+            return (self.home / "lethe.db").expanduser().resolve()
+        if self.database_url.startswith("sqlite:///") and self.database_url != "sqlite:///:memory:":
+            return Path(self.database_url[len("sqlite:///") :]).expanduser().resolve()
+        return None
 
     def _private_home(self) -> None:
         """The home holds the secret and (by default) the database and artifacts: owner only (0700)."""

@@ -20,12 +20,14 @@ TEST_SECRET = "test-secret-key-0123456789abcdef-0123456789"  # >= 32 bytes, as t
 
 
 def configure(home: Path, **env: str) -> None:
-    """Set LETHE_* for this process and forget every cached settings/engine/store."""
+    """Set LETHE_* for this process and forget every cached settings/engine/store. Data-set paths may lie under
+    ``home/data`` (a data root may not contain the service's home; one inside it is fine)."""
     for key in [k for k in os.environ if k.startswith("LETHE_")]:
         del os.environ[key]
     os.environ["LETHE_HOME"] = str(home)
     os.environ["LETHE_SECRET_KEY"] = TEST_SECRET
-    os.environ["LETHE_DATA_ROOTS"] = f'["{home}"]'
+    (home / "data").mkdir(parents=True, exist_ok=True)
+    os.environ["LETHE_DATA_ROOTS"] = f'["{home / "data"}"]'
     for key, value in env.items():
         os.environ[f"LETHE_{key.upper()}"] = value
     get_settings.cache_clear()

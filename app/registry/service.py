@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,24 +23,44 @@ from app.registry.schemas import ClipModelCreate, ModelCreate, ModelOut, Version
 from app.registry.tables import Dataset, Model, ModelVersion
 from app.storage import get_store
 
+_BAD_NAME = re.compile(r"[\x00-\x1f\x7f]")
 
-def read_columns(data: bytes, fmt: str) -> list[str]:
-    """The header only: the API checks columns without parsing the table (the job does that)."""
+
+def read_columns(data: bytes, fmt: str, from_path: bool = False) -> list[str]:
+    """The header only: the API checks columns without parsing the table (the job does that).
+
+    ``from_path``: the bytes are a server-side file, not the caller's upload. Nothing read from such a file is ever
+    echoed (no parser message, no header), and its header must look like a table's (two or more plain column names)
+    or the file is refused as not a data set.
+    """
+    not_a_table = Problem(
+        422, "invalid-dataset", f"The file is not a {fmt.upper()} table with a header row", "Nothing of it is shown."
+    )
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
         try:
-            return list(pq.read_schema(io.BytesIO(data)).names)
+            columns = list(pq.read_schema(io.BytesIO(data)).names)
         except Exception as exc:  # pyarrow raises several types for a broken file
+            if from_path:
+                raise not_a_table from None
             raise Problem(422, "invalid-dataset", "The Parquet file cannot be read", str(exc)) from None
-    try:
-        first = data.split(b"\n", 1)[0].decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise Problem(422, "invalid-dataset", "The CSV file is not UTF-8") from None
-    header = next(csv.reader([first], skipinitialspace=True), [])
-    if not header:
-        raise Problem(422, "invalid-dataset", "The CSV file has no header row")
-    return [h.strip() for h in header]
+    else:
+        try:
+            first = data.split(b"\n", 1)[0].decode("utf-8-sig")
+        except UnicodeDecodeError:
+            if from_path:
+                raise not_a_table from None
+            raise Problem(422, "invalid-dataset", "The CSV file is not UTF-8") from None
+        header = next(csv.reader([first], skipinitialspace=True), [])
+        if not header:
+            if from_path:
+                raise not_a_table
+            raise Problem(422, "invalid-dataset", "The CSV file has no header row")
+        columns = [h.strip() for h in header]
+    if from_path and (len(columns) < 2 or any(not c or len(c) > 200 or _BAD_NAME.search(c) for c in columns)):
+        raise not_a_table
+    return columns
 
 
 def detect_format(name: str | None, declared: str | None, data: bytes) -> str:
@@ -50,11 +71,31 @@ def detect_format(name: str | None, declared: str | None, data: bytes) -> str:
     return "csv"
 
 
+def _is_service_file(resolved: Path) -> bool:
+    """The service's own secrets and stores, refused even under a data root (defence in depth: the settings already
+    refuse a root that contains the home, the artifact store or a .env)."""
+    settings = get_settings()
+    if resolved.name == ".env" or resolved == (settings.home / "secret.key").expanduser().resolve():
+        return True
+    artifacts, database = settings.local_artifact_path, settings.local_database_path
+    if artifacts is not None and resolved.is_relative_to(artifacts):
+        return True
+    return database is not None and resolved.parent == database.parent and resolved.name.startswith(database.name)
+
+
 def read_allowed_path(path: str, check_only: bool = False) -> bytes:
+    """A server-side file under one of the configured data roots (none by default: uploads only)."""
     settings = get_settings()
     resolved = Path(path).expanduser().resolve()
     roots = [Path(r).expanduser().resolve() for r in settings.data_roots]
-    if not any(resolved.is_relative_to(root) for root in roots):
+    if not roots:
+        raise Problem(
+            422,
+            "dataset-path-not-allowed",
+            "Data sets cannot be read from server paths here",
+            "No data roots are configured (LETHE_DATA_ROOTS): upload the file as multipart/form-data.",
+        )
+    if not any(resolved.is_relative_to(root) for root in roots) or _is_service_file(resolved):
         raise Problem(
             422,
             "dataset-path-not-allowed",
@@ -108,9 +149,12 @@ def register_model(
     session: Session, principal: Principal, body: ModelCreate, data: bytes, filename: str | None
 ) -> Model:
     fmt = detect_format(filename, body.dataset.format, data)
-    columns = read_columns(data, fmt)
+    from_path = bool(body.dataset.path)  # a server-side file: never echo what is in it
+    columns = read_columns(data, fmt, from_path=from_path)
     for role, column in (("row-id", body.dataset.row_id_column), ("label", body.dataset.label_column)):
         if column not in columns:
+            if from_path:
+                raise Problem(422, "unknown-column", f"The {role} column is not in the data set", column=column)
             raise Problem(
                 422,
                 "unknown-column",

@@ -103,6 +103,68 @@ def _safetensors(header: object, payload: bytes = b"") -> bytes:
     return struct.pack("<Q", len(raw)) + raw + payload
 
 
+# ---------------------------------------------------------------- item 8: data roots, no file content in problems
+
+
+def test_item8_no_data_roots_by_default_so_paths_are_refused(tmp_path, monkeypatch):
+    configure(tmp_path)
+    monkeypatch.delenv("LETHE_DATA_ROOTS")
+    get_settings.cache_clear()
+    assert get_settings().data_roots == []
+    key = make_key()
+    table = tmp_path / "t.csv"
+    write_table(table, n=20)
+    monkeypatch.chdir(tmp_path)  # the old default root was the working directory
+    with TestClient(create_app(run_background=False)) as client:
+        response = client.post(
+            "/v1/models",
+            headers={"authorization": f"Bearer {key}"},
+            json={"name": "x", "dataset": {"path": str(table), "row_id_column": "row_id", "label_column": "label"}},
+        )
+    _problem(response, 422, "dataset-path-not-allowed")
+
+
+@pytest.mark.parametrize("what", ["home", "artifacts", "env"])
+def test_item8_a_data_root_holding_the_services_files_is_refused_at_start(tmp_path, what):
+    root = tmp_path / "root"
+    root.mkdir()
+    kwargs = {"home": tmp_path / "elsewhere", "secret_key": TEST_SECRET, "data_roots": [root]}
+    if what == "home":
+        kwargs["home"] = root / "var"
+    elif what == "artifacts":
+        kwargs["artifact_url"] = f"file://{root / 'store'}"
+    else:
+        (root / ".env").write_text("LETHE_SECRET_KEY=x\n")
+    with pytest.raises(ValidationError, match="LETHE_DATA_ROOTS") as info:
+        Settings(_env_file=None, **kwargs)
+    assert {"home": "home", "artifacts": "artifact store", "env": ".env"}[what] in str(info.value)
+
+
+def test_item8_problems_never_echo_a_server_files_content(tmp_path):
+    configure(tmp_path)
+    key = make_key()
+    data = tmp_path / "data"
+    (data / "secret.key").write_text("TOPSECRET-0123456789-token\n")
+    (data / "creds.csv").write_text("user,TOPSECRET_password\nalice,hunter2\n")
+    with TestClient(create_app(run_background=False)) as client:
+        client.headers["authorization"] = f"Bearer {key}"
+        for name in ("secret.key", "creds.csv"):
+            response = client.post(
+                "/v1/models",
+                json={"name": "x", "dataset": {"path": str(data / name), "row_id_column": "id", "label_column": "y"}},
+            )
+            assert response.status_code == 422, response.text
+            assert "TOPSECRET" not in response.text and "hunter2" not in response.text
+            assert response.json()["type"] in (PROBLEMS + "unknown-column", PROBLEMS + "invalid-dataset")
+        # an upload is the caller's own file: its columns are listed to help
+        response = client.post(
+            "/v1/models",
+            data={"metadata": json.dumps({"name": "x", "dataset": {"row_id_column": "id", "label_column": "y"}})},
+            files={"file": ("creds.csv", (data / "creds.csv").read_bytes(), "text/csv")},
+        )
+        assert _problem(response, 422, "unknown-column")["columns"] == ["user", "TOPSECRET_password"]
+
+
 # ---------------------------------------------------------------- item 9: derived keys, secret handling, file modes
 
 
