@@ -398,6 +398,117 @@ def test_item10_revoked_and_expired_keys_are_refused_at_once(api):
     assert states["to-revoke"] == "revoked" and states["short-lived"] == "expired"
 
 
+# ---------------------------------------------------------------- item 11: method settings
+
+
+def test_item11_a_request_may_not_change_method_settings(live):
+    body = {"subject_ref": "s", "model_id": live.model["id"], "scope": {"kind": "samples", "sample_ids": ["r1"]}}
+    for method, settings, key in (
+        ("retrain", {"purge_meta_tasks": False}, "purge_meta_tasks"),
+        ("l2ul", {"workers": 64}, "workers"),
+        ("auto", {"seed": 1}, "seed"),
+    ):
+        response = live.post("/v1/deletion-requests", json={**body, "method": method, "method_settings": settings})
+        problem = _problem(response, 422, "method-setting-not-allowed")
+        assert problem["setting"] == key and key in problem["detail"]
+
+
+def test_item11_an_allowlisted_key_is_accepted_and_bounded(live, monkeypatch):
+    from app.requests import policy
+
+    monkeypatch.setitem(policy.REQUEST_SETTINGS, "sisa", frozenset({"seed"}))
+    body = {"subject_ref": "s", "model_id": live.model["id"], "method": "sisa"}
+    body["scope"] = {"kind": "samples", "sample_ids": ["r1"]}
+    problem = _problem(
+        live.post("/v1/deletion-requests", json={**body, "method_settings": {"seed": -1}}), 422, "validation-error"
+    )
+    assert problem["errors"][0]["location"][-1] == "seed"
+    # within bounds it passes this check (and meets the next one: sisa is not prepared for this model)
+    _problem(
+        live.post("/v1/deletion-requests", json={**body, "method_settings": {"seed": 3}}), 409, "method-not-prepared"
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "location"),
+    [
+        ({"method_settings": {"l2ul": {"workers": 10_000}}}, ["method_settings", "l2ul", "workers"]),
+        ({"method_settings": {"l2ul": {"purge_refit": "never"}}}, ["method_settings", "l2ul", "purge_refit"]),
+        ({"method_settings": {"l2ul": {"epochs": 10**9}}}, ["method_settings", "l2ul", "epochs"]),
+        ({"method_settings": {"l2ul": {"typo": 1}}}, ["method_settings", "l2ul", "typo"]),
+        ({"method_settings": {"ease": {}}}, ["method_settings", "ease"]),
+        ({"method_settings": {"magic": {}}}, ["method_settings", "magic"]),
+        ({"recipe": {"seed": 2**80}}, ["recipe", "seed"]),
+        ({"recipe": {"max_iter": 10**9}}, ["recipe", "max_iter"]),
+        ({"holdout_fraction": 0.95}, ["holdout_fraction"]),
+    ],
+)
+def test_item11_registration_settings_are_bounded_at_the_api(api, tmp_path, extra, location):
+    path = tmp_path / "t.csv"
+    write_table(path, n=30)
+    problem = _problem(_upload(api, path, **extra), 422, "validation-error")
+    assert any(e["location"][-len(location) :] == location for e in problem["errors"]), problem
+
+
+@pytest.mark.parametrize(
+    ("extra", "location"),
+    [
+        ({"fed_settings": {"rounds": 10**9}}, ["fed_settings", "rounds"]),
+        ({"fed_settings": {"lr": -1}}, ["fed_settings", "lr"]),
+        ({"fed_settings": {"bogus": 1}}, ["fed_settings", "bogus"]),
+        ({"clip": {"lora": {"rank": "x"}}}, ["clip", "lora", "rank"]),
+        ({"clip": {"lora": {"rank": 100_000}}}, ["clip", "lora", "rank"]),
+        ({"method_settings": {"ease": {"gsd": "all"}}}, ["method_settings", "ease", "gsd"]),
+        ({"method_settings": {"l2ul": {}}}, ["method_settings", "l2ul"]),
+        ({"data": {"n_clients": 3, "seed": -1}}, ["data", "seed"]),
+    ],
+)
+def test_item11_federated_registration_settings_are_bounded_at_the_api(api, extra, location):
+    response = api.post("/v1/models", json={"name": "f", "kind": "clip_federated", **extra})
+    problem = _problem(response, 422, "validation-error")
+    assert any(e["location"][-len(location) :] == location for e in problem["errors"]), problem
+
+
+def test_item11_the_api_bounds_match_the_method_configs():
+    """The API's copies of the config fields (it may not import torch) must not drift from app/ml."""
+    import dataclasses
+
+    from app.ml.clip import LoraSettings
+    from app.ml.federation import FedSettings
+    from app.ml.tabular import TabularRecipe
+    from app.ml.unlearning.base import _ref_name, available_methods
+    from app.registry.settings import METHOD_SETTINGS, FedSettingsIn, LoraSettingsIn, TabularRecipeIn
+
+    builtin = [s for s in available_methods() if _ref_name(s.config_ref).startswith("app.ml.")]
+    assert len(builtin) >= 8
+    for spec in builtin:
+        assert spec.name in METHOD_SETTINGS, f"{spec.name} has no settings bounds in app/registry/settings.py"
+        fields = {f.name for f in dataclasses.fields(spec.config_cls)}
+        assert set(METHOD_SETTINGS[spec.name].model_fields) == fields, spec.name
+        assert spec.make_config(METHOD_SETTINGS[spec.name]().model_dump()) is not None  # the defaults agree
+    assert set(FedSettingsIn.model_fields) == {f.name for f in dataclasses.fields(FedSettings)}
+    assert set(LoraSettingsIn.model_fields) == {f.name for f in dataclasses.fields(LoraSettings)}
+    assert set(TabularRecipeIn.model_fields) <= {f.name for f in dataclasses.fields(TabularRecipe)}
+
+
+# ---------------------------------------------------------------- item 12: clip.arch allowlist
+
+
+@pytest.mark.parametrize("arch", ["hf-hub:laion/CLIP-ViT-B-32-laion2B-s34B-b79K", "local-dir:/tmp/x", "../x", "nope"])
+def test_item12_clip_arch_is_an_allowlist(api, arch):
+    response = api.post("/v1/models", json={"name": "f", "kind": "clip_federated", "clip": {"arch": arch}})
+    problem = _problem(response, 422, "validation-error")
+    assert problem["errors"][0]["location"][-2:] == ["clip", "arch"]
+
+
+def test_item12_known_architectures_pass():
+    from app.registry.settings import allowed_clip_archs
+
+    names = allowed_clip_archs()
+    assert {"lethe-tiny-clip", "ViT-B-32", "RN50"} <= names
+    assert not any(":" in n or "/" in n for n in names)
+
+
 # ---------------------------------------------------------------- item 14: audit canonical text and checkpoints
 
 
