@@ -45,6 +45,15 @@ class Settings(BaseSettings):
     )
     max_body_bytes: int = Field(1_000_000, description="Largest JSON body accepted (uploads: max_upload_bytes).")
     max_upload_bytes: int = Field(512 * 1024 * 1024, description="Largest data-set upload accepted.")
+    max_form_field_bytes: int = Field(
+        64 * 1024, ge=1024, description="Largest non-file multipart field (the registration's `metadata`)."
+    )
+    max_round_bytes: int = Field(
+        256 * 1024 * 1024, ge=1024, description="Largest federated round upload (raw or multipart)."
+    )
+    max_table_cells: int = Field(
+        200_000_000, ge=1, description="Most rows x columns of an uploaded or registered table (Parquet and CSV)."
+    )
     max_sample_ids: int = Field(100_000, description="Most sample ids in one deletion request.")
     intake_batch_max: int = Field(64, description="Most deletion requests committed together (group commit).")
     intake_batch_wait_ms: float = Field(2.0, description="How long a request waits for others to share a commit.")

@@ -47,7 +47,7 @@ class ChainVerdictOut(BaseModel):
 def list_events(
     _: Principal = Depends(require_scope("audit:read")),
     session: Session = Depends(get_session),
-    after_seq: int = Query(0, ge=0),
+    after_seq: int = Query(0, ge=0, le=2**63 - 1),
     limit: int = Query(100, ge=1, le=1000),
     entity_id: str | None = Query(None),
 ):

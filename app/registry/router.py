@@ -1,11 +1,15 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
+from starlette.datastructures import FormData
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.auth.service import Principal, require_scope
 from app.config import get_settings
@@ -16,6 +20,43 @@ from app.registry.schemas import ClipModelCreate, ForgetLockOut, ModelCreate, Mo
 from app.storage import get_store
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
+
+MAX_FILENAME = 200  # the datasets.name column
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+async def read_form(request: Request) -> FormData:
+    """Multipart with a small limit on non-file fields (``max_form_field_bytes``; files have their own limits)."""
+    limit = get_settings().max_form_field_bytes
+    try:
+        return await request.form(max_part_size=limit)
+    except StarletteHTTPException as exc:
+        if exc.status_code == 400 and "exceeded maximum size" in str(exc.detail):
+            raise Problem(
+                413,
+                "payload-too-large",
+                "A form field is larger than the limit",
+                f"non-file fields may hold at most {limit} bytes (LETHE_MAX_FORM_FIELD_BYTES)",
+                limit_bytes=limit,
+            ) from None
+        raise
+
+
+def _upload_name(filename: str | None) -> str | None:
+    if filename is not None and (len(filename) > MAX_FILENAME or _CONTROL.search(filename)):
+        raise Problem(
+            422,
+            "validation-error",
+            "The request is not valid",
+            errors=[
+                {
+                    "location": ["body", "file", "filename"],
+                    "message": f"the file name must be at most {MAX_FILENAME} characters, without control characters",
+                    "type": "filename_invalid",
+                }
+            ],
+        )
+    return filename
 
 
 async def _parse_registration(request: Request) -> tuple[ModelCreate | ClipModelCreate, bytes, str | None]:
@@ -38,9 +79,10 @@ async def _parse_registration(request: Request) -> tuple[ModelCreate | ClipModel
                 "A data set is needed",
                 "Give `dataset.path`, or upload the file as multipart/form-data (`metadata` + `file`).",
             )
-        return body, service.read_allowed_path(body.dataset.path), body.dataset.path
+        name = Path(body.dataset.path).name[-MAX_FILENAME:] or None
+        return body, service.read_allowed_path(body.dataset.path), name
     if content_type == "multipart/form-data":
-        form = await request.form(max_part_size=settings.max_upload_bytes)
+        form = await read_form(request)
         metadata, upload = form.get("metadata"), form.get("file")
         if not isinstance(metadata, str) or upload is None or isinstance(upload, str):
             raise Problem(422, "validation-error", "Multipart registration needs `metadata` (JSON) and `file`")
@@ -49,8 +91,9 @@ async def _parse_registration(request: Request) -> tuple[ModelCreate | ClipModel
         except json.JSONDecodeError as exc:
             raise Problem(400, "malformed-json", "`metadata` is not valid JSON", str(exc)) from None
         body = _validate(payload)
+        filename = _upload_name(upload.filename)
         data = service.spool_upload(upload.file, settings.max_upload_bytes)
-        return body, data, upload.filename
+        return body, data, filename
     raise Problem(
         415, "unsupported-media-type", "Unsupported media type", "Send application/json or multipart/form-data."
     )
@@ -129,11 +172,11 @@ async def submit_round(
     if content_type == "application/octet-stream":
         data = await request.body()
     elif content_type == "multipart/form-data":
-        form = await request.form(max_part_size=settings.max_upload_bytes)
+        form = await read_form(request)
         upload = form.get("file")
         if upload is None or isinstance(upload, str):
             raise Problem(422, "validation-error", "Multipart round upload needs a `file` field")
-        data = service.spool_upload(upload.file, settings.max_upload_bytes)
+        data = service.spool_upload(upload.file, settings.max_round_bytes)
     else:
         raise Problem(
             415,

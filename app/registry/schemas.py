@@ -13,6 +13,7 @@ from app.registry.settings import (
     TabularRecipeIn,
     check_clip_arch,
 )
+from app.validation import NoNulModel
 
 MODEL_KINDS = ("tabular", "clip_federated")
 SCOPES_BY_KIND = {"tabular": ("samples", "class"), "clip_federated": ("client", "class", "samples")}
@@ -28,8 +29,8 @@ class DatasetRef(BaseModel):
     label_column: str = Field(..., min_length=1, max_length=200)
 
 
-class ModelCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ModelCreate(NoNulModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     name: str = Field(..., min_length=1, max_length=200)
     kind: Literal["tabular"] = "tabular"
     family: Literal["logistic_regression", "mlp"] = "logistic_regression"
@@ -96,8 +97,8 @@ class SyntheticFederationIn(BaseModel):
     n_test: int = Field(300, ge=10, le=20_000)
 
 
-class ClipModelCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ClipModelCreate(NoNulModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     name: str = Field(..., min_length=1, max_length=200)
     kind: Literal["clip_federated"]
     clip: ClipSpecIn = Field(default_factory=ClipSpecIn)

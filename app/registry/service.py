@@ -20,7 +20,7 @@ from app.jobs.tables import Job
 from app.ml.unlearning.base import UnknownMethodError, get_method
 from app.problems import Problem
 from app.registry.schemas import ClipModelCreate, ModelCreate, ModelOut, VersionOut
-from app.registry.tables import Dataset, Model, ModelVersion
+from app.registry.tables import Dataset, Model, ModelVersion, first_line
 from app.storage import get_store
 
 _BAD_NAME = re.compile(r"[\x00-\x1f\x7f]")
@@ -61,6 +61,29 @@ def read_columns(data: bytes, fmt: str, from_path: bool = False) -> list[str]:
     if from_path and (len(columns) < 2 or any(not c or len(c) > 200 or _BAD_NAME.search(c) for c in columns)):
         raise not_a_table
     return columns
+
+
+def check_table_size(data: bytes, fmt: str, n_columns: int) -> None:
+    """Rows x columns within ``max_table_cells``: a small compressed Parquet file can hold a huge table."""
+    limit = get_settings().max_table_cells
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            meta = pq.read_metadata(io.BytesIO(data))
+        except Exception:
+            raise Problem(422, "invalid-dataset", "The Parquet file cannot be read") from None
+        rows, columns = meta.num_rows, meta.num_columns
+    else:
+        rows, columns = data.count(b"\n") + 1, n_columns
+    if rows * columns > limit:
+        raise Problem(
+            413,
+            "table-too-large",
+            "The table has too many cells",
+            f"{rows} rows x {columns} columns is more than the limit of {limit} cells (LETHE_MAX_TABLE_CELLS)",
+            limit_cells=limit,
+        )
 
 
 def detect_format(name: str | None, declared: str | None, data: bytes) -> str:
@@ -163,6 +186,7 @@ def register_model(
                 column=column,
                 columns=columns,
             )
+    check_table_size(data, fmt, len(columns))
     check_methods(body.kind, body.unlearning)
     digest = get_store().put_bytes(data)
     dataset = Dataset(
@@ -267,7 +291,7 @@ def model_out(session: Session, model: Model) -> ModelOut:
         dataset_id=model.dataset_id,
         current_version=version_out(current),
         unlearning=methods,
-        error=model.error,
+        error=first_line(model.error),
         created_at=model.created_at,
         links=links,
         federation=federation,
@@ -325,6 +349,27 @@ def parse_safetensors_header(data: bytes) -> dict[str, Any]:
     if not isinstance(header, dict):
         raise Problem(422, "invalid-round", "Not a safetensors file", "header is not an object")
     header.pop("__metadata__", None)
+    end = 0
+    for name, entry in header.items():
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (
+            isinstance(entry.get("dtype") if isinstance(entry, dict) else None, str)
+            and isinstance(entry.get("shape"), list)
+            and all(isinstance(d, int) and d >= 0 for d in entry["shape"])
+            and isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(o, int) for o in offsets)
+            and 0 <= offsets[0] <= offsets[1]
+        ):
+            raise Problem(
+                422,
+                "invalid-round",
+                "Not a safetensors file",
+                f"tensor {str(name)[:100]!r}: an entry is an object with dtype, shape and data_offsets",
+            )
+        end = max(end, offsets[1])
+    if 8 + size + end != len(data):
+        raise Problem(422, "invalid-round", "Not a safetensors file", "the tensors do not fill the file")
     return header
 
 

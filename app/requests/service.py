@@ -267,6 +267,10 @@ def stage_request(
         if existing is None:
             raise
         return replay(existing, fingerprint), False
+    except Exception:  # any other database error belongs to this request alone: undo it, keep the transaction
+        savepoint.rollback()
+        forget_head(session)
+        raise
 
 
 def create_request(
@@ -292,7 +296,10 @@ def encode_cursor(created_at: datetime, request_id: str) -> str:
 def decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         created, request_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-        return datetime.fromisoformat(created), str(request_id)
+        moment = datetime.fromisoformat(created)
+        if moment.tzinfo is None or not isinstance(request_id, str) or "\x00" in request_id:
+            raise ValueError("not a cursor this service wrote")
+        return moment, request_id
     except (ValueError, TypeError, json.JSONDecodeError):
         raise Problem(
             400, "invalid-cursor", "The cursor is not valid", "Use `next_cursor` from a previous page."

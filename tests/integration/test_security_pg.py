@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import uuid
+from concurrent.futures import Future
 
 import httpx
 import psycopg
 import pytest
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from app.audit.service import append_event
+from app.auth.service import _lookup, hash_key
 from app.auth.tables import ApiKey
 from app.db import session_scope, utcnow
+from app.requests.schemas import DeletionRequestCreate, SamplesScope
 from tests.helpers import configure, make_key, wait_for, write_table
 from tests.integration.conftest import PG_ADMIN, Services
 
@@ -89,6 +93,76 @@ def _problem(response: httpx.Response, status: int, slug: str) -> dict:
     return body
 
 
+def test_item13_one_poisoned_request_never_fails_thirty_others(stack, model):
+    bodies = [
+        {"subject_ref": f"s{i}", "model_id": model["id"], "scope": {"kind": "samples", "sample_ids": [f"r{10 + i}"]}}
+        for i in range(30)
+    ]
+    poisoned = {"subject_ref": "p", "model_id": model["id"], "scope": {"kind": "samples", "sample_ids": ["r1\x00"]}}
+    barrier = threading.Barrier(31)
+
+    def post(body):
+        barrier.wait()
+        return httpx.post(stack.base_url + "/v1/deletion-requests", json=body, headers=stack.client.headers, timeout=60)
+
+    results: list = [None] * 31
+    threads = [
+        threading.Thread(target=lambda i=i, b=b: results.__setitem__(i, post(b)))
+        for i, b in enumerate([*bodies[:15], poisoned, *bodies[15:]])
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    statuses = [r.status_code for r in results]
+    assert statuses.count(202) == 30 and statuses[15] == 422, [
+        (s, r.text[:120]) for s, r in zip(statuses, results, strict=True)
+    ]
+    _problem(results[15], 422, "validation-error")
+
+
+def test_item13_a_database_error_in_the_fast_path_falls_back_to_one_savepoint_per_request(stack, model):
+    """A request that passes validation but fails in the database (here a NUL smuggled past the schema) shares a
+    group commit with five good ones: the five are committed, it alone fails."""
+    from app.requests.intake import IntakeBatcher
+    from app.requests.tables import DeletionRequest
+
+    principal = _lookup(hash_key(stack.key))
+    good = [
+        DeletionRequestCreate.model_validate(
+            {
+                "subject_ref": f"g{i}",
+                "model_id": model["id"],
+                "scope": {"kind": "samples", "sample_ids": [f"r{50 + i}"]},
+            }
+        )
+        for i in range(5)
+    ]
+    bad = DeletionRequestCreate.model_construct(
+        subject_ref="b",
+        model_id=model["id"],
+        scope=SamplesScope(kind="samples", sample_ids=["r60"]),
+        method="retrain",
+        method_settings={"note": "a\x00b"},  # JSONB refuses \u0000: the INSERT fails inside the batch's commit
+        callback_url=None,
+    )
+    batcher = IntakeBatcher(max_batch=16, wait_ms=300)
+    try:
+        futures: list[Future] = [batcher.submit(principal, body, f"fallback-{i}") for i, body in enumerate(good)]
+        poisoned = batcher.submit(principal, bad, "fallback-bad")
+        outcomes = [f.result(timeout=60) for f in futures]
+        with pytest.raises(Exception, match="0000|NUL|nul"):
+            poisoned.result(timeout=60)
+    finally:
+        batcher.stop()
+    assert all(created for _, created in outcomes)
+    with session_scope() as session:
+        stored = session.execute(
+            select(DeletionRequest.idempotency_key).where(DeletionRequest.idempotency_key.like("fallback-%"))
+        ).scalars()
+        assert sorted(stored) == [f"fallback-{i}" for i in range(5)]
+
+
 def test_item14_honest_numbers_survive_jsonb(stack):
     payload = {
         "big": 2.5e16,
@@ -103,6 +177,40 @@ def test_item14_honest_numbers_survive_jsonb(stack):
         append_event(session, actor="test", action="numbers.recorded", entity_type="x", entity_id="n", payload=payload)
     verdict = stack.client.get("/v1/audit/verify").json()
     assert verdict["ok"], verdict
+
+
+def test_item15_inputs_that_gave_a_500_on_postgresql_get_a_4xx(stack, model):
+    client = stack.client
+    _problem(client.get("/v1/deletion-requests/a%00b"), 422, "validation-error")
+    _problem(client.get("/v1/models/a%00b/versions"), 422, "validation-error")
+    _problem(client.get("/v1/deletion-requests", params={"model_id": "a\x00"}), 422, "validation-error")
+    for path in ("/v1/deletion-requests/%ED%A0%80", "/v1/deletion-requests/%FF", "/v1/models/%C0%AF"):
+        assert client.get(path).status_code in (400, 404), path
+    body = {"subject_ref": "s", "model_id": model["id"], "scope": {"kind": "samples", "sample_ids": ["r2"]}}
+    nan = json.dumps({**body, "method_settings": {"x": float("nan")}})
+    assert (
+        client.post("/v1/deletion-requests", content=nan, headers={"content-type": "application/json"}).status_code
+        == 422
+    )
+    long_url = {**body, "callback_url": "https://example.com/" + "a" * 2100}
+    _problem(client.post("/v1/deletion-requests", json=long_url), 422, "validation-error")
+    table = stack.home / "t.csv"
+    write_table(table, n=30)
+    metadata = {"name": "m", "dataset": {"row_id_column": "row_id", "label_column": "label"}}
+    response = client.post(
+        "/v1/models",
+        data={"metadata": json.dumps(metadata)},
+        files={"file": ("x" * 300 + ".csv", table.read_bytes(), "text/csv")},
+    )
+    _problem(response, 422, "validation-error")
+    # a server-side path whose name is longer than the column is stored by its last 200 characters
+    long_name = stack.home / "data" / ("y" * 240 + ".csv")
+    write_table(long_name, n=30)
+    response = client.post(
+        "/v1/models",
+        json={"name": "m", "dataset": {"path": str(long_name), "row_id_column": "row_id", "label_column": "label"}},
+    )
+    assert response.status_code == 202, response.text
 
 
 def test_item10_a_revoked_key_is_refused_at_once_by_another_api_process(stack, model):

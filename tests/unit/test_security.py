@@ -6,8 +6,10 @@ column lengths SQLite does not enforce) is in tests/integration/test_security_pg
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
+import io
 import json
 import multiprocessing
 import os
@@ -18,6 +20,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
@@ -509,6 +512,34 @@ def test_item12_known_architectures_pass():
     assert not any(":" in n or "/" in n for n in names)
 
 
+# ---------------------------------------------------------------- item 13: NUL bytes
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"subject_ref": "alice\x00"},
+        {"scope": {"kind": "samples", "sample_ids": ["r1", "r\x002"]}},
+        {"scope": {"kind": "class", "label": "y\x00es"}},
+        {"callback_url": "https://example.com/\x00hook"},
+        {"method_settings": {"se\x00ed": 1}},
+        {"method_settings": {"seed": "1\x00"}},
+        {"method": "retrain\x00"},
+    ],
+)
+def test_item13_a_nul_anywhere_in_a_request_is_a_422_at_the_schema(live, change):
+    body = {"subject_ref": "s", "model_id": live.model["id"], "scope": {"kind": "samples", "sample_ids": ["r1"]}}
+    problem = _problem(live.post("/v1/deletion-requests", json={**body, **change}), 422, "validation-error")
+    assert "NUL" in json.dumps(problem)
+
+
+def test_item13_a_nul_in_the_idempotency_key_is_a_422(live):
+    body = {"subject_ref": "s", "model_id": live.model["id"], "scope": {"kind": "samples", "sample_ids": ["r1"]}}
+    response = live.post("/v1/deletion-requests", json=body, headers={"Idempotency-Key": "k\x00ey"})
+    problem = _problem(response, 422, "validation-error")
+    assert problem["errors"][0]["location"] == ["header", "Idempotency-Key"]
+
+
 # ---------------------------------------------------------------- item 14: audit canonical text and checkpoints
 
 
@@ -562,6 +593,112 @@ def test_item14_non_finite_numbers_are_written_as_strings(tmp_path):
     with session_scope() as session:
         assert session.get(AuditEvent, 1).payload == {"auc": "NaN"}
         assert verify_chain(session).ok
+
+
+# ---------------------------------------------------------------- item 15: every 500 becomes a 4xx
+
+
+def test_item15_a_cursor_with_a_naive_datetime_is_a_400(api):
+    cursor = base64.urlsafe_b64encode(json.dumps(["2024-01-01T00:00:00", "x"]).encode()).decode()
+    _problem(api.get("/v1/deletion-requests", params={"cursor": cursor}), 400, "invalid-cursor")
+
+
+@pytest.mark.parametrize("after_seq", [2**63, 2**64, 10**30])
+def test_item15_after_seq_beyond_64_bits_is_a_422(api, after_seq):
+    _problem(api.get("/v1/audit", params={"after_seq": after_seq}), 422, "validation-error")
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/deletion-requests/a%00b", "/v1/models/a%00b", "/v1/audit?entity_id=a%00", "/v1/jobs/%00"]
+)
+def test_item15_a_nul_in_the_path_or_query_is_a_422(api, path):
+    _problem(api.get(path), 422, "validation-error")
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        {"updates": 5},
+        {"updates": [4, 3]},
+        {"updates": {"dtype": "F32", "shape": [3, 4], "data_offsets": [0, 48]}, "weights": "x"},
+        {"__metadata__": {}, "updates": None},
+    ],
+)
+def test_item15_a_round_whose_tensor_entries_are_not_objects_is_a_422(api, header):
+    model_id = _fake_federated_model()
+    response = api.post(
+        f"/v1/models/{model_id}/rounds",
+        content=_safetensors(header, b"\0" * 48),
+        headers={"content-type": "application/octet-stream"},
+    )
+    _problem(response, 422, "invalid-round")
+
+
+def test_item15_raw_rounds_have_their_own_size_limit(tmp_path):
+    configure(tmp_path, max_round_bytes=str(3 * 1024 * 1024))
+    key = make_key()
+    model_id = _fake_federated_model()
+    headers = {"authorization": f"Bearer {key}", "content-type": "application/octet-stream"}
+    with TestClient(create_app(run_background=False)) as client:
+        # a 2 MB round (more than the 1 MB JSON limit) reaches validation
+        p = 180_000  # 3 x 180,000 float32: a 2.2 MB round (of another model: this one has 4 parameters)
+        header = {"updates": {"dtype": "F32", "shape": [3, p], "data_offsets": [0, 12 * p]}}
+        big = _safetensors(header, b"\0" * (12 * p))
+        _problem(client.post(f"/v1/models/{model_id}/rounds", content=big, headers=headers), 422, "invalid-round")
+        huge = b"\0" * (3 * 1024 * 1024 + 1)
+        _problem(client.post(f"/v1/models/{model_id}/rounds", content=huge, headers=headers), 413, "payload-too-large")
+
+
+def test_item15_non_file_multipart_fields_have_a_small_limit(api, tmp_path):
+    path = tmp_path / "t.csv"
+    write_table(path, n=30)
+    metadata = {"name": "m", "dataset": {"row_id_column": "row_id", "label_column": "label"}, "pad": "x" * 200_000}
+    response = api.post(
+        "/v1/models",
+        data={"metadata": json.dumps(metadata)},
+        files={"file": ("t.csv", path.read_bytes(), "text/csv")},
+    )
+    _problem(response, 413, "payload-too-large")
+
+
+def test_item15_a_multipart_filename_longer_than_the_column_is_a_422(api, tmp_path):
+    path = tmp_path / "t.csv"
+    write_table(path, n=30)
+    problem = _problem(_upload(api, path, name="x" * 300 + ".csv"), 422, "validation-error")
+    assert problem["errors"][0]["location"] == ["body", "file", "filename"]
+
+
+def test_item15_tables_are_bounded_in_rows_times_columns(tmp_path):
+    configure(tmp_path, max_table_cells="10000")
+    key = make_key()
+    frame = pd.DataFrame({"row_id": [f"r{i}" for i in range(5000)], "x": 0.0, "label": "a"})
+    buffer = io.BytesIO()
+    frame.to_parquet(buffer, index=False)  # ~15,000 cells in a few KB
+    with TestClient(create_app(run_background=False)) as client:
+        metadata = {"name": "m", "dataset": {"row_id_column": "row_id", "label_column": "label"}}
+        response = client.post(
+            "/v1/models",
+            headers={"authorization": f"Bearer {key}"},
+            data={"metadata": json.dumps(metadata)},
+            files={"file": ("t.parquet", buffer.getvalue(), "application/octet-stream")},
+        )
+    assert _problem(response, 413, "table-too-large")["limit_cells"] == 10000
+
+
+def test_item15_a_models_error_is_its_first_line_only(api):
+    from app.registry.tables import Model
+
+    traceback = 'ValueError: bad recipe\nTraceback (most recent call last):\n  File "/srv/app/jobs/pipeline.py"'
+    with session_scope() as session:
+        model = Model(name="x", kind="tabular", status="failed", spec={}, state={})
+        session.add(model)
+        session.flush()
+        model.error = traceback
+        model_id = model.id
+    body = api.get(f"/v1/models/{model_id}").json()
+    assert body["error"] == "ValueError: bad recipe"
+    with session_scope() as session:
+        assert session.get(Model, model_id).error == "ValueError: bad recipe"  # stored: the first line only
 
 
 # ---------------------------------------------------------------- item 18: SQL parameters stay out of logs
