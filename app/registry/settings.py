@@ -64,6 +64,16 @@ class L2ULSettings(_Settings):
     seed: Seed = 0
 
 
+class NewtonSettings(_Settings):
+    """app.ml.unlearning.newton.method.NewtonConfig (``newton`` and ``influence``; on the main branch)."""
+
+    exact_steps: int = Field(0, ge=0, le=100)
+    purge: Literal["recompute", "downdate"] = "recompute"
+    exact_hessian_max_params: int = Field(2048, ge=0, le=8192, description="A dense p x p float64 Hessian.")
+    gauss_newton_damping: float = Field(1e-2, ge=0, le=1e6)
+    certify: bool = True
+
+
 class SISASettings(_Settings):
     """app.ml.unlearning.baselines.sisa.SISAConfig."""
 
@@ -137,6 +147,8 @@ class EaseSettings(_Settings):
 METHOD_SETTINGS: dict[str, type[_Settings]] = {
     "retrain": RetrainSettings,
     "l2ul": L2ULSettings,
+    "newton": NewtonSettings,
+    "influence": NewtonSettings,
     "sisa": SISASettings,
     "fed_retrain": FedRetrainSettings,
     "fedosd": FedOSDSettings,
@@ -152,6 +164,8 @@ class TabularMethodSettingsIn(_Settings):
 
     retrain: RetrainSettings | None = None
     l2ul: L2ULSettings | None = None
+    newton: NewtonSettings | None = None
+    influence: NewtonSettings | None = None
     sisa: SISASettings | None = None
 
 
