@@ -222,22 +222,45 @@ def test_item10_a_revoked_key_is_refused_at_once_by_another_api_process(stack, m
     _problem(httpx.get(stack.base_url + "/v1/deletion-requests", headers=auth), 401, "unauthorized")
 
 
-def test_item14_zz_a_truncated_tail_is_named_by_its_checkpoint(stack, own_pg_url):
-    """Last in the module: it cuts the audit log's tail (as the table owner, triggers disabled)."""
-    for i in range(CHECKPOINT_EVERY + 2):
-        with session_scope() as session:
-            append_event(session, actor="test", action="filler", entity_type="x", entity_id=str(i))
-    verdict = stack.client.get("/v1/audit/verify").json()
-    assert verdict["ok"] and verdict["checkpoints"] >= 1, verdict
-    last_checkpoint = verdict["last_checkpoint_seq"]
-    dsn = own_pg_url.replace("postgresql+psycopg://", "postgresql://")
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="append-only"):
-            conn.execute("DELETE FROM audit_checkpoints")
-        conn.execute("ALTER TABLE audit_events DISABLE TRIGGER USER")
-        conn.execute("DELETE FROM audit_events WHERE seq > %s", (last_checkpoint - 2,))
-        conn.execute("ALTER TABLE audit_events ENABLE TRIGGER USER")
-    verdict = stack.client.get("/v1/audit/verify").json()
-    assert verdict["ok"] is False, verdict
-    assert verdict["first_broken_seq"] == last_checkpoint - 1
-    assert f"checkpoint {last_checkpoint}" in verdict["reason"] and "truncated" in verdict["reason"]
+def test_item14_zz_a_truncated_tail_is_named_by_its_checkpoint(tmp_path):
+    """Last in the module (it points this process at another database): a quiet database of its own, so that no
+    worker or dispatcher appends while the tail is cut (as the table owner, triggers disabled)."""
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+
+    name = f"lethe_sec_cut_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base = PG_ADMIN.rsplit("/", 1)[0]
+    try:
+        configure(
+            tmp_path,
+            database_url=f"{base.replace('postgresql://', 'postgresql+psycopg://', 1)}/{name}",
+            audit_checkpoint_every=str(CHECKPOINT_EVERY),
+        )
+        key = make_key(["audit:read"])
+        for i in range(CHECKPOINT_EVERY + 2):
+            with session_scope() as session:
+                append_event(session, actor="test", action="filler", entity_type="x", entity_id=str(i))
+        with TestClient(create_app(run_background=False)) as client:
+            client.headers["authorization"] = f"Bearer {key}"
+            verdict = client.get("/v1/audit/verify").json()
+            assert verdict["ok"] and verdict["checkpoints"] == 1, verdict
+            assert verdict["last_checkpoint_seq"] == CHECKPOINT_EVERY
+            with psycopg.connect(f"{base}/{name}", autocommit=True) as conn:
+                with pytest.raises(psycopg.errors.InsufficientPrivilege, match="append-only"):
+                    conn.execute("DELETE FROM audit_checkpoints")
+                conn.execute("ALTER TABLE audit_events DISABLE TRIGGER USER")
+                conn.execute("DELETE FROM audit_events WHERE seq > %s", (CHECKPOINT_EVERY - 2,))
+                conn.execute("ALTER TABLE audit_events ENABLE TRIGGER USER")
+            verdict = client.get("/v1/audit/verify").json()
+        assert verdict["ok"] is False, verdict
+        assert verdict["first_broken_seq"] == CHECKPOINT_EVERY - 1
+        assert f"checkpoint {CHECKPOINT_EVERY}" in verdict["reason"] and "truncated" in verdict["reason"]
+    finally:
+        from app.db import reset_engine_cache
+
+        reset_engine_cache()
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -204,7 +204,7 @@ def _secret_in_process(home: str, barrier, out) -> None:
 
 def test_item9_workers_starting_together_end_with_one_secret(tmp_path):
     """Two API workers starting at once: one secret, whoever wins; nobody reads a half-written file."""
-    context = multiprocessing.get_context("fork")
+    context = multiprocessing.get_context("fork")  # the children only create and read one file
     for attempt in range(6):
         home = tmp_path / f"home{attempt}"
         barrier, out = context.Barrier(6), context.Queue()
