@@ -33,21 +33,97 @@ def migrate() -> None:
 def keys_create(
     scope: Annotated[list[str], typer.Option("--scope", "-s", help="Repeat for several scopes.")],
     name: Annotated[str, typer.Option(help="A label for the key.")] = "cli",
+    model: Annotated[
+        str | None, typer.Option("--model", help="Bind the key to one model (scopes rounds:write, models:read).")
+    ] = None,
+    client_id: Annotated[
+        str | None, typer.Option("--client-id", help="The federated client the key belongs to (needs --model).")
+    ] = None,
+    expires_in: Annotated[
+        str | None, typer.Option("--expires-in", help="Lifetime: 30d, 12h, 90m, 2w, 45s (default: no expiry).")
+    ] = None,
 ) -> None:
     """Create an API key and print it once (only its HMAC is stored)."""
-    from app.auth.service import create_key
+    from app.auth.service import create_key, parse_duration
+    from app.db import migrate as run_migrations
+    from app.db import session_scope
+
+    run_migrations()
+    try:
+        lifetime = parse_duration(expires_in) if expires_in is not None else None
+        with session_scope() as session:
+            row, key = create_key(session, name, scope, model_id=model, client_id=client_id, expires_in=lifetime)
+            key_id, expires_at = row.id, row.expires_at
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    typer.echo(key)
+    bound = f"; bound to model {model}" + (f", client {client_id}" if client_id else "") if model else ""
+    expiry = f"; expires {expires_at.isoformat(timespec='seconds')}" if expires_at else ""
+    typer.echo(f"(key id {key_id}; scopes {sorted(set(scope))}{bound}{expiry}; it will not be shown again)", err=True)
+
+
+@keys_app.command("list")
+def keys_list(as_json: Annotated[bool, typer.Option("--json", help="One JSON object per key.")] = False) -> None:
+    """List API keys: id, prefix, name, scopes, binding, expiry, revocation (never the key or its hash)."""
+    from app.auth.service import list_keys
+    from app.db import migrate as run_migrations
+    from app.db import session_scope, utcnow
+
+    run_migrations()
+    now = utcnow()
+    with session_scope() as session:
+        for row in list_keys(session):
+            state = (
+                "revoked"
+                if row.revoked_at
+                else ("expired" if row.expires_at is not None and row.expires_at <= now else "active")
+            )
+            entry = {
+                "id": row.id,
+                "prefix": row.prefix,
+                "name": row.name,
+                "scopes": row.scopes,
+                "model_id": row.model_id,
+                "client_id": row.client_id,
+                "created_at": row.created_at.isoformat(timespec="seconds"),
+                "expires_at": row.expires_at.isoformat(timespec="seconds") if row.expires_at else None,
+                "revoked_at": row.revoked_at.isoformat(timespec="seconds") if row.revoked_at else None,
+                "state": state,
+            }
+            if as_json:
+                typer.echo(json.dumps(entry))
+            else:
+                binding = f" model={row.model_id}" + (f" client={row.client_id}" if row.client_id else "")
+                typer.echo(
+                    f"{row.id}  lethe_{row.prefix}_…  {state:<8} {row.name!r} {','.join(row.scopes)}"
+                    f"{binding if row.model_id else ''}"
+                    f"{'  expires ' + entry['expires_at'] if row.expires_at else ''}"
+                )
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key's id (or its prefix).")]) -> None:
+    """Revoke a key: every API process refuses it from its next request on."""
+    from app.auth.service import revoke_key
     from app.db import migrate as run_migrations
     from app.db import session_scope
 
     run_migrations()
     try:
         with session_scope() as session:
-            row, key = create_key(session, name, scope)
-            key_id = row.id
+            row = revoke_key(session, key_id)
+            typer.echo(f"revoked {row.id} ({row.name!r}) at {row.revoked_at.isoformat(timespec='seconds')}")
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    typer.echo(key)
-    typer.echo(f"(key id {key_id}; scopes {sorted(set(scope))}; it will not be shown again)", err=True)
+
+
+@keys_app.command("webhook-secret")
+def keys_webhook_secret(url: str) -> None:
+    """Print the `whsec_` secret Lethe signs this callback URL's webhooks with (Standard Webhooks; derived, never
+    stored): configure the receiver with it."""
+    from app.webhooks.service import endpoint_secret
+
+    typer.echo(endpoint_secret(url))
 
 
 @app.command()

@@ -2,17 +2,28 @@
 
 With nothing set, Lethe runs on the embedded default: a SQLite file and a local artifact folder under ``./var``, and
 an in-process executor instead of Celery, so that ``make demo`` needs no server.
+
+Secrets: one master secret (``LETHE_SECRET_KEY``, at least 32 bytes, or a generated ``home/secret.key``); every use
+gets its own key derived from it with HKDF-SHA256 (``Settings.derived_key(purpose)``), so a key leaked from one use
+(a webhook receiver's) says nothing about the others (API-key hashes, subject hashes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import time
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MIN_SECRET_BYTES = 32
+
+KEY_PURPOSES = frozenset({"api-key", "subject-hash", "request-fingerprint", "webhook-signing", "audit-checkpoint"})
+"""Every use of the master secret; ``derived_key`` refuses any other name (a typo must not yield a working key)."""
 
 
 class Settings(BaseSettings):
@@ -23,13 +34,26 @@ class Settings(BaseSettings):
     broker_url: str | None = Field(None, description="Celery broker (redis://...); none = in-process executor.")
     artifact_url: str | None = Field(None, description="fsspec URL of the artifact store; default `home`/artifacts.")
     secret_key: SecretStr | None = Field(
-        None, description="Key for HMACs of API keys and subject references; default a generated file in `home`."
+        None,
+        description="Master secret (>= 32 bytes) the per-purpose keys are derived from; default a generated file "
+        "in `home`.",
     )
     data_roots: list[Path] = Field(
-        default_factory=lambda: [Path.cwd()], description="Folders a registered data-set path may lie under."
+        default_factory=list,
+        description="Folders a registered data-set path may lie under; none by default (uploads only). A root may "
+        "not contain the service's home, the artifact store or a `.env` file.",
     )
     max_body_bytes: int = Field(1_000_000, description="Largest JSON body accepted (uploads: max_upload_bytes).")
     max_upload_bytes: int = Field(512 * 1024 * 1024, description="Largest data-set upload accepted.")
+    max_form_field_bytes: int = Field(
+        64 * 1024, ge=1024, description="Largest non-file multipart field (the registration's `metadata`)."
+    )
+    max_round_bytes: int = Field(
+        256 * 1024 * 1024, ge=1024, description="Largest federated round upload (raw or multipart)."
+    )
+    max_table_cells: int = Field(
+        200_000_000, ge=1, description="Most rows x columns of an uploaded or registered table (Parquet and CSV)."
+    )
     max_sample_ids: int = Field(100_000, description="Most sample ids in one deletion request.")
     intake_batch_max: int = Field(64, description="Most deletion requests committed together (group commit).")
     intake_batch_wait_ms: float = Field(2.0, description="How long a request waits for others to share a commit.")
@@ -48,13 +72,81 @@ class Settings(BaseSettings):
     retired_version_grace_seconds: float = Field(
         0.0, ge=0, description="How long a version trained on erased rows stays stored (410 at once) before shredding."
     )
+    audit_checkpoint_every: int = Field(
+        100, ge=1, description="Write a keyed checkpoint of the audit chain's head every N events."
+    )
+
+    @field_validator("secret_key")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value().encode()) < MIN_SECRET_BYTES:
+            raise ValueError(
+                f"LETHE_SECRET_KEY must be at least {MIN_SECRET_BYTES} bytes (generate one with "
+                "`python -c 'import secrets; print(secrets.token_urlsafe(48))'`), or leave it unset to have one "
+                "generated in LETHE_HOME/secret.key"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _safe_data_roots(self) -> Settings:
+        """A data root that holds the service's own files would let a registration read them back."""
+        protected = {"the service's home (LETHE_HOME)": self.home.expanduser().resolve()}
+        artifacts = self.local_artifact_path
+        if artifacts is not None:
+            protected["the artifact store (LETHE_ARTIFACT_URL)"] = artifacts
+        database = self.local_database_path
+        if database is not None:
+            protected["the SQLite database (LETHE_DATABASE_URL)"] = database.parent
+        env_file = (Path.cwd() / ".env").resolve()
+        for raw in self.data_roots:
+            root = raw.expanduser().resolve()
+            for what, path in protected.items():
+                if path.is_relative_to(root):
+                    raise ValueError(
+                        f"LETHE_DATA_ROOTS: {str(root)!r} contains {what} ({path}); choose a folder "
+                        "that holds only data sets"
+                    )
+            if (env_file.exists() and env_file.is_relative_to(root)) or (root / ".env").exists():
+                raise ValueError(
+                    f"LETHE_DATA_ROOTS: {str(root)!r} contains a .env file; choose a folder that holds only data sets"
+                )
+        return self
+
+    @property
+    def local_artifact_path(self) -> Path | None:
+        """The artifact store's folder when it is on the local disk (a plain path or file://), else None."""
+        url = self.resolved_artifact_url
+        if url.startswith("file://"):
+            return Path(url[len("file://") :]).expanduser().resolve()
+        if "://" in url:
+            return None
+        return Path(url).expanduser().resolve()
+
+    @property
+    def local_database_path(self) -> Path | None:
+        if self.database_url is None:
+            return (self.home / "lethe.db").expanduser().resolve()
+        if self.database_url.startswith("sqlite:///") and self.database_url != "sqlite:///:memory:":
+            return Path(self.database_url[len("sqlite:///") :]).expanduser().resolve()
+        return None
+
+    def _private_home(self) -> None:
+        """The home holds the secret and (by default) the database and artifacts: owner only (0700)."""
+        if not self.home.exists():
+            self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+            with contextlib.suppress(OSError):
+                os.chmod(self.home, 0o700)
 
     @property
     def resolved_database_url(self) -> str:
         if self.database_url:
             return self.database_url
-        self.home.mkdir(parents=True, exist_ok=True)
-        return f"sqlite:///{(self.home / 'lethe.db').resolve()}"
+        self._private_home()
+        path = (self.home / "lethe.db").resolve()
+        if not path.exists():  # created here, owner-only; SQLite gives its -wal and -shm files the same mode
+            with contextlib.suppress(FileExistsError):
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        return f"sqlite:///{path}"
 
     @property
     def resolved_artifact_url(self) -> str:
@@ -65,16 +157,69 @@ class Settings(BaseSettings):
         return not self.broker_url
 
     def secret(self) -> bytes:
-        """The HMAC key; generated once into ``home/secret.key`` (mode 0600) when not configured."""
+        """The master secret; generated once into ``home/secret.key`` (mode 0600) when not configured.
+
+        Race-free: the new secret is written to a private temporary file and linked into place (link fails if the
+        name exists, and the name never points at a half-written file); everyone then reads the one that won.
+        """
         if self.secret_key is not None:
             return self.secret_key.get_secret_value().encode()
-        path = self.home / "secret.key"
-        if not path.exists():
-            self.home.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as handle:
-                handle.write(secrets.token_urlsafe(48))
-        return path.read_text().strip().encode()
+        return _file_secret(str(self.home.expanduser().resolve()))
+
+    def derived_key(self, purpose: str) -> bytes:
+        """A 32-byte key for one purpose, derived from the master secret with HKDF-SHA256 (RFC 5869)."""
+        if purpose not in KEY_PURPOSES:
+            raise ValueError(f"unknown key purpose {purpose!r}; one of {sorted(KEY_PURPOSES)}")
+        return _derive(self.secret(), purpose)
+
+
+@lru_cache(maxsize=64)
+def _derive(master: bytes, purpose: str) -> bytes:
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=b"lethe-kdf-v1", info=f"lethe:{purpose}".encode()).derive(
+        master
+    )
+
+
+def _read_secret(path: Path) -> bytes:
+    value = b""
+    for _ in range(50):  # only the no-hard-link fallback below can expose a file still being written
+        value = path.read_text().strip().encode()
+        if len(value) >= MIN_SECRET_BYTES:
+            return value
+        time.sleep(0.02)
+    raise RuntimeError(f"{path} holds a secret shorter than {MIN_SECRET_BYTES} bytes; remove it or replace it")
+
+
+def _file_secret(home: str) -> bytes:
+    folder = Path(home)
+    path = folder / "secret.key"
+    if path.exists():
+        return _read_secret(path)
+    if not folder.exists():
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    value = secrets.token_urlsafe(48)
+    tmp = folder / f".secret.key.{os.getpid()}.{secrets.token_hex(8)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(value)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(tmp, path)  # atomic, and fails if the name exists: another process's secret wins
+        except FileExistsError:
+            pass
+        except OSError:  # a file system without hard links: exclusive create, then everyone re-reads
+            with contextlib.suppress(FileExistsError):
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as handle:
+                    handle.write(value)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return _read_secret(path)
 
 
 @lru_cache

@@ -57,8 +57,10 @@ def new_id() -> str:
 
 
 def make_engine(url: str) -> Engine:
+    """``hide_parameters``: bound values (API-key hashes, sample ids, callback URLs) never reach logs or the text
+    of a database exception."""
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, hide_parameters=True)
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_connection, _record):
@@ -76,7 +78,7 @@ def make_engine(url: str) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True, hide_parameters=True)
 
 
 def release_freed_pages() -> None:

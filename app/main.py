@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -24,8 +25,13 @@ from app.webhooks.router import router as webhooks_router
 log = logging.getLogger("lethe")
 
 
+_ROUNDS_PATH = re.compile(r"^/v1/models/[^/]+/rounds/?$")
+
+
 class BodyLimitMiddleware:
-    """Refuse oversized bodies with 413 before they are read: JSON bodies get a small limit, uploads a large one."""
+    """Refuse oversized bodies with 413 before they are read: JSON bodies get a small limit, data-set uploads a large
+    one, federated rounds their own (``max_round_bytes``: a LoRA round is several MB). Also refuses a NUL anywhere in
+    the path or query string (422): no identifier holds one, and PostgreSQL cannot store or compare it."""
 
     def __init__(self, app: ASGIApp):
         self.app = app
@@ -34,10 +40,28 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        query = scope.get("query_string") or b""
+        if "\x00" in scope.get("path", "") or b"\x00" in query or b"%00" in query:
+            from starlette.requests import Request
+
+            problem = Problem(
+                422,
+                "validation-error",
+                "The request is not valid",
+                "A NUL character is not allowed in the path or query string.",
+                errors=[{"location": ["path"], "message": "NUL character", "type": "nul_character"}],
+            )
+            await problem_response(problem, Request(scope).url.path.replace("\x00", "")[:200])(scope, receive, send)
+            return
         settings = get_settings()
         headers = dict(scope.get("headers") or [])
         content_type = headers.get(b"content-type", b"").decode("latin-1").lower()
-        limit = settings.max_upload_bytes if content_type.startswith("multipart/") else settings.max_body_bytes
+        if scope.get("method") == "POST" and _ROUNDS_PATH.match(scope.get("path", "")):
+            limit = settings.max_round_bytes
+        elif content_type.startswith("multipart/"):
+            limit = settings.max_upload_bytes
+        else:
+            limit = settings.max_body_bytes
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             await self._reject(scope, receive, send, limit)

@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from functools import lru_cache
 from typing import Any
 
 import fsspec
 
 from app.config import get_settings
+
+
+def _is_local(fs) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return protocol in ("file", "local")
 
 
 class ArtifactNotFoundError(KeyError):
@@ -24,6 +30,10 @@ class ArtifactStore:
     def __init__(self, url: str):
         self.fs, self.root = fsspec.core.url_to_fs(url)
         self.url = url
+        if _is_local(self.fs) and not os.path.exists(self.root):
+            # the store holds every data set and model: owner only (files below inherit the folder's protection)
+            os.makedirs(self.root, mode=0o700, exist_ok=True)
+            os.chmod(self.root, 0o700)
 
     def _path(self, digest: str) -> str:
         if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):

@@ -1,6 +1,6 @@
 """Imports every domain's tables so that ``Base.metadata`` is complete (for Alembic and tests)."""
 
-from app.audit.tables import AuditEvent
+from app.audit.tables import AuditCheckpoint, AuditEvent
 from app.auth.tables import ApiKey
 from app.certificates.tables import Certificate
 from app.db import Base
@@ -15,6 +15,7 @@ __all__ = [
     "Report",
     "WebhookDelivery",
     "ApiKey",
+    "AuditCheckpoint",
     "AuditEvent",
     "Base",
     "Dataset",

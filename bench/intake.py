@@ -174,9 +174,9 @@ def main() -> None:
         {
             "LETHE_DATABASE_URL": url,
             "LETHE_HOME": str(home),
-            "LETHE_SECRET_KEY": "bench-secret",
+            "LETHE_SECRET_KEY": "bench-secret-0123456789abcdef-0123456789",  # >= 32 bytes
             "LETHE_RUN_DISPATCHER": "false",
-            "LETHE_DATA_ROOTS": json.dumps([str(home)]),
+            "LETHE_DATA_ROOTS": json.dumps([str(home / "data")]),  # a data root may not contain the home
         }
     )
     os.environ.pop("LETHE_BROKER_URL", None)
@@ -189,7 +189,8 @@ def main() -> None:
         migrate()
         with session_scope() as session:
             api_key = create_key(session, "bench", ["admin"])[1]
-        frame = write_table(home / "table.csv", n=5000)
+        (home / "data").mkdir()
+        frame = write_table(home / "data" / "table.csv", n=5000)
         row_ids = frame["row_id"].tolist()
 
         port = _free_port()
@@ -225,7 +226,11 @@ def main() -> None:
             headers=headers,
             json={
                 "name": "bench",
-                "dataset": {"path": str(home / "table.csv"), "row_id_column": "row_id", "label_column": "label"},
+                "dataset": {
+                    "path": str(home / "data" / "table.csv"),
+                    "row_id_column": "row_id",
+                    "label_column": "label",
+                },
             },
         )
         model_id = response.json()["id"]

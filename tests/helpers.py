@@ -10,26 +10,28 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from app.auth.service import create_key, key_cache
+from app.auth.service import create_key
 from app.config import get_settings
 from app.db import migrate, reset_engine_cache, session_scope
 from app.storage import get_store
 
-ALL_SCOPES = ["models:write", "requests:write", "requests:read", "audit:read"]
+ALL_SCOPES = ["models:write", "models:read", "rounds:write", "requests:write", "requests:read", "audit:read"]
+TEST_SECRET = "test-secret-key-0123456789abcdef-0123456789"  # >= 32 bytes, as the settings demand
 
 
 def configure(home: Path, **env: str) -> None:
-    """Set LETHE_* for this process and forget every cached settings/engine/store."""
+    """Set LETHE_* for this process and forget every cached settings/engine/store. Data-set paths may lie under
+    ``home/data`` (a data root may not contain the service's home; one inside it is fine)."""
     for key in [k for k in os.environ if k.startswith("LETHE_")]:
         del os.environ[key]
     os.environ["LETHE_HOME"] = str(home)
-    os.environ["LETHE_SECRET_KEY"] = "test-secret-key"
-    os.environ["LETHE_DATA_ROOTS"] = f'["{home}"]'
+    os.environ["LETHE_SECRET_KEY"] = TEST_SECRET
+    (home / "data").mkdir(parents=True, exist_ok=True)
+    os.environ["LETHE_DATA_ROOTS"] = f'["{home / "data"}"]'
     for key, value in env.items():
         os.environ[f"LETHE_{key.upper()}"] = value
     get_settings.cache_clear()
     get_store.cache_clear()
-    key_cache.clear()
     reset_engine_cache()
     migrate()
 

@@ -39,13 +39,15 @@ class ChainVerdictOut(BaseModel):
     head: dict[str, Any]
     first_broken_seq: int | None
     reason: str | None
+    checkpoints: int = 0
+    last_checkpoint_seq: int | None = None
 
 
 @router.get("", response_model=AuditPage)
 def list_events(
     _: Principal = Depends(require_scope("audit:read")),
     session: Session = Depends(get_session),
-    after_seq: int = Query(0, ge=0),
+    after_seq: int = Query(0, ge=0, le=2**63 - 1),
     limit: int = Query(100, ge=1, le=1000),
     entity_id: str | None = Query(None),
 ):
@@ -59,7 +61,8 @@ def list_events(
 
 @router.get("/verify", response_model=ChainVerdictOut)
 def verify(_: Principal = Depends(require_scope("audit:read")), session: Session = Depends(get_session)):
-    """Recompute the hash chain; ``first_broken_seq`` names the first row that was changed, removed or re-linked."""
+    """Recompute the hash chain; ``first_broken_seq`` names the first row that was changed, removed or re-linked, or
+    the first row missing from a tail cut short after a checkpoint."""
     verdict = verify_chain(session)
     return ChainVerdictOut(
         ok=verdict.ok,
@@ -67,4 +70,6 @@ def verify(_: Principal = Depends(require_scope("audit:read")), session: Session
         head=verdict.head,
         first_broken_seq=verdict.first_broken_seq,
         reason=verdict.reason,
+        checkpoints=verdict.checkpoints,
+        last_checkpoint_seq=verdict.last_checkpoint_seq,
     )

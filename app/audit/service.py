@@ -2,6 +2,12 @@
 
 Appends are serialised (a transaction-scoped advisory lock on PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises
 writers) so the chain is a line, never a tree. ``verify_chain`` recomputes it and names the first broken row.
+
+The canonical text is stored as text beside the JSON payload (PostgreSQL's JSONB rewrites ``2.5e16`` as
+``25000000000000000``, so a hash recomputed from JSONB would break on honest rows); verification hashes the text and
+checks that the columns say the same thing. Non-finite floats, which JSON cannot carry, are written as the strings
+``"NaN"``, ``"Infinity"`` and ``"-Infinity"``. Every ``audit_checkpoint_every`` events a checkpoint row anchors the
+head with an HMAC (audit-checkpoint key), so a chain cut short after a checkpoint no longer verifies.
 """
 
 from __future__ import annotations
@@ -9,22 +15,52 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import event, select, text
 from sqlalchemy.orm import Session
 
-from app.audit.tables import AuditEvent
+from app.audit.tables import AuditCheckpoint, AuditEvent
+from app.config import get_settings
 from app.db import utcnow
 
 GENESIS_HASH = "0" * 64
 _ADVISORY_LOCK_ID = 0x1E7E_A0D1  # any constant shared by every writer of the audit log
 
 
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")
+    if isinstance(obj, dict):
+        return {str(k): _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 def canonical_json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return json.dumps(_finite(obj), sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def event_body(
+    seq: int, at: datetime, actor: str, action: str, entity_type: str, entity_id: str, payload: dict[str, Any]
+) -> str:
+    """The canonical text of one event: what its hash covers (after the previous row's hash)."""
+    return canonical_json(
+        {
+            "seq": seq,
+            "at": at.isoformat(timespec="microseconds"),
+            "actor": actor,
+            "action": action,
+            "entity_type": entity_type,
+            "entity_id": entity_id,
+            "payload": payload,
+        }
+    )
 
 
 def event_hash(
@@ -37,18 +73,19 @@ def event_hash(
     entity_id: str,
     payload: dict[str, Any],
 ) -> str:
-    body = canonical_json(
-        {
-            "seq": seq,
-            "at": at.isoformat(timespec="microseconds"),
-            "actor": actor,
-            "action": action,
-            "entity_type": entity_type,
-            "entity_id": entity_id,
-            "payload": payload,
-        }
-    )
+    body = event_body(seq, at, actor, action, entity_type, entity_id, payload)
     return hashlib.sha256((prev_hash + body).encode()).hexdigest()
+
+
+CHECKPOINT_KEY_ID = "hkdf:audit-checkpoint:v1"
+
+
+def checkpoint_mac(seq: int, hash_: str, key_id: str = CHECKPOINT_KEY_ID) -> str:
+    """HMAC of one checkpoint (a later change may sign with the certificate key; ``key_id`` names the key used)."""
+    if key_id != CHECKPOINT_KEY_ID:
+        raise ValueError(f"unknown checkpoint key {key_id!r}")
+    message = f"lethe-audit-checkpoint:v1:{seq}:{hash_}".encode()
+    return hmac.new(get_settings().derived_key("audit-checkpoint"), message, hashlib.sha256).hexdigest()
 
 
 def hash_subject(secret: bytes, subject_ref: str) -> str:
@@ -94,7 +131,8 @@ def append_event(
         head = (last.seq, last.hash) if last else (0, GENESIS_HASH)
     seq, prev_hash = head[0] + 1, head[1]
     at = utcnow()
-    payload = json.loads(canonical_json(payload or {}))  # what is hashed is exactly what is stored
+    payload = json.loads(canonical_json(payload or {}))  # what is hashed is what is stored
+    body = event_body(seq, at, actor, action, entity_type, entity_id, payload)
     event = AuditEvent(
         seq=seq,
         at=at,
@@ -104,9 +142,16 @@ def append_event(
         entity_id=entity_id,
         payload=payload,
         prev_hash=prev_hash,
-        hash=event_hash(prev_hash, seq, at, actor, action, entity_type, entity_id, payload),
+        hash=hashlib.sha256((prev_hash + body).encode()).hexdigest(),
+        canonical=body,
     )
     session.add(event)
+    if seq % get_settings().audit_checkpoint_every == 0:
+        session.add(
+            AuditCheckpoint(
+                seq=seq, hash=event.hash, at=at, key_id=CHECKPOINT_KEY_ID, mac=checkpoint_mac(seq, event.hash)
+            )
+        )
     if flush:
         session.flush()
     session.info[_HEAD_KEY] = (seq, event.hash)
@@ -125,10 +170,64 @@ class ChainVerdict:
     head: dict[str, Any]
     first_broken_seq: int | None = None
     reason: str | None = None
+    checkpoints: int = 0
+    last_checkpoint_seq: int | None = None
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    """JSON equality that forgives what JSONB does to numbers (2.5e16 == 25000000000000000, -0.0 == 0) and nothing
+    else (true is not 1, "1" is not 1)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return Decimal(repr(a) if isinstance(a, float) else a) == Decimal(repr(b) if isinstance(b, float) else b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_json(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_json(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
+
+
+def _row_hash_problem(row: AuditEvent) -> str | None:
+    """Why the row does not match its hash, or None."""
+    if row.canonical is None:  # written before revision 0002: recompute from the columns
+        recomputed = event_hash(
+            row.prev_hash, row.seq, row.at, row.actor, row.action, row.entity_type, row.entity_id, row.payload
+        )
+        return (
+            None if recomputed == row.hash else "content does not match the row's hash (changed after it was written)"
+        )
+    if hashlib.sha256((row.prev_hash + row.canonical).encode()).hexdigest() != row.hash:
+        return "content does not match the row's hash (changed after it was written)"
+    try:
+        doc = json.loads(row.canonical)
+        same = (
+            doc["seq"] == row.seq
+            and datetime.fromisoformat(doc["at"]) == row.at
+            and (doc["actor"], doc["action"], doc["entity_type"], doc["entity_id"])
+            == (row.actor, row.action, row.entity_type, row.entity_id)
+            and _same_json(doc["payload"], row.payload)
+        )
+    except (ValueError, KeyError, TypeError):
+        same = False
+    return None if same else "the row's columns were changed: they no longer say what its hashed text says"
 
 
 def verify_chain(session: Session, batch: int = 5000) -> ChainVerdict:
-    """Recompute every hash in order; the first row whose link or content does not match is named."""
+    """Recompute every hash in order (the first row whose link or content does not match is named), then check the
+    checkpoints: each one's MAC, the hash of the row it anchors, and that the chain reaches it (a cut tail)."""
+    checkpoints = list(session.execute(select(AuditCheckpoint).order_by(AuditCheckpoint.seq)).scalars())
+    anchored = {cp.seq: cp for cp in checkpoints}
+    last_cp = checkpoints[-1].seq if checkpoints else None
+    for cp in checkpoints:
+        try:
+            good = hmac.compare_digest(cp.mac, checkpoint_mac(cp.seq, cp.hash, cp.key_id))
+        except ValueError:
+            good = False
+        if not good:
+            return ChainVerdict(
+                False, 0, {"seq": 0, "hash": GENESIS_HASH}, cp.seq, f"checkpoint {cp.seq} has a bad MAC", 0, last_cp
+            )
     prev_hash, expected_seq, checked, after = GENESIS_HASH, 1, 0, 0
     while True:
         rows = (
@@ -139,33 +238,52 @@ def verify_chain(session: Session, batch: int = 5000) -> ChainVerdict:
         if not rows:
             break
         for row in rows:
+            head = {"seq": after, "hash": prev_hash}
             if row.seq != expected_seq:
                 return ChainVerdict(
                     False,
                     checked,
-                    {"seq": after, "hash": prev_hash},
+                    head,
                     expected_seq,
                     f"row {expected_seq} is missing (next row is {row.seq})",
+                    len(checkpoints),
+                    last_cp,
                 )
             if row.prev_hash != prev_hash:
                 return ChainVerdict(
                     False,
                     checked,
-                    {"seq": after, "hash": prev_hash},
+                    head,
                     row.seq,
                     "prev_hash does not match the hash of the row before",
+                    len(checkpoints),
+                    last_cp,
                 )
-            recomputed = event_hash(
-                row.prev_hash, row.seq, row.at, row.actor, row.action, row.entity_type, row.entity_id, row.payload
-            )
-            if recomputed != row.hash:
+            problem = _row_hash_problem(row)
+            if problem is not None:
+                return ChainVerdict(False, checked, head, row.seq, problem, len(checkpoints), last_cp)
+            cp = anchored.get(row.seq)
+            if cp is not None and cp.hash != row.hash:
                 return ChainVerdict(
                     False,
                     checked,
-                    {"seq": after, "hash": prev_hash},
+                    head,
                     row.seq,
-                    "content does not match the row's hash (changed after it was written)",
+                    f"checkpoint {cp.seq} anchors another hash than row {row.seq} has (the chain was rewritten)",
+                    len(checkpoints),
+                    last_cp,
                 )
             prev_hash, after, expected_seq, checked = row.hash, row.seq, row.seq + 1, checked + 1
         session.expunge_all()
-    return ChainVerdict(True, checked, {"seq": after, "hash": prev_hash})
+    if last_cp is not None and last_cp > after:
+        return ChainVerdict(
+            False,
+            checked,
+            {"seq": after, "hash": prev_hash},
+            after + 1,
+            f"the chain ends at seq {after} but checkpoint {last_cp} anchors a head at seq {last_cp}: "
+            "the tail was truncated",
+            len(checkpoints),
+            last_cp,
+        )
+    return ChainVerdict(True, checked, {"seq": after, "hash": prev_hash}, None, None, len(checkpoints), last_cp)

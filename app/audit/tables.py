@@ -3,14 +3,19 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Integer, String
+from sqlalchemy import BigInteger, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db import Base, JSONType, UTCDateTime
 
 
 class AuditEvent(Base):
-    """Append-only (triggers in the migration refuse UPDATE and DELETE); ``hash`` chains each row to the one before."""
+    """Append-only (triggers in the migration refuse UPDATE and DELETE); ``hash`` chains each row to the one before.
+
+    ``canonical`` is the exact text the hash covers (stored as text: JSONB rewrites numbers, so the hash is never
+    recomputed from ``payload``); ``payload`` is the same content as queryable JSON. NULL for rows written before
+    revision 0002, whose hash is recomputed from the columns.
+    """
 
     __tablename__ = "audit_events"
 
@@ -25,3 +30,19 @@ class AuditEvent(Base):
     payload: Mapped[dict[str, Any]] = mapped_column(JSONType)
     prev_hash: Mapped[str] = mapped_column(String(64))
     hash: Mapped[str] = mapped_column(String(64), unique=True)
+    canonical: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class AuditCheckpoint(Base):
+    """A keyed anchor of the chain's head: HMAC(audit-checkpoint key, seq and hash) every N events. Append-only like
+    the log; a chain that ends before a checkpoint's seq lost its tail."""
+
+    __tablename__ = "audit_checkpoints"
+
+    seq: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=False
+    )
+    hash: Mapped[str] = mapped_column(String(64))
+    at: Mapped[datetime] = mapped_column(UTCDateTime())
+    key_id: Mapped[str] = mapped_column(String(64))
+    mac: Mapped[str] = mapped_column(String(64))

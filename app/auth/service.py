@@ -1,13 +1,19 @@
-"""API keys with scopes. A key is ``lethe_<prefix>_<secret>``; only HMAC-SHA256(server secret, key) is stored."""
+"""API keys with scopes. A key is ``lethe_<prefix>_<secret>``; only its HMAC (api-key purpose key) is stored.
+
+A key may be bound to one model and one federated client (``lethe keys create --model ID --client-id c3``): it can
+then touch that model only, and only with the scopes a federated client needs (``rounds:write``, ``models:read``).
+Keys can expire (``expires_at``) and be revoked; both take effect on the next request: every request looks its key
+up in the database (one indexed read, in a worker thread), there is no cache a revoked key could linger in.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
-import threading
-import time
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from fastapi import Depends, Request
 from sqlalchemy import select
@@ -15,10 +21,16 @@ from sqlalchemy.orm import Session
 
 from app.auth.tables import ApiKey
 from app.config import get_settings
-from app.db import get_sessionmaker
+from app.db import get_sessionmaker, utcnow
 from app.problems import Problem
+from app.registry.tables import Model
 
-SCOPES = ("models:write", "requests:write", "requests:read", "audit:read", "admin")
+SCOPES = ("models:write", "models:read", "rounds:write", "requests:write", "requests:read", "audit:read", "admin")
+"""``admin`` implies every other scope. ``models:read``: download weights and forget locks; ``rounds:write``: upload
+federated rounds."""
+
+BOUND_SCOPES = frozenset({"rounds:write", "models:read"})
+"""The only scopes a key bound to a model (a federated client's key) may hold."""
 
 
 @dataclass(frozen=True)
@@ -26,68 +38,103 @@ class Principal:
     key_id: str
     name: str
     scopes: frozenset[str]
+    model_id: str | None = None
+    client_id: str | None = None
+    expires_at: datetime | None = None
 
     @property
     def actor(self) -> str:
         return f"api-key:{self.key_id}"
 
+    def has(self, scope: str) -> bool:
+        return scope in self.scopes or "admin" in self.scopes
+
+    def may_see_model(self, model_id: str) -> bool:
+        return self.model_id is None or self.model_id == model_id
+
 
 def hash_key(key: str) -> str:
-    return hmac.new(get_settings().secret(), key.encode(), hashlib.sha256).hexdigest()
+    return hmac.new(get_settings().derived_key("api-key"), key.encode(), hashlib.sha256).hexdigest()
 
 
-def create_key(session: Session, name: str, scopes: list[str]) -> tuple[ApiKey, str]:
+_DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def parse_duration(text: str) -> timedelta:
+    """``30d``, ``12h``, ``90m``, ``2w``, ``45s``."""
+    match = _DURATION.match(text or "")
+    if not match or int(match.group(1)) <= 0:
+        raise ValueError(f"not a duration: {text!r} (say 30d, 12h, 90m, 2w or 45s)")
+    return timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
+
+
+def create_key(
+    session: Session,
+    name: str,
+    scopes: list[str],
+    *,
+    model_id: str | None = None,
+    client_id: str | None = None,
+    expires_in: timedelta | None = None,
+) -> tuple[ApiKey, str]:
     unknown = sorted(set(scopes) - set(SCOPES))
     if unknown or not scopes:
         raise ValueError(f"unknown scopes {unknown}; choose from {list(SCOPES)}")
+    if client_id is not None and model_id is None:
+        raise ValueError("--client-id needs --model: a client key is bound to one model")
+    if model_id is not None:
+        extra = sorted(set(scopes) - BOUND_SCOPES)
+        if extra:
+            raise ValueError(f"a key bound to a model may hold only {sorted(BOUND_SCOPES)}, not {extra}")
+        model = session.get(Model, model_id)
+        if model is None:
+            raise ValueError(f"no model {model_id}")
+        clients = (model.state or {}).get("clients")
+        if client_id is not None and clients is not None and client_id not in clients:
+            raise ValueError(f"model {model_id} has no client {client_id!r}; clients: {clients}")
+    if expires_in is not None and expires_in <= timedelta(0):
+        raise ValueError("the expiry must lie in the future")
     prefix = secrets.token_hex(4)
     key = f"lethe_{prefix}_{secrets.token_urlsafe(32)}"
-    row = ApiKey(name=name, prefix=prefix, key_hash=hash_key(key), scopes=sorted(set(scopes)))
+    row = ApiKey(
+        name=name,
+        prefix=prefix,
+        key_hash=hash_key(key),
+        scopes=sorted(set(scopes)),
+        model_id=model_id,
+        client_id=client_id,
+        expires_at=utcnow() + expires_in if expires_in is not None else None,
+    )
     session.add(row)
     session.flush()
     return row, key
 
 
-class _KeyCache:
-    """A few seconds of memory for key look-ups: intake is the hot path, a revocation takes effect within ``ttl``."""
-
-    def __init__(self, ttl: float = 5.0):
-        self.ttl = ttl
-        self._entries: dict[str, tuple[float, Principal | None]] = {}
-        self._lock = threading.Lock()
-
-    def get(self, key_hash: str) -> tuple[bool, Principal | None]:
-        with self._lock:
-            entry = self._entries.get(key_hash)
-        if entry and entry[0] > time.monotonic():
-            return True, entry[1]
-        return False, None
-
-    def put(self, key_hash: str, principal: Principal | None) -> None:
-        with self._lock:
-            if len(self._entries) > 10_000:
-                self._entries.clear()
-            self._entries[key_hash] = (time.monotonic() + self.ttl, principal)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
+def list_keys(session: Session) -> list[ApiKey]:
+    return list(session.execute(select(ApiKey).order_by(ApiKey.created_at)).scalars())
 
 
-key_cache = _KeyCache()
+def revoke_key(session: Session, key_id: str) -> ApiKey:
+    """Revoke by id (or by the key's prefix); refused on the key's next request in every API process."""
+    row = session.get(ApiKey, key_id)
+    if row is None:
+        row = session.execute(select(ApiKey).where(ApiKey.prefix == key_id)).scalar_one_or_none()
+    if row is None:
+        raise ValueError(f"no API key {key_id!r}")
+    if row.revoked_at is None:
+        row.revoked_at = utcnow()
+    return row
 
 
 def _lookup(key_hash: str) -> Principal | None:
-    hit, principal = key_cache.get(key_hash)
-    if hit:
-        return principal
     with get_sessionmaker()() as session:
         row = session.execute(
             select(ApiKey).where(ApiKey.key_hash == key_hash, ApiKey.revoked_at.is_(None))
         ).scalar_one_or_none()
-        principal = Principal(row.id, row.name, frozenset(row.scopes)) if row else None
-    key_cache.put(key_hash, principal)
-    return principal
+        if row is None or (row.expires_at is not None and row.expires_at <= utcnow()):
+            return None
+        return Principal(row.id, row.name, frozenset(row.scopes), row.model_id, row.client_id, row.expires_at)
 
 
 def _presented_key(request: Request) -> str | None:
@@ -97,9 +144,9 @@ def _presented_key(request: Request) -> str | None:
     return request.headers.get("x-api-key")
 
 
-async def authenticate(request: Request) -> Principal:
-    """Async on purpose: a cache hit is a dict look-up, not worth a thread hop; a miss blocks the loop for one
-    indexed query, at most once per key per ``key_cache.ttl``."""
+def authenticate(request: Request) -> Principal:
+    """A plain function on purpose: FastAPI runs it in its thread pool, so the key's database read (every request:
+    a revoked or expired key is refused at once) never blocks the event loop."""
     key = _presented_key(request)
     if not key:
         problem = Problem(401, "unauthorized", "Missing API key", "Send `Authorization: Bearer <key>`.")
@@ -107,20 +154,32 @@ async def authenticate(request: Request) -> Principal:
         raise problem
     principal = _lookup(hash_key(key))
     if principal is None:
-        problem = Problem(401, "unauthorized", "Unknown or revoked API key")
+        problem = Problem(401, "unauthorized", "Unknown, expired or revoked API key")
         problem.headers = {"WWW-Authenticate": 'Bearer realm="lethe", error="invalid_token"'}
         raise problem
     return principal
 
 
-def require_scope(scope: str):
-    """FastAPI dependency: the key must hold ``scope`` (or ``admin``)."""
+def require_scope(scope: str, *alternatives: str):
+    """FastAPI dependency: the key must hold ``scope`` or one of ``alternatives`` (``admin`` holds them all).
 
-    async def _check(principal: Principal = Depends(authenticate)) -> Principal:
-        if scope not in principal.scopes and "admin" not in principal.scopes:
+    A key bound to a model reaches only routes about that model (a ``model_id`` path parameter): another model is
+    404 (as if it did not exist), a route about no model 403.
+    """
+    accepted = (scope, *alternatives)
+
+    async def _check(request: Request, principal: Principal = Depends(authenticate)) -> Principal:
+        if not any(principal.has(s) for s in accepted):
+            needed = " or ".join(f"`{s}`" for s in accepted)
             raise Problem(
-                403, "forbidden", "The API key lacks a scope", f"This needs the scope `{scope}`.", required_scope=scope
+                403, "forbidden", "The API key lacks a scope", f"This needs the scope {needed}.", required_scope=scope
             )
+        if principal.model_id is not None:
+            model_id = request.path_params.get("model_id")
+            if model_id is None:
+                raise Problem(403, "forbidden", "The API key is bound to one model", "It can reach only that model.")
+            if model_id != principal.model_id:
+                raise Problem(404, "model-not-found", "No such model", model_id)
         return principal
 
     return _check

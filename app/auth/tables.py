@@ -9,7 +9,11 @@ from app.db import Base, JSONType, UTCDateTime, new_id, utcnow
 
 
 class ApiKey(Base):
-    """An API key; only its HMAC is stored, the key itself is shown once at creation."""
+    """An API key; only its HMAC is stored, the key itself is shown once at creation.
+
+    ``model_id``/``client_id``: a federated client's key, bound to one model (and one client of it). ``expires_at``:
+    refused from then on. ``revoked_at``: refused from then on.
+    """
 
     __tablename__ = "api_keys"
 
@@ -20,3 +24,6 @@ class ApiKey(Base):
     scopes: Mapped[list[str]] = mapped_column(JSONType)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    model_id: Mapped[str | None] = mapped_column(String(36), nullable=True, index=True)
+    client_id: Mapped[str | None] = mapped_column(String(200), nullable=True)

@@ -1,11 +1,15 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
+from starlette.datastructures import FormData
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.auth.service import Principal, require_scope
 from app.config import get_settings
@@ -16,6 +20,43 @@ from app.registry.schemas import ClipModelCreate, ForgetLockOut, ModelCreate, Mo
 from app.storage import get_store
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
+
+MAX_FILENAME = 200  # the datasets.name column
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+async def read_form(request: Request) -> FormData:
+    """Multipart with a small limit on non-file fields (``max_form_field_bytes``; files have their own limits)."""
+    limit = get_settings().max_form_field_bytes
+    try:
+        return await request.form(max_part_size=limit)
+    except StarletteHTTPException as exc:
+        if exc.status_code == 400 and "exceeded maximum size" in str(exc.detail):
+            raise Problem(
+                413,
+                "payload-too-large",
+                "A form field is larger than the limit",
+                f"non-file fields may hold at most {limit} bytes (LETHE_MAX_FORM_FIELD_BYTES)",
+                limit_bytes=limit,
+            ) from None
+        raise
+
+
+def _upload_name(filename: str | None) -> str | None:
+    if filename is not None and (len(filename) > MAX_FILENAME or _CONTROL.search(filename)):
+        raise Problem(
+            422,
+            "validation-error",
+            "The request is not valid",
+            errors=[
+                {
+                    "location": ["body", "file", "filename"],
+                    "message": f"the file name must be at most {MAX_FILENAME} characters, without control characters",
+                    "type": "filename_invalid",
+                }
+            ],
+        )
+    return filename
 
 
 async def _parse_registration(request: Request) -> tuple[ModelCreate | ClipModelCreate, bytes, str | None]:
@@ -38,9 +79,10 @@ async def _parse_registration(request: Request) -> tuple[ModelCreate | ClipModel
                 "A data set is needed",
                 "Give `dataset.path`, or upload the file as multipart/form-data (`metadata` + `file`).",
             )
-        return body, service.read_allowed_path(body.dataset.path), body.dataset.path
+        name = Path(body.dataset.path).name[-MAX_FILENAME:] or None
+        return body, service.read_allowed_path(body.dataset.path), name
     if content_type == "multipart/form-data":
-        form = await request.form(max_part_size=settings.max_upload_bytes)
+        form = await read_form(request)
         metadata, upload = form.get("metadata"), form.get("file")
         if not isinstance(metadata, str) or upload is None or isinstance(upload, str):
             raise Problem(422, "validation-error", "Multipart registration needs `metadata` (JSON) and `file`")
@@ -49,8 +91,9 @@ async def _parse_registration(request: Request) -> tuple[ModelCreate | ClipModel
         except json.JSONDecodeError as exc:
             raise Problem(400, "malformed-json", "`metadata` is not valid JSON", str(exc)) from None
         body = _validate(payload)
+        filename = _upload_name(upload.filename)
         data = service.spool_upload(upload.file, settings.max_upload_bytes)
-        return body, data, upload.filename
+        return body, data, filename
     raise Problem(
         415, "unsupported-media-type", "Unsupported media type", "Send application/json or multipart/form-data."
     )
@@ -93,14 +136,18 @@ async def register_model(
 
 @router.get("/{model_id}", response_model=ModelOut)
 def get_model(
-    model_id: str, _: Principal = Depends(require_scope("requests:read")), session: Session = Depends(get_session)
+    model_id: str,
+    _: Principal = Depends(require_scope("requests:read", "models:read")),
+    session: Session = Depends(get_session),
 ):
     return service.model_out(session, service.get_model_or_404(session, model_id))
 
 
 @router.get("/{model_id}/versions", response_model=list[VersionOut])
 def get_versions(
-    model_id: str, _: Principal = Depends(require_scope("requests:read")), session: Session = Depends(get_session)
+    model_id: str,
+    _: Principal = Depends(require_scope("requests:read", "models:read")),
+    session: Session = Depends(get_session),
 ):
     service.get_model_or_404(session, model_id)
     return [service.version_out(v) for v in service.list_versions(session, model_id)]
@@ -114,7 +161,7 @@ def get_versions(
 async def submit_round(
     model_id: str,
     request: Request,
-    principal: Principal = Depends(require_scope("models:write")),
+    principal: Principal = Depends(require_scope("rounds:write")),
     session: Session = Depends(get_session),
 ):
     """One FedAvg round of a federated model: a safetensors file with ``updates`` [clients, params] (float32) and,
@@ -125,11 +172,11 @@ async def submit_round(
     if content_type == "application/octet-stream":
         data = await request.body()
     elif content_type == "multipart/form-data":
-        form = await request.form(max_part_size=settings.max_upload_bytes)
+        form = await read_form(request)
         upload = form.get("file")
         if upload is None or isinstance(upload, str):
             raise Problem(422, "validation-error", "Multipart round upload needs a `file` field")
-        data = service.spool_upload(upload.file, settings.max_upload_bytes)
+        data = service.spool_upload(upload.file, settings.max_round_bytes)
     else:
         raise Problem(
             415,
@@ -138,6 +185,13 @@ async def submit_round(
             "Send application/octet-stream or multipart/form-data.",
         )
     model = service.get_model_or_404(session, model_id)
+    if principal.client_id is not None and principal.client_id in model.state.get("removed", []):
+        raise Problem(
+            403,
+            "client-removed",
+            "The client was forgotten and may not send updates",
+            f"client {principal.client_id} left the federation",
+        )
     job = service.submit_round(session, principal, model, data)
     session.commit()
     return JSONResponse(
@@ -161,7 +215,9 @@ def _lock_entry(model) -> dict:
 
 @router.get("/{model_id}/forget-lock", response_model=ForgetLockOut)
 def get_forget_lock(
-    model_id: str, _: Principal = Depends(require_scope("requests:read")), session: Session = Depends(get_session)
+    model_id: str,
+    _: Principal = Depends(require_scope("models:read", "requests:read")),
+    session: Session = Depends(get_session),
 ):
     """U_mu and alpha for federated clients (EASE, Projection with Forget Lock)."""
     model = service.get_model_or_404(session, model_id)
@@ -180,8 +236,9 @@ def get_forget_lock(
 
 @router.get("/{model_id}/forget-lock.safetensors", response_class=Response)
 def get_forget_lock_tensors(
-    model_id: str, _: Principal = Depends(require_scope("requests:read")), session: Session = Depends(get_session)
+    model_id: str, _: Principal = Depends(require_scope("models:read")), session: Session = Depends(get_session)
 ):
+    """The lock's tensors (basis U_mu and theta_unl) are model parameters: ``models:read``."""
     lock = _lock_entry(service.get_model_or_404(session, model_id))
     return Response(
         get_store().get_bytes(lock["digest"]),
@@ -194,10 +251,11 @@ def get_forget_lock_tensors(
 def get_version_weights(
     model_id: str,
     number: int,
-    _: Principal = Depends(require_scope("requests:read")),
+    _: Principal = Depends(require_scope("models:read")),
     session: Session = Depends(get_session),
 ):
-    """A version's parameters (safetensors, key ``theta``): what federated clients download each round."""
+    """A version's parameters (safetensors, key ``theta``): what federated clients download each round. Weights can
+    leak training data (membership inference), so this needs ``models:read``, not ``requests:read``."""
     service.get_model_or_404(session, model_id)
     version = next((v for v in service.list_versions(session, model_id) if v.number == number), None)
     if version is None:

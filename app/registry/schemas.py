@@ -1,36 +1,35 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from app.registry.settings import (
+    FederatedMethodSettings,
+    FedSettingsJSON,
+    LoraSettingsJSON,
+    TabularMethodSettings,
+    TabularRecipeIn,
+    check_clip_arch,
+)
+from app.validation import NoNulModel
 
 MODEL_KINDS = ("tabular", "clip_federated")
 SCOPES_BY_KIND = {"tabular": ("samples", "class"), "clip_federated": ("client", "class", "samples")}
 
 
-class TabularRecipeIn(BaseModel):
-    """The training recipe (validated again by app.ml.tabular.TabularRecipe in the job)."""
-
-    model_config = ConfigDict(extra="forbid")
-    hidden_units: int = Field(10, ge=1, le=4096)
-    l2: float = Field(1e-4, ge=0)
-    max_iter: int = Field(500, ge=1, le=100_000)
-    tol: float = Field(1e-9, gt=0)
-    seed: int = 0
-    solver: Literal["auto", "newton", "lbfgs"] = "auto"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-
-
 class DatasetRef(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    path: str | None = Field(None, description="A CSV/Parquet file the service can read (under an allowed root).")
+    path: str | None = Field(
+        None, max_length=4096, description="A CSV/Parquet file the service can read (under an allowed root)."
+    )
     format: Literal["csv", "parquet"] | None = None
     row_id_column: str = Field(..., min_length=1, max_length=200)
     label_column: str = Field(..., min_length=1, max_length=200)
 
 
-class VerificationIn(BaseModel):
+class VerificationIn(NoNulModel):
     """How deletions on this model are verified (app/ml/verification): LiRA shadows trained at registration on
     random halves of the data with the model's own recipe, and the verdict policy's settings."""
 
@@ -43,15 +42,17 @@ class VerificationIn(BaseModel):
     )
 
 
-class ModelCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ModelCreate(NoNulModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     name: str = Field(..., min_length=1, max_length=200)
     kind: Literal["tabular"] = "tabular"
     family: Literal["logistic_regression", "mlp"] = "logistic_regression"
     dataset: DatasetRef
     recipe: TabularRecipeIn = Field(default_factory=TabularRecipeIn)
-    unlearning: list[str] = Field(default_factory=list, description="Methods to prepare at registration (e.g. l2ul).")
-    method_settings: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    unlearning: list[str] = Field(
+        default_factory=list, max_length=16, description="Methods to prepare at registration (e.g. l2ul)."
+    )
+    method_settings: TabularMethodSettings = Field(default_factory=dict, description="Per method: bounded settings.")
     holdout_fraction: float = Field(0.2, ge=0.0, lt=0.9, description="Rows kept out of training, for test accuracy.")
     verification: VerificationIn = Field(default_factory=VerificationIn)
 
@@ -85,16 +86,20 @@ class ModelOut(BaseModel):
 
 
 class ClipSpecIn(BaseModel):
-    """A frozen open_clip backbone: the tiny test architecture, or a real one (ViT-B-32...) from a local checkpoint."""
+    """A frozen open_clip backbone: the tiny test architecture, or a real one (ViT-B-32...) from a local checkpoint.
+
+    ``arch`` is an allowlist: the tiny config, the repository's configs and open_clip's named architectures; no
+    ``hf-hub:``/``local-dir:`` names (they would download or load arbitrary weights and code)."""
 
     model_config = ConfigDict(extra="forbid")
-    arch: str = Field("lethe-tiny-clip", min_length=1, max_length=100)
+    arch: Annotated[str, AfterValidator(check_clip_arch)] = Field("lethe-tiny-clip", min_length=1, max_length=100)
     checkpoint_path: str | None = Field(
         None,
+        max_length=4096,
         description="Local checkpoint (under LETHE_DATA_ROOTS); none = the "
         "tiny model pretrained on the synthetic base concepts (cached).",
     )
-    lora: dict[str, Any] = Field(default_factory=dict, description="app.ml.clip.LoraSettings fields.")
+    lora: LoraSettingsJSON = Field(default_factory=dict, description="app.ml.clip.LoraSettings fields, bounded.")
 
 
 class SyntheticFederationIn(BaseModel):
@@ -102,21 +107,23 @@ class SyntheticFederationIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     kind: Literal["synthetic"] = "synthetic"
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=2**32 - 1)
     n_clients: int = Field(5, ge=3, le=64)
     pairs_per_client: int = Field(200, ge=10, le=20_000)
     n_test: int = Field(300, ge=10, le=20_000)
 
 
-class ClipModelCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ClipModelCreate(NoNulModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     name: str = Field(..., min_length=1, max_length=200)
     kind: Literal["clip_federated"]
     clip: ClipSpecIn = Field(default_factory=ClipSpecIn)
     data: SyntheticFederationIn = Field(default_factory=SyntheticFederationIn)
-    fed_settings: dict[str, Any] = Field(default_factory=dict, description="app.ml.federation.FedSettings fields.")
-    unlearning: list[str] = Field(default_factory=lambda: ["ease"])
-    method_settings: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    fed_settings: FedSettingsJSON = Field(
+        default_factory=dict, description="app.ml.federation.FedSettings fields, bounded."
+    )
+    unlearning: list[str] = Field(default_factory=lambda: ["ease"], max_length=16)
+    method_settings: FederatedMethodSettings = Field(default_factory=dict, description="Per method: bounded settings.")
 
 
 class ForgetLockOut(BaseModel):

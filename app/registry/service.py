@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,27 +20,70 @@ from app.jobs.tables import Job
 from app.ml.unlearning.base import UnknownMethodError, get_method
 from app.problems import Problem
 from app.registry.schemas import ClipModelCreate, ModelCreate, ModelOut, VersionOut
-from app.registry.tables import Dataset, Model, ModelVersion
+from app.registry.tables import Dataset, Model, ModelVersion, first_line
 from app.storage import get_store
 
+_BAD_NAME = re.compile(r"[\x00-\x1f\x7f]")
 
-def read_columns(data: bytes, fmt: str) -> list[str]:
-    """The header only: the API checks columns without parsing the table (the job does that)."""
+
+def read_columns(data: bytes, fmt: str, from_path: bool = False) -> list[str]:
+    """The header only: the API checks columns without parsing the table (the job does that).
+
+    ``from_path``: the bytes are a server-side file, not the caller's upload. Nothing read from such a file is ever
+    echoed (no parser message, no header), and its header must look like a table's (two or more plain column names)
+    or the file is refused as not a data set.
+    """
+    not_a_table = Problem(
+        422, "invalid-dataset", f"The file is not a {fmt.upper()} table with a header row", "Nothing of it is shown."
+    )
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
         try:
-            return list(pq.read_schema(io.BytesIO(data)).names)
+            columns = list(pq.read_schema(io.BytesIO(data)).names)
         except Exception as exc:  # pyarrow raises several types for a broken file
+            if from_path:
+                raise not_a_table from None
             raise Problem(422, "invalid-dataset", "The Parquet file cannot be read", str(exc)) from None
-    try:
-        first = data.split(b"\n", 1)[0].decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise Problem(422, "invalid-dataset", "The CSV file is not UTF-8") from None
-    header = next(csv.reader([first], skipinitialspace=True), [])
-    if not header:
-        raise Problem(422, "invalid-dataset", "The CSV file has no header row")
-    return [h.strip() for h in header]
+    else:
+        try:
+            first = data.split(b"\n", 1)[0].decode("utf-8-sig")
+        except UnicodeDecodeError:
+            if from_path:
+                raise not_a_table from None
+            raise Problem(422, "invalid-dataset", "The CSV file is not UTF-8") from None
+        header = next(csv.reader([first], skipinitialspace=True), [])
+        if not header:
+            if from_path:
+                raise not_a_table
+            raise Problem(422, "invalid-dataset", "The CSV file has no header row")
+        columns = [h.strip() for h in header]
+    if from_path and (len(columns) < 2 or any(not c or len(c) > 200 or _BAD_NAME.search(c) for c in columns)):
+        raise not_a_table
+    return columns
+
+
+def check_table_size(data: bytes, fmt: str, n_columns: int) -> None:
+    """Rows x columns within ``max_table_cells``: a small compressed Parquet file can hold a huge table."""
+    limit = get_settings().max_table_cells
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            meta = pq.read_metadata(io.BytesIO(data))
+        except Exception:
+            raise Problem(422, "invalid-dataset", "The Parquet file cannot be read") from None
+        rows, columns = meta.num_rows, meta.num_columns
+    else:
+        rows, columns = data.count(b"\n") + 1, n_columns
+    if rows * columns > limit:
+        raise Problem(
+            413,
+            "table-too-large",
+            "The table has too many cells",
+            f"{rows} rows x {columns} columns is more than the limit of {limit} cells (LETHE_MAX_TABLE_CELLS)",
+            limit_cells=limit,
+        )
 
 
 def detect_format(name: str | None, declared: str | None, data: bytes) -> str:
@@ -50,11 +94,31 @@ def detect_format(name: str | None, declared: str | None, data: bytes) -> str:
     return "csv"
 
 
+def _is_service_file(resolved: Path) -> bool:
+    """The service's own secrets and stores, refused even under a data root (defence in depth: the settings already
+    refuse a root that contains the home, the artifact store or a .env)."""
+    settings = get_settings()
+    if resolved.name == ".env" or resolved == (settings.home / "secret.key").expanduser().resolve():
+        return True
+    artifacts, database = settings.local_artifact_path, settings.local_database_path
+    if artifacts is not None and resolved.is_relative_to(artifacts):
+        return True
+    return database is not None and resolved.parent == database.parent and resolved.name.startswith(database.name)
+
+
 def read_allowed_path(path: str, check_only: bool = False) -> bytes:
+    """A server-side file under one of the configured data roots (none by default: uploads only)."""
     settings = get_settings()
     resolved = Path(path).expanduser().resolve()
     roots = [Path(r).expanduser().resolve() for r in settings.data_roots]
-    if not any(resolved.is_relative_to(root) for root in roots):
+    if not roots:
+        raise Problem(
+            422,
+            "dataset-path-not-allowed",
+            "Data sets cannot be read from server paths here",
+            "No data roots are configured (LETHE_DATA_ROOTS): upload the file as multipart/form-data.",
+        )
+    if not any(resolved.is_relative_to(root) for root in roots) or _is_service_file(resolved):
         raise Problem(
             422,
             "dataset-path-not-allowed",
@@ -108,9 +172,12 @@ def register_model(
     session: Session, principal: Principal, body: ModelCreate, data: bytes, filename: str | None
 ) -> Model:
     fmt = detect_format(filename, body.dataset.format, data)
-    columns = read_columns(data, fmt)
+    from_path = bool(body.dataset.path)  # a server-side file: never echo what is in it
+    columns = read_columns(data, fmt, from_path=from_path)
     for role, column in (("row-id", body.dataset.row_id_column), ("label", body.dataset.label_column)):
         if column not in columns:
+            if from_path:
+                raise Problem(422, "unknown-column", f"The {role} column is not in the data set", column=column)
             raise Problem(
                 422,
                 "unknown-column",
@@ -119,6 +186,7 @@ def register_model(
                 column=column,
                 columns=columns,
             )
+    check_table_size(data, fmt, len(columns))
     check_methods(body.kind, body.unlearning)
     digest = get_store().put_bytes(data)
     dataset = Dataset(
@@ -226,7 +294,7 @@ def model_out(session: Session, model: Model) -> ModelOut:
         dataset_id=model.dataset_id,
         current_version=version_out(current),
         unlearning=methods,
-        error=model.error,
+        error=first_line(model.error),
         created_at=model.created_at,
         links=links,
         federation=federation,
@@ -284,6 +352,27 @@ def parse_safetensors_header(data: bytes) -> dict[str, Any]:
     if not isinstance(header, dict):
         raise Problem(422, "invalid-round", "Not a safetensors file", "header is not an object")
     header.pop("__metadata__", None)
+    end = 0
+    for name, entry in header.items():
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (
+            isinstance(entry.get("dtype") if isinstance(entry, dict) else None, str)
+            and isinstance(entry.get("shape"), list)
+            and all(isinstance(d, int) and d >= 0 for d in entry["shape"])
+            and isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(o, int) for o in offsets)
+            and 0 <= offsets[0] <= offsets[1]
+        ):
+            raise Problem(
+                422,
+                "invalid-round",
+                "Not a safetensors file",
+                f"tensor {str(name)[:100]!r}: an entry is an object with dtype, shape and data_offsets",
+            )
+        end = max(end, offsets[1])
+    if 8 + size + end != len(data):
+        raise Problem(422, "invalid-round", "Not a safetensors file", "the tensors do not fill the file")
     return header
 
 

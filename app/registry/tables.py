@@ -4,7 +4,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String, UniqueConstraint
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column, validates
 
 from app.db import Base, JSONType, UTCDateTime, new_id, utcnow
 
@@ -60,6 +60,17 @@ class Model(Base):
     error: Mapped[str | None] = mapped_column(String(4000), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)
+
+    @validates("error")
+    def _first_line(self, _key: str, value: str | None) -> str | None:
+        """Only an error's first line is stored (and shown by the API); a worker's traceback stays in its log."""
+        return first_line(value)
+
+
+def first_line(error: str | None, limit: int = 2000) -> str | None:
+    if error is None:
+        return None
+    return error.strip().split("\n", 1)[0].strip()[:limit]
 
 
 class ModelVersion(Base):

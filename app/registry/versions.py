@@ -265,7 +265,7 @@ def tombstone(session: Session, dataset_id: str, positions: Iterable[int], reque
 
 def hash_row_id(row_id: str) -> str:
     """The keyed hash an erased row's id is kept as (the same keyed HMAC as subject references)."""
-    return hash_subject(get_settings().secret(), str(row_id))
+    return hash_subject(get_settings().derived_key("subject-hash"), str(row_id))
 
 
 def present_row_ids(session: Session, dataset_id: str) -> set[str]:

@@ -7,8 +7,10 @@ number of API threads. The batcher instead takes up to ``intake_batch_max`` wait
 together: one fsync and one lock hold per batch. Its fast path looks every Idempotency-Key of the batch up in one
 query, validates each request (a bad one fails alone: nothing is written before validation passes), and inserts the
 requests, jobs and audit events with one multi-row INSERT per table. If another API process commits a twin of one of
-its keys in between (the unique constraint fires), the batch is redone one request per SAVEPOINT. A request waits at
-most ``intake_batch_wait_ms`` for company; nobody is answered before the commit that makes their request durable.
+its keys in between (the unique constraint fires), or any other error strikes the batch (a database error caused by
+one request), the batch is redone one request per SAVEPOINT, so one bad request never fails the others. A request
+waits at most ``intake_batch_wait_ms`` for company; nobody is answered before the commit that makes their request
+durable.
 """
 
 from __future__ import annotations
@@ -110,9 +112,9 @@ class IntakeBatcher:
         except IntegrityError:  # another API process committed a twin between our look-up and our insert
             log.info("intake batch of %d hit a concurrent Idempotency-Key twin; one by one", len(batch))
             outcomes = self._one_by_one(batch)
-        except Exception as exc:
-            log.exception("intake batch of %d failed", len(batch))
-            outcomes = [(item, exc) for item in batch]
+        except Exception:  # any other error (a database error caused by one request): one SAVEPOINT per request
+            log.warning("intake batch of %d failed; one by one", len(batch), exc_info=True)
+            outcomes = self._one_by_one(batch)
         for item, outcome in outcomes:
             if isinstance(outcome, BaseException):
                 item.future.set_exception(outcome)

@@ -13,6 +13,7 @@ from app.db import get_session
 from app.problems import Problem
 from app.requests import service
 from app.requests.intake import get_batcher
+from app.requests.policy import check_request_settings
 from app.requests.schemas import DeletionRequestCreate, DeletionRequestOut, DeletionRequestPage
 from app.requests.tables import REQUEST_STATUSES
 
@@ -38,6 +39,20 @@ async def create_deletion_request(
     idempotency_key: str | None = Header(None, alias="Idempotency-Key", max_length=200),
 ):
     """Validated and made durable (request, job and audit event in one commit) before the 202 is sent."""
+    if idempotency_key is not None and any(ord(c) < 0x20 or c == "\x7f" for c in idempotency_key):
+        raise Problem(
+            422,
+            "validation-error",
+            "The request is not valid",
+            errors=[
+                {
+                    "location": ["header", "Idempotency-Key"],
+                    "message": "control characters (NUL included) are not allowed",
+                    "type": "bad_character",
+                }
+            ],
+        )
+    check_request_settings(body.method, body.method_settings)
     out, _created = await asyncio.wrap_future(get_batcher().submit(principal, body, idempotency_key))
     return JSONResponse(
         out.model_dump(mode="json"),

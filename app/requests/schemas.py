@@ -5,6 +5,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, field_validator
 
+from app.validation import NoNulModel
+
 SampleId = Annotated[str, Field(min_length=1, max_length=200)]
 
 
@@ -42,14 +44,25 @@ class ClientScope(BaseModel):
 Scope = Annotated[SamplesScope | ClassScope | ClientScope, Field(discriminator="kind")]
 
 
-class DeletionRequestCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class DeletionRequestCreate(NoNulModel):
+    """No NUL in any string and no non-finite number anywhere (NoNulModel): refused here, one request alone."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     subject_ref: str = Field(..., min_length=1, max_length=500, description="Stored only as a keyed hash.")
     model_id: str = Field(..., min_length=1, max_length=64)
     scope: Scope
     method: str = Field("retrain", min_length=1, max_length=64, description="retrain | l2ul | ease | auto | ...")
-    method_settings: dict[str, Any] = Field(default_factory=dict)
-    callback_url: AnyHttpUrl | None = None
+    method_settings: dict[str, Any] = Field(
+        default_factory=dict, max_length=64, description="Only the keys the method allows requests to set."
+    )
+    callback_url: AnyHttpUrl | None = Field(None, description="At most 2000 characters.")
+
+    @field_validator("callback_url", mode="before")
+    @classmethod
+    def _url_fits(cls, value: Any) -> Any:
+        if isinstance(value, str) and len(value) > 2000:
+            raise ValueError("callback_url must be at most 2000 characters")
+        return value
 
 
 class DeletionRequestOut(BaseModel):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import json
 from datetime import datetime
 
@@ -30,8 +31,11 @@ META_METHODS = {AUTO}
 
 
 def body_fingerprint(body: DeletionRequestCreate) -> str:
+    """Keyed (HMAC, request-fingerprint key): the body holds the subject reference, so a plain hash stored in the
+    database would let anyone holding the database test guesses of a subject."""
     canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    key = get_settings().derived_key("request-fingerprint")
+    return hmac.new(key, canonical.encode(), hashlib.sha256).hexdigest()
 
 
 def to_out(request: DeletionRequest) -> DeletionRequestOut:
@@ -222,7 +226,7 @@ def add_request(
     request = DeletionRequest(
         id=new_id(),
         model_id=model.id,
-        subject_hash=hash_subject(get_settings().secret(), body.subject_ref),
+        subject_hash=hash_subject(get_settings().derived_key("subject-hash"), body.subject_ref),
         scope=body.scope.model_dump(exclude_none=True),
         method=body.method,
         method_settings=body.method_settings,
@@ -282,6 +286,10 @@ def stage_request(
         if existing is None:
             raise
         return replay(existing, fingerprint), False
+    except Exception:  # any other database error belongs to this request alone: undo it, keep the transaction
+        savepoint.rollback()
+        forget_head(session)
+        raise
 
 
 def get_request_or_404(session: Session, request_id: str) -> DeletionRequest:
@@ -298,7 +306,10 @@ def encode_cursor(created_at: datetime, request_id: str) -> str:
 def decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         created, request_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-        return datetime.fromisoformat(created), str(request_id)
+        moment = datetime.fromisoformat(created)
+        if moment.tzinfo is None or not isinstance(request_id, str) or "\x00" in request_id:
+            raise ValueError("not a cursor this service wrote")
+        return moment, request_id
     except (ValueError, TypeError, json.JSONDecodeError):
         raise Problem(
             400, "invalid-cursor", "The cursor is not valid", "Use `next_cursor` from a previous page."

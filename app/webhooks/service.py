@@ -6,9 +6,9 @@ addresses (guard.py), signs with the endpoint's own ``whsec_`` secret (not the m
 vetted address without following redirects, and retries with exponential backoff until ``give_up_at``; then the
 row is ``dead`` and an operator can redeliver it. A slow or dead receiver never blocks a job.
 
-Per-endpoint secrets are derived, not stored: HMAC-SHA256 of the normalised URL under a key derived (HKDF) from the
-master secret for this one purpose, so the database never holds them; ``POST /v1/webhooks/secret`` tells an admin
-the secret of an URL to configure the receiver with.
+Per-endpoint secrets are derived, not stored: HMAC-SHA256 of the normalised URL under the webhook-signing key (HKDF
+from the master secret, ``settings.derived_key("webhook-signing")``), so the database never holds them;
+``POST /v1/webhooks/secret`` or ``lethe keys webhook-secret URL`` tells an admin the secret to configure a receiver.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -37,7 +35,6 @@ from app.webhooks.tables import WebhookDelivery
 
 log = logging.getLogger("lethe.webhooks")
 
-SECRET_PURPOSE = b"lethe/webhook-endpoint-secrets/v1"
 FIRST_RETRY_SECONDS = 5.0
 MAX_RETRY_SECONDS = 3600.0
 """Backoff doubles from the first retry up to this; the row is given up ``webhook_retry_hours`` after it was written."""
@@ -48,8 +45,7 @@ def endpoint_secret(url: str) -> str:
     """The ``whsec_`` secret of one callback URL (scheme, host and port normalised; path kept)."""
     parts = urlsplit(url)
     normal = f"{parts.scheme.lower()}://{(parts.hostname or '').lower()}:{parts.port or ''}{parts.path or '/'}"
-    key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=SECRET_PURPOSE).derive(get_settings().secret())
-    raw = hmac.new(key, normal.encode(), hashlib.sha256).digest()
+    raw = hmac.new(get_settings().derived_key("webhook-signing"), normal.encode(), hashlib.sha256).digest()
     return SECRET_PREFIX + base64.b64encode(raw).decode()
 
 

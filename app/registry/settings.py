@@ -1,0 +1,271 @@
+"""Bounds for everything a registration may tune: method settings, the tabular recipe, federated training settings,
+LoRA, the CLIP architecture. Checked at the API (422 naming the field) so that a bad value never first fails in a
+worker, and so that no caller can size a process pool or a training run without limit.
+
+The fields mirror the config dataclasses in app/ml (which the API may not import: they pull in torch); a unit test
+(tests/unit/test_security_settings.py) fails when the two drift apart. A method without an entry here takes no
+settings at registration. These tables belong with each method's ``register_method`` call; they live here until
+app/ml/unlearning/base.py grows a ``settings_schema`` argument.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]
+Rate = Annotated[float, Field(gt=0, le=10)]
+Decay = Annotated[float, Field(ge=0, le=10)]
+Fraction = Annotated[float, Field(gt=0, le=1)]
+Width = Annotated[int, Field(ge=1, le=4096)]
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+
+# ------------------------------------------------------------------ methods (app/ml/unlearning/*: the config classes)
+
+
+class RetrainSettings(_Settings):
+    """app.ml.unlearning.retrain.RetrainConfig: none (the recipe says how to train)."""
+
+
+class L2ULSettings(_Settings):
+    """app.ml.unlearning.l2ul.method.L2ULConfig."""
+
+    psi: int = Field(4, ge=2, le=1024)
+    t: int = Field(100, ge=1, le=10_000)
+    m: int = Field(1000, ge=2, le=100_000)
+    subset_size: int | None = Field(None, ge=2, le=10_000_000)
+    min_forget: int = Field(1, ge=1, le=1_000_000)
+    max_forget_fraction: float = Field(0.05, gt=0, lt=1)
+    label_aware: bool = True
+    scale_by_forget_fraction: bool = True
+    hidden: tuple[Width, Width] = (64, 64)
+    activation: Literal["gelu", "relu", "tanh", "silu"] = "gelu"
+    linear_skip: bool = True
+    epochs: int = Field(400, ge=1, le=100_000)
+    refit_epochs: int = Field(50, ge=0, le=100_000)
+    lr: Rate = 1e-3
+    weight_decay: Decay = 1e-4
+    validation_fraction: float = Field(0.1, ge=0, lt=1)
+    purge_meta_tasks: bool = True
+    purge_seeds: bool = True
+    purge_refit: Literal["warm", "cold"] = "warm"
+    replenish_tasks: bool = True
+    calibration_tasks: int = Field(8, ge=0, le=1000)
+    workers: int = Field(0, ge=0, le=64, description="Process pool size; 0 = one per CPU core.")
+    seed: Seed = 0
+
+
+class NewtonSettings(_Settings):
+    """app.ml.unlearning.newton.method.NewtonConfig (``newton`` and ``influence``; on the main branch)."""
+
+    exact_steps: int = Field(0, ge=0, le=100)
+    purge: Literal["recompute", "downdate"] = "recompute"
+    exact_hessian_max_params: int = Field(2048, ge=0, le=8192, description="A dense p x p float64 Hessian.")
+    gauss_newton_damping: float = Field(1e-2, ge=0, le=1e6)
+    certify: bool = True
+
+
+class SISASettings(_Settings):
+    """app.ml.unlearning.baselines.sisa.SISAConfig."""
+
+    shards: int = Field(5, ge=1, le=1000)
+    slices: int = Field(4, ge=1, le=1000)
+    seed: Seed = 0
+
+
+class FedRetrainSettings(_Settings):
+    """app.ml.unlearning.baselines.fed_retrain.FedRetrainConfig."""
+
+    rounds: int | None = Field(None, ge=1, le=10_000)
+
+
+class FedOSDSettings(_Settings):
+    """app.ml.unlearning.baselines.fedosd.FedOSDConfig."""
+
+    rounds: int = Field(5, ge=1, le=10_000)
+    lr: Rate = 0.5
+    post_rounds: int = Field(1, ge=0, le=10_000)
+    batch_size: int = Field(64, ge=1, le=65_536)
+
+
+class GradientAscentSettings(_Settings):
+    """app.ml.unlearning.baselines.gradient_ascent.GradientAscentConfig."""
+
+    steps: int = Field(20, ge=1, le=100_000)
+    lr: Rate = 2e-3
+    batch_size: int = Field(64, ge=1, le=65_536)
+    radius_fraction: Fraction = 1 / 3
+    post_rounds: int = Field(2, ge=0, le=10_000)
+    seed: Seed = 0
+
+
+class FedEraserSettings(_Settings):
+    """app.ml.unlearning.baselines.federaser.FedEraserConfig."""
+
+    interval: int = Field(2, ge=1, le=10_000)
+    calibration_ratio: Fraction = 0.5
+
+
+class EaseSettings(_Settings):
+    """app.ml.unlearning.ease.method.EaseConfig."""
+
+    tau: Fraction = 0.95
+    tau_retain: Fraction = 0.99
+    delta_deg: float = Field(65.0, ge=0, le=90)
+    max_rank: int | None = Field(None, ge=1, le=100_000)
+    history_rounds: int | None = Field(None, ge=1, le=10_000)
+    replay_points: int = Field(4, ge=1, le=1000)
+    replay_max_pairs: int | None = Field(64, ge=1, le=1_000_000)
+    gsd: Literal["exclusive", "whole", "none"] = "exclusive"
+    theta_ref: Literal["forget_contribution", "init", "zero"] = "init"
+    excision_steps: int = Field(20, ge=0, le=100_000)
+    excision_lr: Rate = 2e-3
+    excision_batch: int = Field(64, ge=1, le=65_536)
+    excision_objective: Literal["uce", "hinge", "reference"] = "reference"
+    excision_optimizer: Literal["sgd", "adam"] = "sgd"
+    excision_margin: float = Field(-0.75, ge=-100, le=100)
+    excision_towers: list[Literal["image", "text"]] = Field(default_factory=lambda: ["image", "text"], min_length=1)
+    excision_subspace: Literal["none", "exclusive", "off_retain"] = "none"
+    anchor_weight: float = Field(1.0, ge=0, le=1e6)
+    retain_negatives: bool = True
+    lock_alpha: float = Field(50.0, ge=0, le=1e9)
+    repair_rounds: int = Field(1, ge=0, le=1000)
+    repair_epochs: float | None = Field(None, gt=0, le=1000)
+    lock_excision: bool = True
+    seed: Seed = 0
+
+
+METHOD_SETTINGS: dict[str, type[_Settings]] = {
+    "retrain": RetrainSettings,
+    "l2ul": L2ULSettings,
+    "newton": NewtonSettings,
+    "influence": NewtonSettings,
+    "sisa": SISASettings,
+    "fed_retrain": FedRetrainSettings,
+    "fedosd": FedOSDSettings,
+    "fed_gradient_ascent": GradientAscentSettings,
+    "federaser": FedEraserSettings,
+    "ease": EaseSettings,
+}
+"""Method name → the bounds of its settings."""
+
+
+class TabularMethodSettingsIn(_Settings):
+    """Per-method settings of a tabular model (methods for other kinds, or unknown ones, are refused)."""
+
+    retrain: RetrainSettings | None = None
+    l2ul: L2ULSettings | None = None
+    newton: NewtonSettings | None = None
+    influence: NewtonSettings | None = None
+    sisa: SISASettings | None = None
+
+
+class FederatedMethodSettingsIn(_Settings):
+    """Per-method settings of a federated CLIP model."""
+
+    ease: EaseSettings | None = None
+    fed_retrain: FedRetrainSettings | None = None
+    fedosd: FedOSDSettings | None = None
+    fed_gradient_ascent: GradientAscentSettings | None = None
+    federaser: FedEraserSettings | None = None
+
+
+def _checked(model: type[BaseModel]):
+    """Validate a JSON object against ``model``; keep what was given (the dataclass defaults stay the source of
+    truth), normalised to JSON types. Errors carry the field's location."""
+
+    def check(value: Any) -> Any:
+        if value is None:
+            return {}
+        return model.model_validate(value).model_dump(mode="json", exclude_unset=True)
+
+    return BeforeValidator(check)
+
+
+TabularMethodSettings = Annotated[dict[str, dict[str, Any]], _checked(TabularMethodSettingsIn)]
+FederatedMethodSettings = Annotated[dict[str, dict[str, Any]], _checked(FederatedMethodSettingsIn)]
+
+
+# ---------------------------------------------------- federated training and LoRA (app/ml/federation.py, clip.py)
+
+
+class FedSettingsIn(_Settings):
+    """app.ml.federation.FedSettings."""
+
+    rounds: int = Field(20, ge=1, le=10_000)
+    local_epochs: float = Field(1.0, gt=0, le=1000)
+    batch_size: int = Field(50, ge=1, le=65_536)
+    lr: Rate = 3e-3
+    weight_decay: Decay = 0.0
+    seed: Seed = 0
+
+
+ModuleName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.]+$")]
+
+
+class LoraSettingsIn(_Settings):
+    """app.ml.clip.LoraSettings."""
+
+    rank: int = Field(4, ge=1, le=512)
+    alpha: float = Field(8.0, gt=0, le=1e6)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: tuple[ModuleName, ...] = Field(("attn", "c_fc", "c_proj"), min_length=1, max_length=32)
+    init_seed: Seed = 0
+
+
+FedSettingsJSON = Annotated[dict[str, Any], _checked(FedSettingsIn)]
+LoraSettingsJSON = Annotated[dict[str, Any], _checked(LoraSettingsIn)]
+
+
+# ------------------------------------------------------------------ CLIP architectures
+
+TINY_ARCH = "lethe-tiny-clip"
+_ARCH_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")
+
+
+@lru_cache
+def allowed_clip_archs() -> frozenset[str]:
+    """The built-in tiny config, the repository's configs (app/ml/clip_configs) and open_clip's named architectures
+    (its model_configs folder, found without importing open_clip: the API never loads torch). No ``hf-hub:`` or
+    ``local-dir:`` names: those download or read arbitrary code and weights."""
+    names = {TINY_ARCH}
+    names |= {p.stem for p in (Path(__file__).resolve().parents[1] / "ml" / "clip_configs").glob("*.json")}
+    spec = importlib.util.find_spec("open_clip")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        names |= {p.stem for p in (Path(location) / "model_configs").glob("*.json")}
+    return frozenset(n for n in names if _ARCH_NAME.match(n))
+
+
+def check_clip_arch(value: Any) -> Any:
+    if isinstance(value, str) and (not _ARCH_NAME.match(value) or value not in allowed_clip_archs()):
+        if ":" in value or "/" in value:
+            raise ValueError("hub and local-directory architectures (hf-hub:, local-dir:) are not allowed")
+        raise ValueError(
+            f"unknown architecture {value!r}; use {TINY_ARCH!r} or an open_clip architecture name (ViT-B-32, ...)"
+        )
+    return value
+
+
+# ---------------------------------------------------- the tabular recipe (app/ml/tabular.py TabularRecipe)
+
+
+class TabularRecipeIn(_Settings):
+    """The training recipe (validated again by app.ml.tabular.TabularRecipe in the job)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    hidden_units: int = Field(10, ge=1, le=4096)
+    l2: float = Field(1e-4, ge=0, le=1e6)
+    max_iter: int = Field(500, ge=1, le=100_000)
+    tol: float = Field(1e-9, gt=0, le=1)
+    seed: Seed = 0
+    solver: Literal["auto", "newton", "lbfgs"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
