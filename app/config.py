@@ -72,6 +72,16 @@ class Settings(BaseSettings):
     retired_version_grace_seconds: float = Field(
         0.0, ge=0, description="How long a version trained on erased rows stays stored (410 at once) before shredding."
     )
+    max_job_seconds: dict[str, float] = Field(
+        default_factory=lambda: {"deletion": 3600.0, "aggregate_round": 3600.0, "train_model": 6 * 3600.0},
+        description="Longest one attempt of a job kind may run: its lease is no longer renewed and the job fails.",
+    )
+    stuck_after_seconds: float = Field(
+        600.0, gt=0, description="A request still received/queued after this long is reported as stuck."
+    )
+    model_busy_retry_seconds: float = Field(
+        2.0, gt=0, description="When another job holds the model, a job waits this long (not counted as an attempt)."
+    )
     audit_checkpoint_every: int = Field(
         100, ge=1, description="Write a keyed checkpoint of the audit chain's head every N events."
     )

@@ -7,7 +7,7 @@ from app.db import Base
 from app.jobs.tables import Job
 from app.registry.tables import Dataset, DatasetRow, ErasedRow, Model, ModelVersion, ShredItem
 from app.reports.tables import Report
-from app.requests.tables import DeletionRequest
+from app.requests.tables import DeletionRequest, InflightRow
 from app.webhooks.tables import WebhookDelivery
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "DatasetRow",
     "DeletionRequest",
     "ErasedRow",
+    "InflightRow",
     "Job",
     "Model",
     "ModelVersion",

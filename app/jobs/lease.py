@@ -32,6 +32,10 @@ BEAT_MIN, BEAT_MAX = 0.2, 1.0
 def claim(job_id: str, owner: str) -> Job | None:
     """Take the job's lease and mark its request running. None: done, taken, or out of attempts."""
     with session_scope() as session:
+        if outbox.model_busy(session, job_id):
+            wait = get_settings().model_busy_retry_seconds
+            outbox.defer(session, job_id, wait, "waiting: another job on this model is running")
+            return None
         job = outbox.claim(session, job_id, owner)
         if job is None:
             return None
@@ -97,8 +101,9 @@ class JobContext:
     to write.
     """
 
-    def __init__(self, job_id: str, owner: str):
+    def __init__(self, job_id: str, owner: str, max_seconds: float | None = None):
         self.job_id, self.owner = job_id, owner
+        self._deadline = time.monotonic() + max_seconds if max_seconds else None
         self._last_report = 0.0
         self._pending: tuple[float, str] | None = None
         self._lock = threading.Lock()
@@ -121,6 +126,11 @@ class JobContext:
         while not self._stop.wait(interval):
             with self._lock:
                 pending, self._pending = self._pending, None
+            if self._deadline is not None and time.monotonic() > self._deadline:
+                # past the kind's maximum runtime: stop renewing; the lease expires and the reconciler fails the job
+                log.warning("job %s passed its maximum runtime; no longer renewing its lease", self.job_id)
+                self.lost.set()
+                return
             if pending is None and time.monotonic() - last_lease < lease_every:
                 continue
             try:

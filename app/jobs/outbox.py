@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import or_, select, text, update
 from sqlalchemy.orm import Session
 
 from app.config import get_settings
@@ -28,6 +28,7 @@ GPU_KINDS = {"clip_federated"}
 DISPATCH_BATCH = 100
 """Most jobs one dispatcher pass moves from pending to dispatched."""
 MAX_BACKOFF_SECONDS = 60.0
+DEFAULT_MAX_RUNTIME_SECONDS = 24 * 3600.0
 """A transient failure re-offers the job after 2^attempts seconds, at most this."""
 
 
@@ -92,6 +93,37 @@ def mark_dispatched(session: Session, limit: int = DISPATCH_BATCH) -> list[Job]:
         if result.rowcount == 1:
             taken.append(session.get(Job, job_id))
     return taken
+
+
+def max_runtime(kind: str) -> float:
+    """The longest one attempt of this job kind may run (``LETHE_MAX_JOB_SECONDS``; a day if the kind is unlisted)."""
+    return float(get_settings().max_job_seconds.get(kind, DEFAULT_MAX_RUNTIME_SECONDS))
+
+
+def model_busy(session: Session, job_id: str) -> bool:
+    """Whether another job on this job's model holds a live lease. Jobs on one model run one at a time; the check and
+    the claim that follows are serialised per model (an advisory lock on PostgreSQL; SQLite's writers serialise on
+    BEGIN IMMEDIATE)."""
+    model_id = session.execute(select(Job.model_id).where(Job.id == job_id)).scalar_one_or_none()
+    if model_id is None:
+        return False
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(hashtext(:m))"), {"m": f"lethe-model:{model_id}"})
+    running = session.execute(
+        select(Job.id).where(
+            Job.model_id == model_id, Job.id != job_id, Job.status == "running", Job.lease_expires_at >= utcnow()
+        )
+    ).first()
+    return running is not None
+
+
+def defer(session: Session, job_id: str, seconds: float, reason: str) -> None:
+    """Put a job back in the outbox for later without spending an attempt (losing the per-model race is no failure)."""
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status.in_(("pending", "dispatched")))
+        .values(status="pending", available_at=utcnow() + timedelta(seconds=seconds), message=reason[:2000])
+    )
 
 
 def claim(session: Session, job_id: str, owner: str) -> Job | None:
@@ -189,7 +221,12 @@ def expire_leases(session: Session) -> Expiry:
         .all()
     )
     for job in expired:
-        if job.attempts >= job.max_attempts:
+        limit = max_runtime(job.kind)
+        if job.started_at is not None and (now - job.started_at).total_seconds() > limit:
+            job.status, job.finished_at, job.updated_at = "failed", now, now
+            job.error = f"the job ran longer than its maximum runtime ({limit:g} s for {job.kind}) and was stopped"
+            failed.append(job)
+        elif job.attempts >= job.max_attempts:
             job.status, job.finished_at, job.updated_at = "failed", now, now
             job.error = f"the worker's lease expired {job.attempts} times (worker killed or stuck); gave up"
             failed.append(job)

@@ -15,7 +15,7 @@ from functools import partial
 from app.db import new_id, session_scope
 from app.jobs import federated, lease, tabular
 from app.jobs.lease import JobContext
-from app.jobs.outbox import LeaseLostError, PermanentJobError
+from app.jobs.outbox import LeaseLostError, PermanentJobError, max_runtime
 from app.jobs.publish import publish, reject
 from app.jobs.tables import Job
 from app.jobs.work import Attempt, DeletionWing, DeletionWork, Unlearned, escalation_for, method_for
@@ -39,7 +39,7 @@ def execute_job(job_id: str, owner: str) -> str:
         handler = HANDLERS.get((job.kind, model_kind))
         if handler is None:
             raise PermanentJobError(f"no handler for a {job.kind!r} job on a {model_kind!r} model", "unprocessable")
-        with JobContext(job_id, owner) as ctx:
+        with JobContext(job_id, owner, max_seconds=max_runtime(job.kind)) as ctx:
             handler(job, ctx)
         return "succeeded"
     except LeaseLostError:

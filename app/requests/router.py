@@ -79,6 +79,7 @@ def list_deletion_requests(
     model_id: str | None = Query(None),
     limit: int = Query(50, ge=1, le=500),
     cursor: str | None = Query(None),
+    stuck: bool = Query(False, description="Only requests still waiting for a worker after LETHE_STUCK_AFTER_SECONDS."),
 ):
-    rows, next_cursor = service.list_requests(session, status, model_id, limit, cursor)
+    rows, next_cursor = service.list_requests(session, status, model_id, limit, cursor, stuck)
     return DeletionRequestPage(items=[service.to_out(r) for r in rows], next_cursor=next_cursor)

@@ -76,6 +76,7 @@ class DeletionRequestOut(BaseModel):
     message: str | None
     attempts: int
     error: dict[str, Any] | None
+    stuck: bool = False  # still received/queued after LETHE_STUCK_AFTER_SECONDS: no worker has taken it
     erasure: dict[str, Any] | None = None  # the erasure manifest: every store rewritten, with digests and counts
     result_version_id: str | None
     created_at: datetime

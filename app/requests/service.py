@@ -7,9 +7,9 @@ import base64
 import hashlib
 import hmac
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, delete, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -24,7 +24,7 @@ from app.registry.schemas import SCOPES_BY_KIND
 from app.registry.tables import DatasetRow, Model, ModelVersion
 from app.registry.versions import ID_QUERY_CHUNK, erased_hashes, hash_row_id
 from app.requests.schemas import DeletionRequestCreate, DeletionRequestOut
-from app.requests.tables import DeletionRequest
+from app.requests.tables import DeletionRequest, InflightRow
 from app.webhooks import service as webhooks
 
 META_METHODS = {AUTO}
@@ -51,6 +51,7 @@ def to_out(request: DeletionRequest) -> DeletionRequestOut:
         attempts=request.attempts,
         error=request.error,
         erasure=request.erasure,
+        stuck=is_stuck(request),
         result_version_id=request.result_version_id,
         created_at=request.created_at,
         updated_at=request.updated_at,
@@ -64,6 +65,36 @@ def to_out(request: DeletionRequest) -> DeletionRequestOut:
             **({"certificate": f"/v1/certificates/{request.certificate_id}"} if request.certificate_id else {}),
         },
     )
+
+
+def _raise_if_in_flight(session: Session, body: DeletionRequestCreate) -> None:
+    """409 naming the unfinished request that already holds some of these rows (the in-flight index's conflict)."""
+    if body.scope.kind != "samples":
+        return
+    hashes = [hash_row_id(s) for s in dict.fromkeys(body.scope.sample_ids)]
+    holders: dict[str, int] = {}
+    for start in range(0, len(hashes), ID_QUERY_CHUNK):
+        chunk = hashes[start : start + ID_QUERY_CHUNK]
+        for (holder,) in session.execute(
+            select(InflightRow.request_id).where(InflightRow.model_id == body.model_id, InflightRow.id_hash.in_(chunk))
+        ).all():
+            holders[holder] = holders.get(holder, 0) + 1
+    if holders:
+        earlier = max(holders, key=holders.get)
+        raise Problem(
+            409,
+            "deletion-in-progress",
+            "Some samples are already being deleted by an earlier request",
+            f"{sum(holders.values())} of the ids are held by unfinished request(s); follow {earlier}",
+            request_id=earlier,
+            location=f"/v1/deletion-requests/{earlier}",
+        )
+
+
+def release_rows(session: Session, request_id: str) -> None:
+    """The request ended (certified, failed, rejected): its rows may be asked for again (erased ones answer 409
+    already-deleted from the registry's erased-row hashes)."""
+    session.execute(delete(InflightRow).where(InflightRow.request_id == request_id))
 
 
 def find_idempotent(session: Session, principal: Principal, key: str) -> DeletionRequest | None:
@@ -241,6 +272,11 @@ def add_request(
     )
     request.job_id = job.id
     session.add(request)
+    if "sample_ids" in request.scope:  # hold the rows: a second request for one of them is answered with this one
+        session.add_all(
+            InflightRow(model_id=model.id, id_hash=h, request_id=request.id)
+            for h in dict.fromkeys(hash_row_id(s) for s in request.scope["sample_ids"])
+        )
     scope_summary = {k: v for k, v in request.scope.items() if k != "sample_ids"}
     if "sample_ids" in request.scope:
         scope_summary["n_samples"] = len(request.scope["sample_ids"])
@@ -279,11 +315,13 @@ def stage_request(
         session.flush()  # a twin with the same Idempotency-Key fails here
         savepoint.commit()
         return request, True
-    except (Problem, IntegrityError):
+    except (Problem, IntegrityError) as exc:
         savepoint.rollback()
         forget_head(session)
         existing = find_idempotent(session, principal, idempotency_key) if idempotency_key else None
         if existing is None:
+            if isinstance(exc, IntegrityError):
+                _raise_if_in_flight(session, body)
             raise
         return replay(existing, fingerprint), False
     except Exception:  # any other database error belongs to this request alone: undo it, keep the transaction
@@ -316,13 +354,30 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         ) from None
 
 
+WAITING_STATUSES = ("received", "queued")
+
+
+def is_stuck(request: DeletionRequest) -> bool:
+    """Still waiting for a worker after ``stuck_after_seconds`` (no worker listens, or the queue is backed up)."""
+    age = (utcnow() - request.created_at).total_seconds()
+    return request.status in WAITING_STATUSES and age > get_settings().stuck_after_seconds
+
+
 def list_requests(
-    session: Session, status: str | None, model_id: str | None, limit: int, cursor: str | None
+    session: Session,
+    status: str | None,
+    model_id: str | None,
+    limit: int,
+    cursor: str | None,
+    stuck: bool = False,
 ) -> tuple[list[DeletionRequest], str | None]:
     """Newest first, keyset-paged on (created_at, id) so pages stay stable while requests arrive."""
     query = select(DeletionRequest)
     if status:
         query = query.where(DeletionRequest.status == status)
+    if stuck:
+        before = utcnow() - timedelta(seconds=get_settings().stuck_after_seconds)
+        query = query.where(DeletionRequest.status.in_(WAITING_STATUSES), DeletionRequest.created_at < before)
     if model_id:
         query = query.where(DeletionRequest.model_id == model_id)
     if cursor:
@@ -423,6 +478,7 @@ def mark_failed(
         entity_id=request_id,
         payload={"job_id": job_id, "error": error.split("\n", 1)[0][:500], "attempts": attempts},
     )
+    release_rows(session, request_id)
     _queue_callback(session, request, f"deletion.{status}")
 
 
@@ -492,6 +548,7 @@ def mark_certified(
             "certificate_digest": certificate_digest,
         },
     )
+    release_rows(session, request_id)
     _queue_callback(session, request, "deletion.certified")
 
 

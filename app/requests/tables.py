@@ -42,3 +42,14 @@ class DeletionRequest(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class InflightRow(Base):
+    """A sample id (its keyed hash) that an unfinished deletion request holds on a model: a second request for the
+    same row is answered with the first (409), never with a second version. Released when the request ends."""
+
+    __tablename__ = "inflight_rows"
+
+    model_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    request_id: Mapped[str] = mapped_column(String(36), index=True)

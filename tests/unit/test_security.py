@@ -278,9 +278,12 @@ def test_item9_stored_hashes_are_keyed_with_their_purpose_keys(live):
     subject_key = settings.derived_key("subject-hash")
     assert request.subject_hash == hmac.new(subject_key, b"alice@example.com", hashlib.sha256).hexdigest()
     assert api_key.key_hash == hmac.new(settings.derived_key("api-key"), key.encode(), hashlib.sha256).hexdigest()
-    from app.webhooks.service import sign
+    from app.webhooks.service import endpoint_secret
 
-    assert sign(b"{}") == "sha256=" + hmac.new(settings.derived_key("webhook-signing"), b"{}", "sha256").hexdigest()
+    # per-endpoint Standard Webhooks secrets come from the webhook-signing key, never from the master secret
+    url = "https://hooks.example.com/lethe"
+    raw = hmac.new(settings.derived_key("webhook-signing"), b"https://hooks.example.com:/lethe", "sha256").digest()
+    assert endpoint_secret(url) == "whsec_" + base64.b64encode(raw).decode()
 
 
 # ---------------------------------------------------------------- item 10: scopes, bound keys, expiry, revocation

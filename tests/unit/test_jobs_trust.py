@@ -1,0 +1,103 @@
+"""Trust issue, items 16 and 17: jobs cannot run forever or fight over a model, a request stuck in the queue is
+visible, and a row already held by an unfinished request is answered with that request, never a second version."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.db import session_scope, utcnow
+from app.jobs import lease, outbox
+from app.jobs.tables import Job
+from app.main import create_app
+from tests.helpers import configure, make_key, wait_for, wait_request, write_table
+
+
+def _job(model_id: str, kind: str = "deletion") -> str:
+    with session_scope() as session:
+        return outbox.new_job(session, kind=kind, model_id=model_id, model_kind="tabular").id
+
+
+def test_jobs_on_one_model_run_one_at_a_time_and_waiting_costs_no_attempt(tmp_path):
+    configure(tmp_path)
+    first, second, other = _job("m1"), _job("m1"), _job("m2")
+    assert lease.claim(first, "w1") is not None
+    assert lease.claim(second, "w2") is None  # the model is busy: deferred, not failed
+    with session_scope() as session:
+        waiting = session.get(Job, second)
+        assert waiting.status == "pending" and waiting.attempts == 0 and "another job" in waiting.message
+        assert waiting.available_at > utcnow()
+    assert lease.claim(other, "w3") is not None  # another model is not held up
+    with session_scope() as session:
+        outbox.finish(session, outbox.assert_lease(session, first, "w1"), {})
+        session.get(Job, second).available_at = utcnow()
+    claimed = lease.claim(second, "w2")
+    assert claimed is not None and claimed.attempts == 1
+
+
+def test_a_job_past_its_maximum_runtime_stops_renewing_and_fails_with_a_clear_error(tmp_path):
+    configure(tmp_path, lease_seconds="0.6", max_job_seconds='{"deletion": 0.3}')
+    job_id = _job("m1")
+    assert lease.claim(job_id, "w1") is not None
+    with lease.JobContext(job_id, "w1", max_seconds=outbox.max_runtime("deletion")) as ctx:
+        wait_for(ctx.lost.is_set, timeout=10, what="the heartbeat to give up")
+        with pytest.raises(outbox.LeaseLostError):
+            ctx.progress(0.5, "still computing")
+    time.sleep(0.7)  # the last renewed lease runs out
+    with session_scope() as session:
+        counts = lease.reconcile(session)
+    assert counts["failed"] == 1
+    with session_scope() as session:
+        job = session.get(Job, job_id)
+        assert job.status == "failed" and "maximum runtime (0.3 s for deletion)" in job.error
+
+
+def test_in_flight_rows_are_answered_with_the_earlier_request_and_stuck_requests_show(tmp_path):
+    configure(tmp_path / "home", poll_seconds="0.05", stuck_after_seconds="0.5")
+    key = make_key()
+    source = tmp_path / "t.csv"
+    write_table(source, n=200, seed=4)
+    metadata = {
+        "name": "inflight",
+        "verification": {"shadows": 8},
+        "dataset": {"row_id_column": "row_id", "label_column": "label"},
+    }
+    headers = {"authorization": f"Bearer {key}"}
+    with TestClient(create_app(run_background=True), headers=headers) as client:
+        with source.open("rb") as handle:
+            response = client.post(
+                "/v1/models", data={"metadata": json.dumps(metadata)}, files={"file": ("t.csv", handle, "text/csv")}
+            )
+        model_id = response.json()["id"]
+        wait_for(lambda: client.get(f"/v1/models/{model_id}").json()["status"] == "ready", timeout=120, what="ready")
+
+    def ask(ids):
+        return client.post(
+            "/v1/deletion-requests",
+            json={"subject_ref": "s", "model_id": model_id, "scope": {"kind": "samples", "sample_ids": ids}},
+        )
+
+    with TestClient(create_app(run_background=False), headers=headers) as client:  # no worker: requests wait
+        first = ask(["r1", "r2"])
+        assert first.status_code == 202
+        clash = ask(["r2", "r3"])
+        assert clash.status_code == 409 and clash.json()["type"].endswith("/deletion-in-progress")
+        assert clash.json()["request_id"] == first.json()["id"]
+        other = ask(["r3"])
+        assert other.status_code == 202
+        time.sleep(0.7)
+        stuck = client.get("/v1/deletion-requests", params={"stuck": "true"}).json()["items"]
+        assert {r["id"] for r in stuck} == {first.json()["id"], other.json()["id"]}
+        assert client.get(f"/v1/deletion-requests/{first.json()['id']}").json()["stuck"] is True
+
+    with TestClient(create_app(run_background=True), headers=headers) as client:  # a worker arrives
+        for response in (first, other):
+            assert wait_request(client, response.json()["id"], timeout=120)["status"] == "certified"
+        assert client.get("/v1/deletion-requests", params={"stuck": "true"}).json()["items"] == []
+        again = ask(["r2"])  # released, and erased: the registry answers now
+        assert again.status_code == 409 and again.json()["type"].endswith("/already-deleted")
+        versions = client.get(f"/v1/models/{model_id}/versions").json()
+        assert len(versions) == 3  # one version per request, none for the refused one
