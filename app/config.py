@@ -40,6 +40,12 @@ class Settings(BaseSettings):
     run_dispatcher: bool = Field(True, description="Run the dispatcher/reconciler loop inside the API process.")
     retry_after_seconds: int = Field(5, description="Retry-After sent with 202 Accepted.")
     webhook_timeout_seconds: float = 5.0
+    auto_max_param_ratio: float = Field(
+        0.1,
+        gt=0,
+        description='method "auto" takes a fast method only if its validated median param_ratio '
+        "||theta' - theta_r|| / ||theta - theta_r|| is at most this; else exact retraining.",
+    )
     retired_version_grace_seconds: float = Field(
         0.0, ge=0, description="How long a version trained on erased rows stays stored (410 at once) before shredding."
     )

@@ -14,7 +14,12 @@ class TabularRecipeIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     hidden_units: int = Field(10, ge=1, le=4096)
-    l2: float = Field(1e-4, ge=0)
+    l2: float | None = Field(
+        None,
+        ge=0,
+        description="L2 weight; none = the family's default (1e-4 for logistic regression, 1e-2 for the MLP, whose "
+        "retraining is chaotic below that: see app.ml.tabular.DEFAULT_L2).",
+    )
     max_iter: int = Field(500, ge=1, le=100_000)
     tol: float = Field(1e-9, gt=0)
     seed: int = 0
