@@ -97,4 +97,4 @@ def test_auto_never_takes_a_method_equal_to_doing_nothing():
 
 def test_lazy_references_resolve():
     spec = get_method("l2ul")
-    assert spec.method_cls.__name__ == "L2UL" and spec.make_config({"m": 10}).m == 10
+    assert spec.method_cls.__name__ == "L2UL" and spec.make_config({"m": 20}).m == 20
