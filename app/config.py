@@ -69,6 +69,12 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Hosts, addresses or CIDRs a callback may reach although private or loopback (e.g. 127.0.0.1).",
     )
+    auto_max_param_ratio: float = Field(
+        0.1,
+        gt=0,
+        description='method "auto" takes a fast method only if its validated median param_ratio '
+        "||theta' - theta_r|| / ||theta - theta_r|| is at most this; else exact retraining.",
+    )
     retired_version_grace_seconds: float = Field(
         0.0, ge=0, description="How long a version trained on erased rows stays stored (410 at once) before shredding."
     )

@@ -2,8 +2,8 @@
 
 1. Exact retraining on real data that ships with scikit-learn (the Wisconsin breast-cancer table, 569 rows):
    register, delete a data subject's rows, print the request's journey and old/new accuracy.
-2. L2UL on the same table: registration meta-trains the unlearner (a job with progress); a deletion is one forward
-   pass, compared with retraining side by side.
+2. Fast methods on the same table (Newton, influence, L2UL): registration prepares them and measures each on real
+   deletions against exact retrains; one deletion per method and one by "auto", side by side with retraining.
 3. EASE on a federated tiny CLIP + LoRA (5 simulated clients over HTTP): a whole client leaves; forget/retain/test
    R@1 before and after, the published forget lock, and later rounds with the lock; a figure in var/demo.
 Ends with the audit chain's verdict.
@@ -223,21 +223,24 @@ def _finished(client: httpx.Client, location: str, label: str) -> dict:
 
 
 def _l2ul_story(client: httpx.Client, tabular_model_id: str) -> None:
-    """The same table with L2UL prepared: one deletion by forward pass, one by retraining, side by side."""
+    """The same table with fast methods prepared (Newton, influence, L2UL): each measured on real deletions at
+    preparation, then one deletion per method and one by ``auto``, side by side with retraining."""
     import json
 
-    print("\n━━ Part 2: L2UL, one forward pass instead of a retrain ━━")
-    settings = {"m": 300, "subset_size": 300, "epochs": 150, "refit_epochs": 20}
+    print("\n━━ Part 2: fast unlearning, measured before it is trusted ━━")
+    settings = {"m": 300, "subset_size": 300, "epochs": 150, "units": 4}
+    methods = ["newton", "influence", "l2ul"]
     metadata = {
-        "name": "breast-cancer-lr-l2ul",
+        "name": "breast-cancer-lr-fast",
         "family": "logistic_regression",
-        "unlearning": ["l2ul"],
+        "unlearning": methods,
         "method_settings": {"l2ul": settings},
         "dataset": {"row_id_column": "patient_id", "label_column": "target"},
     }
     print(
-        f'1. Register the table again with "unlearning": ["l2ul"] (meta-training: m={settings["m"]} simulated '
-        f"deletions on subsets of {settings['subset_size']} rows, each retrained from scratch)"
+        f'1. Register the table again with "unlearning": {methods}: a Hessian factor (Newton, influence) and a '
+        f"learned unlearner (L2UL, m={settings['m']} simulated deletions in {settings['units']} units); then each is "
+        "checked on real deletions against exact retrains"
     )
     with (HOME / "breast_cancer.csv").open("rb") as handle:
         response = client.post(
@@ -250,13 +253,30 @@ def _l2ul_story(client: httpx.Client, tabular_model_id: str) -> None:
     model = _wait(
         client,
         f"/v1/models/{model_id}",
-        lambda b: b["unlearning"]["l2ul"]["status"] in ("ready", "failed") or b["status"] == "failed",
+        lambda b: (
+            b["status"] == "failed"
+            or all(b["unlearning"].get(m, {}).get("status") in ("ready", "refused", "failed") for m in methods)
+        ),
         "model",
         timeout=900,
     )
-    info = model["unlearning"]["l2ul"].get("info", {})
-    print(f"   unlearner ready: one-off cost {info.get('prepare_seconds', float('nan')):.1f} s")
-    rows = {"l2ul": ["P0005", "P0017", "P0200"], "retrain": ["P0006", "P0018", "P0201"]}
+    print(
+        f"   {'method':<10}{'status':<10}{'param_ratio':>12}{'acc gap':>9}{'step ms':>9}   (median of real deletions)"
+    )
+    for name in methods:
+        entry = model["unlearning"].get(name, {})
+        v = entry.get("info", {}).get("validation") or {}
+        ratio, gap, step = v.get("param_ratio_median"), v.get("acc_gap_pts_median"), v.get("method_seconds_median")
+        figures = f"{ratio:>12.4f}{gap:>+9.2f}{step * 1e3:>9.3f}" if ratio is not None else f"{'—':>12}{'':>18}"
+        print(f"   {name:<10}{entry.get('status', '?'):<10}{figures}")
+        if entry.get("reason"):
+            print(f"      {entry['reason']}")
+    rows = {
+        "newton": ["P0005", "P0017", "P0200"],
+        "l2ul": ["P0006", "P0018", "P0201"],
+        "retrain": ["P0007", "P0019", "P0202"],
+        "auto": ["P0008", "P0020", "P0203"],
+    }
     outcome = {}
     for method, ids in rows.items():
         response = client.post(
@@ -268,7 +288,10 @@ def _l2ul_story(client: httpx.Client, tabular_model_id: str) -> None:
                 "scope": {"kind": "samples", "sample_ids": ids},
             },
         )
-        response.raise_for_status()
+        if response.status_code != 202:
+            problem = response.json()
+            print(f"   {method}: {response.status_code} {problem['type'].rsplit('/', 1)[-1]}: {problem['detail']}")
+            continue
         done = _finished(client, response.headers["location"], method)
         _evidence(client, done, method)
         if done["status"] != "certified":
@@ -276,19 +299,22 @@ def _l2ul_story(client: httpx.Client, tabular_model_id: str) -> None:
             continue
         version = client.get(f"/v1/models/{model_id}/versions").json()[-1]
         outcome[method] = version["metrics"]
-    if len(outcome) == 2:
-        print(f"2. Two subjects, three rows each: {'':<8}{'unlearn s':>10}{'holdout acc':>13}{'forget acc':>12}")
+    if outcome:
+        print(f"2. Four subjects, three rows each: {'':<6}{'ran':>9}{'unlearn s':>11}{'holdout acc':>13}")
         for method, m in outcome.items():
             print(
-                f"   {method:<37}{m['unlearn_seconds']:>10.4f}{m['after']['accuracy_holdout']:>13.4f}"
-                f"{m['after']['accuracy_forget']:>12.4f}"
+                f"   {method:<37}{m['method']:>9}{m['unlearn_seconds']:>11.4f}{m['after']['accuracy_holdout']:>13.4f}"
             )
-        l2ul_info = outcome["l2ul"].get("method_info", {})
-        forward = l2ul_info.get("forward_time_s")
-        if forward:
+        if "auto" in outcome:
+            print(f"   auto chose {outcome['auto']['choice']['method']}: {outcome['auto']['choice']['reason']}")
+        if "newton" in outcome:
+            info = outcome["newton"]["method_info"]
+            bound = (info.get("bound") or {}).get("bound")
             print(
-                f"   L2UL forward pass alone: {forward * 1000:.2f} ms; the rest of its time is the privacy purge "
-                "(meta-tasks and kernel seeds that held the deleted rows are dropped and refit)"
+                f"   Newton step alone: {info['method_seconds'] * 1e3:.2f} ms; proven ||theta' - theta_retrain*|| <= "
+                f"{bound:.2e}"
+                if bound is not None
+                else f"   Newton step alone: {info['method_seconds'] * 1e3:.2f} ms"
             )
 
 

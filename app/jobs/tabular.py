@@ -4,16 +4,20 @@ unlearn steps of a tabular deletion. Thin glue between the registry (app/registr
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import math
+import threading
 import time
-from dataclasses import dataclass
-from functools import lru_cache
+from collections import OrderedDict
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from app.audit.service import append_event
+from app.config import get_settings
 from app.db import session_scope
 from app.jobs.lease import JobContext, finish
 from app.jobs.outbox import PermanentJobError
@@ -21,7 +25,9 @@ from app.jobs.tables import Job
 from app.jobs.work import DeletionWork, ErasurePlan, Unlearned, Verification, build, weights
 from app.ml import tabular
 from app.ml.data.tabular import TableEncoder, load_table
-from app.ml.unlearning.base import TabularProblem, UnlearningResult, get_method
+from app.ml.unlearning import validation
+from app.ml.unlearning.base import TabularProblem, UnlearningResult, explain_choice, get_method
+from app.ml.unlearning.newton.probe import determinism_probe
 from app.ml.verification.audit import run_audit
 from app.ml.verification.bounds import gradient_norm_bound
 from app.ml.verification.plots import audit_plots
@@ -44,6 +50,10 @@ HOLDOUT_SEED_OFFSET = 7919
 """The held-out split's random stream is the recipe's seed plus this (kept apart from the training seed's)."""
 ENCODED_CACHE_SIZE = 4
 """Encoded tables a worker keeps in memory (keyed by data-set digest and encoder)."""
+FRAME_CACHE_SIZE = 2
+"""Raw tables a worker keeps in memory (keyed by digest): the erase step rewrites the table from it."""
+ARTIFACT_CACHE_SIZE = 32
+"""Method-state blobs a worker keeps in memory (keyed by digest; a model's prepared methods hold 1 to 4 each)."""
 NONE_NEEDED = "none-needed"
 POSITION_COLUMN = "__lethe_position"
 """Column of a rewritten table: each remaining row's position at registration."""
@@ -65,41 +75,121 @@ class TabularData:
     present: np.ndarray
 
 
-@lru_cache(maxsize=ENCODED_CACHE_SIZE)
+class _Warm:
+    """A small least-recently-used map for what a warm worker keeps between requests (issue 10, item 5): encoded
+    tables, raw tables (for the erase step's rewrite) and method-state bytes, each keyed by content digest, so a
+    request on a model this worker served last pays no store read, parse or encoding. Content-addressed keys never
+    go stale; an entry is dropped only to bound memory."""
+
+    def __init__(self, max_entries: int):
+        self.max_entries = max_entries
+        self._entries: OrderedDict[Any, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            value = self._entries.get(key)
+            if value is not None:
+                self._entries.move_to_end(key)
+            return value
+
+    def put(self, key: Any, value: Any) -> Any:
+        with self._lock:
+            self._entries[key] = value
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+ENCODED = _Warm(ENCODED_CACHE_SIZE)
+FRAMES = _Warm(FRAME_CACHE_SIZE)
+ARTIFACT_BYTES = _Warm(ARTIFACT_CACHE_SIZE)
+
+
+def _frame(digest: str):
+    """The stored table as read (a DataFrame), from memory when this worker read or wrote it last."""
+    df = FRAMES.get(digest)
+    return df if df is not None else FRAMES.put(digest, load_table(io.BytesIO(get_store().get_bytes(digest))))
+
+
+def _encoded_key(digest: str, encoder: dict | None, label_column: str, row_id_column: str, n_positions: int | None):
+    return (digest, json.dumps(encoder, sort_keys=True) if encoder else None, label_column, row_id_column, n_positions)
+
+
 def _load_encoded(
     dataset_digest: str, encoder_json: str | None, label_column: str, row_id_column: str, n_positions: int | None
 ) -> TabularData:
-    df = load_table(io.BytesIO(get_store().get_bytes(dataset_digest)))
+    key = (dataset_digest, encoder_json, label_column, row_id_column, n_positions)
+    cached = ENCODED.get(key)
+    if cached is not None:
+        return cached
+    df = _frame(dataset_digest)
     if encoder_json is None:
         encoder = TableEncoder.fit(df, label_column, exclude=[row_id_column, POSITION_COLUMN])
     else:
         encoder = TableEncoder.from_dict(json.loads(encoder_json))
     X, y, ids = encoder.transform(df), encoder.encode_labels(df[label_column]), df[row_id_column].astype(str).to_numpy()
     if POSITION_COLUMN not in df.columns:
-        return TabularData(X, y, ids, encoder, np.ones(len(df), bool))
+        return ENCODED.put(key, TabularData(X, y, ids, encoder, np.ones(len(df), bool)))
     positions = df[POSITION_COLUMN].to_numpy(dtype=np.int64)
     n = int(n_positions or (positions.max() + 1 if len(positions) else 0))
     full = TabularData(
         np.zeros((n, X.shape[1]), np.float32), np.zeros(n, np.int64), np.full(n, "", object), encoder, np.zeros(n, bool)
     )
     full.X[positions], full.y[positions], full.row_ids[positions], full.present[positions] = X, y, ids, True
-    return full
+    return ENCODED.put(key, full)
 
 
 def load_tabular(dataset: Dataset, model: Model) -> TabularData:
-    encoder = model.state.get("encoder")
-    return _load_encoded(
-        dataset.digest,
-        json.dumps(encoder, sort_keys=True) if encoder else None,
-        dataset.label_column,
-        dataset.row_id_column,
-        dataset.n_positions,
+    key = _encoded_key(
+        dataset.digest, model.state.get("encoder"), dataset.label_column, dataset.row_id_column, dataset.n_positions
     )
+    return _load_encoded(*key)
+
+
+def remember_erased(
+    dataset: Dataset, data: TabularData, erased: np.ndarray, new_digest: str, encoder: dict[str, Any]
+) -> None:
+    """Keep the table as the next request will load it: ``data`` with the erased slots emptied, under the rewritten
+    table's digest and the (possibly scrubbed) encoder. The same arrays a reload would build (the remaining rows
+    encode identically: a scrubbed category is one no remaining row has); a copy, so the old entry stays valid."""
+    n_positions = dataset.n_positions or len(data.y)
+    kept = TabularData(
+        data.X.copy(),
+        data.y.copy(),
+        data.row_ids.copy(),
+        TableEncoder.from_dict(encoder),
+        data.present.copy(),
+    )
+    kept.X[erased], kept.y[erased], kept.row_ids[erased], kept.present[erased] = 0.0, 0, "", False
+    ENCODED.put(_encoded_key(new_digest, encoder, dataset.label_column, dataset.row_id_column, n_positions), kept)
+
+
+def method_artifacts(model: Model, name: str) -> dict[str, bytes]:
+    """``registry.method_artifacts`` through this worker's memory: the same bytes object for the same digest, so
+    a method's own warm state (app/ml/unlearning/warm.py) is found without parsing."""
+    digests = model.state.get("methods", {}).get(name, {}).get("artifacts", {})
+    out = {}
+    for artifact, digest in digests.items():
+        data = ARTIFACT_BYTES.get(digest)
+        out[artifact] = data if data is not None else ARTIFACT_BYTES.put(digest, get_store().get_bytes(digest))
+    return out
+
+
+def remember_artifacts(artifacts: dict[str, bytes]) -> None:
+    """Keep method state this worker just computed under the digest the store will give it (sha256)."""
+    for data in artifacts.values():
+        ARTIFACT_BYTES.put(hashlib.sha256(data).hexdigest(), data)
 
 
 def rewrite_table(dataset: Dataset, erased: np.ndarray) -> bytes:
     """The stored table without the erased positions (same format), each remaining row keeping its position."""
-    df = load_table(io.BytesIO(get_store().get_bytes(dataset.digest)))
+    df = _frame(dataset.digest)
     positions = df[POSITION_COLUMN].to_numpy() if POSITION_COLUMN in df.columns else np.arange(len(df))
     keep = ~np.isin(positions, erased)
     out = df.loc[keep].copy()
@@ -109,7 +199,9 @@ def rewrite_table(dataset: Dataset, erased: np.ndarray) -> bytes:
         out.to_parquet(buffer, index=False)
     else:
         out.to_csv(buffer, index=False)
-    return buffer.getvalue()
+    data = buffer.getvalue()
+    FRAMES.put(hashlib.sha256(data).hexdigest(), out)
+    return data
 
 
 def scrub_encoder(encoder: TableEncoder, data: TabularData, erased: np.ndarray) -> dict[str, Any] | None:
@@ -170,9 +262,11 @@ def train(job: Job, ctx: JobContext) -> None:
     if existing is None:
         ctx.progress(0.1, f"training {recipe.family} on {int((~holdout).sum())} rows")
         started = time.perf_counter()
-        theta = tabular.train(recipe, data.X[~holdout], data.y[~holdout], data.encoder.n_classes)
+        theta, solver = tabular.fit(recipe, data.X[~holdout], data.y[~holdout], data.encoder.n_classes)
         metrics = _evaluate(recipe, theta, data, data.encoder.n_classes, {"train": ~holdout, "holdout": holdout})
         metrics["train_seconds"] = round(time.perf_counter() - started, 4)
+        metrics["solver"] = solver  # converged or not: a retrain of an unconverged recipe is no stable target
+        metrics["recipe"] = recipe.to_dict()
         draft = registry.VersionDraft(
             model_id=model.id,
             number=1,
@@ -192,6 +286,16 @@ def train(job: Job, ctx: JobContext) -> None:
                     "classes": data.encoder.classes,
                     "n_features": data.encoder.n_features,
                 },
+            )
+            ENCODED.put(  # the first deletion finds the encoded table warm (its key names the stored encoder)
+                _encoded_key(
+                    dataset.digest,
+                    data.encoder.to_dict(),
+                    dataset.label_column,
+                    dataset.row_id_column,
+                    len(data.y),
+                ),
+                data,
             )
             append_event(
                 session,
@@ -244,30 +348,78 @@ def train_verification_shadows(ctx: JobContext, model: Model, recipe, data: Tabu
 
 def prepare_methods(ctx: JobContext, model: Model, recipe, data: TabularData, theta, holdout) -> dict[str, Any]:
     """The one-off preparation of every method the registration asked for that has one (e.g. a learned unlearner's
-    meta-training); each is recorded as soon as it is done, so a retried job resumes with the next."""
+    meta-training); each is recorded as soon as it is done, so a retried job resumes with the next.
+
+    Fast methods (those that approximate retraining: ``approximates_retraining``) are first gated by the
+    determinism probe (newton/probe.py): where retraining the recipe is chaotic they are refused for the model, with
+    the reason, since no approximation of a chaotic target is meaningful. Each one prepared is then measured on real
+    deletions of the full model against exact retrains (app/ml/unlearning/validation.py); ``auto`` reads that. A
+    method whose preparation or validation finds it no better than doing nothing is refused too."""
     preparations: dict[str, Any] = {}
-    prepared = registry.prepared_methods(model)
-    for name in model.spec.get("unlearning", []):
-        spec = get_method(name)
-        if not spec.needs_preparation or name in prepared:
-            continue
-        ctx.progress(0.3, f"preparing {name}")
-        method = build(spec, model.spec.get("method_settings", {}).get(name, {}))
+    states = model.state.get("methods", {})
+    todo = [
+        name
+        for name in model.spec.get("unlearning", [])
+        if get_method(name).needs_preparation and states.get(name, {}).get("status") not in ("ready", "refused")
+    ]
+    methods = {name: build(get_method(name), model.spec.get("method_settings", {}).get(name, {})) for name in todo}
+    fast = [name for name in todo if getattr(methods[name], "approximates_retraining", False)]
+    n = len(data.y)
+    base = TabularProblem(
+        recipe=recipe,
+        X=data.X,
+        y=data.y,
+        n_classes=data.encoder.n_classes,
+        theta=theta,
+        retain_mask=~holdout,
+        forget_mask=np.zeros(n, bool),
+        tombstone_mask=np.zeros(n, bool),
+    )
+    references, probe = [], None
+    if fast:
+        ctx.progress(0.2, "reference deletions: exact retrains for the determinism probe and validation")
         started = time.perf_counter()
-        n = len(data.y)
-        problem = TabularProblem(
-            recipe=recipe,
-            X=data.X,
-            y=data.y,
-            n_classes=data.encoder.n_classes,
-            theta=theta,
-            retain_mask=~holdout,
-            forget_mask=np.zeros(n, bool),
-            tombstone_mask=np.zeros(n, bool),
-            progress=ctx.scaled(0.3, 0.68, name),
+        references = validation.reference_deletions(
+            recipe, data.X, data.y, data.encoder.n_classes, ~holdout, seed=recipe.seed
         )
+        retrained = [(int(r.rows[0]), r.theta_r, r.solver) for r in references if len(r.rows) == 1]
+        probe = _json_safe(
+            determinism_probe(
+                recipe, data.X, data.y, data.encoder.n_classes, ~holdout, theta=theta, retrained=retrained
+            )
+        )
+        probe["references_seconds"] = round(time.perf_counter() - started, 3)
+        if probe["chaotic"]:
+            reason = _chaotic_reason(probe)
+            for name in fast:
+                _refuse(ctx, model, name, reason, {"determinism_probe": probe})
+                preparations[name] = {"status": "refused", "reason": reason}
+            todo = [name for name in todo if name not in fast]
+    for name in todo:
+        ctx.progress(0.3, f"preparing {name}")
+        method = methods[name]
+        started = time.perf_counter()
+        problem = replace(base, progress=ctx.scaled(0.3, 0.6, name))
         result = method.prepare(problem)
         info = {**result.info, "prepare_seconds": round(time.perf_counter() - started, 3)}
+        refusal = result.info.get("refused")
+        if name in fast and not refusal:
+            ctx.progress(0.9, f"validating {name} on {len(references)} real deletions")
+            measured = validation.validate(
+                method,
+                replace(base, artifacts=result.artifacts),
+                references,
+                holdout if holdout.any() else ~holdout,
+            )
+            info["validation"] = _json_safe(measured)
+            info["determinism_probe"] = probe
+            if measured["equals_do_nothing"]:
+                refusal = "validated on real deletions, it returned the original model unchanged (doing nothing)"
+        if refusal:
+            _refuse(ctx, model, name, refusal, _json_safe(info))
+            preparations[name] = {"status": "refused", "reason": refusal}
+            continue
+        info = _json_safe(info)
         preparations[name] = info
         with session_scope() as session:
             ctx.assert_lease(session)
@@ -281,6 +433,44 @@ def prepare_methods(ctx: JobContext, model: Model, recipe, data: TabularData, th
                 payload={"method": name, "info": info},
             )
     return preparations
+
+
+def _chaotic_reason(probe: dict[str, Any]) -> str:
+    shifts = ", ".join(f"{s:.3g}" for s in probe["retrain_shift"])
+    ratios = ", ".join(f"{r:.3g}" if r is not None else "n/a" for r in probe["param_ratios"])
+    return (
+        f"retraining this recipe is chaotic: deleting one training row moved the retrained model by {shifts} "
+        f"(||theta|| = {probe['theta_norm']:.3g}) and a Newton step missed that move by {ratios} of its length "
+        f"(threshold {probe['threshold']:g}); no approximation of a chaotic target is meaningful. Register the "
+        "model with a larger l2 trained to convergence (the MLP default is 1e-2), or use retrain"
+    )
+
+
+def _refuse(ctx: JobContext, model: Model, name: str, reason: str, info: dict[str, Any]) -> None:
+    with session_scope() as session:
+        ctx.assert_lease(session)
+        registry.refuse_method(session, model.id, name, reason, info)
+        append_event(
+            session,
+            actor="worker",
+            action="method.refused",
+            entity_type="model",
+            entity_id=model.id,
+            payload={"method": name, "reason": reason},
+        )
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN and infinities (a ratio over a retrain that did not move) as None: model state is JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        return _json_safe(value.item())
+    return value
 
 
 # ------------------------------------------------------------------------------------------------------ deletion
@@ -357,7 +547,7 @@ class Deletion:
                 retain_mask=inputs.retain,
                 forget_mask=forget & ~holdout,
                 tombstone_mask=tombstone,
-                artifacts=registry.method_artifacts(work.model, name) if work.spec.needs_preparation else {},
+                artifacts=method_artifacts(work.model, name) if work.spec.needs_preparation else {},
                 progress=ctx.scaled(0.1, 0.75, name),
             )
             ctx.progress(0.1, f"unlearning {int(trained_forget.sum())} rows with {name}")
@@ -374,6 +564,7 @@ class Deletion:
             "before": _evaluate(recipe, theta_parent, data, n_classes, masks),
             "after": _evaluate(recipe, result.theta, data, n_classes, masks),
             "method_info": result.info,
+            "choice": _choice(work),
         }
         return Unlearned(
             theta=result.theta,
@@ -385,21 +576,41 @@ class Deletion:
         )
 
 
+def _choice(work: DeletionWork) -> dict[str, Any]:
+    """Which method ran and why (``auto``: the measured quality it was chosen on), for the version's metrics."""
+    explained = explain_choice(
+        work.request.method,
+        work.model.kind,
+        work.request.scope["kind"],
+        registry.prepared_methods(work.model),
+        max_param_ratio=get_settings().auto_max_param_ratio,
+    )
+    if explained["method"] != work.method_name:  # the hall chose with another threshold: say what ran
+        explained = {**explained, "method": work.method_name, "note": f"explained as {explained['method']!r}"}
+    return explained
+
+
 # ------------------------------------------------------------------------------------------------------ erasure
 def erase_copies(work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> ErasurePlan:
     """Replacements for every stored copy of the erased rows: the table rewritten without them, the encoder without
     categories only they carried, and the state of every other prepared method purged (or dropped when the method
-    cannot purge: it must be prepared again before it serves)."""
+    cannot purge, or its purge used up what it needs: it must be prepared again before it serves). Purges are given
+    the new version's parameters: the state they keep describes the model that will be served next."""
     inputs: TabularInputs = work.inputs
     erased = np.asarray(sorted(unlearned.positions), dtype=np.int64)
     ctx.progress(0.92, f"erasing {len(erased)} rows from the stored table and method state")
     new_digest = get_store().put_bytes(rewrite_table(work.dataset, erased))
     encoder = scrub_encoder(inputs.data.encoder, inputs.data, erased)
+    remember_erased(work.dataset, inputs.data, erased, new_digest, encoder or work.model.state["encoder"])
     purged: dict[str, dict[str, bytes]] = {}
     invalidated: dict[str, str] = {}
     if unlearned.method_artifacts:
-        purged[unlearned.method] = unlearned.method_artifacts
-    for name in sorted(registry.prepared_methods(work.model) - {unlearned.method}):
+        exhausted = unlearned.metrics.get("method_info", {}).get("needs_prepare")
+        if exhausted:
+            invalidated[unlearned.method] = str(exhausted)
+        else:
+            purged[unlearned.method] = unlearned.method_artifacts
+    for name in sorted(set(registry.prepared_methods(work.model)) - {unlearned.method}):
         method = build(get_method(name), work.model.spec.get("method_settings", {}).get(name, {}))
         if not hasattr(method, "purge"):
             invalidated[name] = f"{name} cannot purge rows erased by another method"
@@ -411,14 +622,20 @@ def erase_copies(work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> E
             X=inputs.data.X,
             y=inputs.data.y,
             n_classes=inputs.data.encoder.n_classes,
-            theta=weights(work.parent.digest),
+            theta=unlearned.theta,
             retain_mask=inputs.retain,
             forget_mask=forget,
             tombstone_mask=inputs.tombstone,
-            artifacts=registry.method_artifacts(work.model, name),
+            artifacts=method_artifacts(work.model, name),
             progress=ctx.scaled(0.92, 0.05, f"purging {name}"),
         )
-        purged[name] = dict(method.purge(problem).artifacts)
+        result = method.purge(problem)
+        if result.info.get("needs_prepare"):
+            invalidated[name] = str(result.info["needs_prepare"])
+        else:
+            purged[name] = dict(result.artifacts)
+    for artifacts in purged.values():
+        remember_artifacts(artifacts)
     state_update: dict[str, Any] = {"encoder": encoder} if encoder else {}
     if "verification" in work.model.state:
         state_update["verification"] = _replace_shadows(work.model.state["verification"], inputs.data, erased, ctx)

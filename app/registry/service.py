@@ -265,6 +265,7 @@ def model_out(session: Session, model: Model) -> ModelOut:
     current = session.get(ModelVersion, model.current_version_id) if model.current_version_id else None
     methods = {
         name: {"status": entry.get("status"), "info": entry.get("info", {})}
+        | ({"reason": entry["reason"]} if entry.get("reason") else {})
         for name, entry in model.state.get("methods", {}).items()
     }
     for name in model.spec.get("unlearning", []):

@@ -42,6 +42,7 @@ class L2ULSettings(_Settings):
     psi: int = Field(4, ge=2, le=1024)
     t: int = Field(100, ge=1, le=10_000)
     m: int = Field(1000, ge=2, le=100_000)
+    units: int = Field(8, ge=1, le=1024, description="Disjoint row blocks, each with its own kernel, tasks and N_U.")
     subset_size: int | None = Field(None, ge=2, le=10_000_000)
     min_forget: int = Field(1, ge=1, le=1_000_000)
     max_forget_fraction: float = Field(0.05, gt=0, lt=1)
@@ -51,14 +52,9 @@ class L2ULSettings(_Settings):
     activation: Literal["gelu", "relu", "tanh", "silu"] = "gelu"
     linear_skip: bool = True
     epochs: int = Field(400, ge=1, le=100_000)
-    refit_epochs: int = Field(50, ge=0, le=100_000)
     lr: Rate = 1e-3
     weight_decay: Decay = 1e-4
     validation_fraction: float = Field(0.1, ge=0, lt=1)
-    purge_meta_tasks: bool = True
-    purge_seeds: bool = True
-    purge_refit: Literal["warm", "cold"] = "warm"
-    replenish_tasks: bool = True
     calibration_tasks: int = Field(8, ge=0, le=1000)
     workers: int = Field(0, ge=0, le=64, description="Process pool size; 0 = one per CPU core.")
     seed: Seed = 0
@@ -263,7 +259,13 @@ class TabularRecipeIn(_Settings):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     hidden_units: int = Field(10, ge=1, le=4096)
-    l2: float = Field(1e-4, ge=0, le=1e6)
+    l2: float | None = Field(
+        None,
+        ge=0,
+        le=1e6,
+        description="L2 weight; none = the family's default (1e-4 for logistic regression, 1e-2 for the MLP, whose "
+        "retraining is chaotic below that: see app.ml.tabular.DEFAULT_L2).",
+    )
     max_iter: int = Field(500, ge=1, le=100_000)
     tol: float = Field(1e-9, gt=0, le=1)
     seed: Seed = 0

@@ -171,8 +171,27 @@ def method_artifacts(model: Model, method: str) -> dict[str, bytes]:
     return {name: store.get_bytes(digest) for name, digest in digests.items()}
 
 
-def prepared_methods(model: Model) -> set[str]:
-    return {name for name, entry in model.state.get("methods", {}).items() if entry.get("status") == "ready"}
+def prepared_methods(model: Model) -> dict[str, dict[str, Any]]:
+    """The methods ready to serve on ``model``, each with its preparation facts (``info``: what ``auto`` reads,
+    e.g. the measured validation). Iterating it gives the names."""
+    return {
+        name: entry.get("info", {}) or {}
+        for name, entry in model.state.get("methods", {}).items()
+        if entry.get("status") == "ready"
+    }
+
+
+def refuse_method(session: Session, model_id: str, method: str, reason: str, info: dict) -> None:
+    """Record that ``method`` will not serve this model (e.g. retraining its recipe is chaotic, or its validated
+    quality is no better than doing nothing): the API answers a request naming it with the reason, ``auto`` skips
+    it. Any state it had is queued for shredding."""
+    model = session.get(Model, model_id)
+    methods = dict(model.state.get("methods", {}))
+    enqueue_shred(
+        session, list(methods.get(method, {}).get("artifacts", {}).values()), "method refused", grace_seconds=0
+    )
+    methods[method] = {"status": "refused", "reason": reason, "info": info}
+    model.state = {**model.state, "methods": methods}
 
 
 def store_method_state(

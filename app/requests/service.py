@@ -150,7 +150,15 @@ def validate_against_registry(session: Session, body: DeletionRequestCreate, mod
                 "The method cannot do this deletion",
                 f"{body.method} supports kinds {sorted(spec.model_kinds)} and scopes {sorted(spec.scopes)}",
             )
-        if spec.needs_preparation and model.state.get("methods", {}).get(body.method, {}).get("status") != "ready":
+        entry = model.state.get("methods", {}).get(body.method, {})
+        if spec.needs_preparation and entry.get("status") == "refused":
+            raise Problem(
+                409,
+                "method-refused",
+                "The method was refused for this model at preparation",
+                f'{body.method}: {entry.get("reason", "no reason recorded")}. Use method "retrain" or "auto".',
+            )
+        if spec.needs_preparation and entry.get("status") != "ready":
             raise Problem(
                 409,
                 "method-not-prepared",

@@ -1,5 +1,6 @@
-"""L2UL through the service on PostgreSQL + Celery: registration meta-trains the unlearner as a job with progress,
-deletions with method "l2ul" and "auto" run the forward pass, sequential deletions keep working."""
+"""L2UL through the service on PostgreSQL + Celery: registration meta-trains the unlearner as a job with progress and
+measures it on real deletions; a deletion with method "l2ul" runs the forward pass and drops the units that held the
+rows; "auto" takes L2UL only if that measurement was within the quality bar; sequential deletions keep working."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 
 from tests.helpers import wait_for, wait_request, write_table
 
-SMALL_L2UL = {"m": 40, "subset_size": 200, "t": 20, "epochs": 60, "refit_epochs": 10, "workers": 1}
+SMALL_L2UL = {"m": 40, "subset_size": 200, "t": 20, "epochs": 60, "workers": 1, "units": 4}
 
 
 def _finished(stack, request_id):
@@ -67,10 +68,13 @@ def test_l2ul_deletions_through_the_api(stack, tmp_path):
     assert done2["status"] == "certified", done2
 
     versions = stack.client.get(f"/v1/models/{model_id}/versions").json()
-    assert [v["method"] for v in versions] == ["train", "l2ul", "l2ul"], versions
+    validated = model["unlearning"]["l2ul"]["info"]["validation"]["param_ratio_median"]
+    expected = "l2ul" if validated <= 0.1 else "retrain"  # auto: measured quality, the default bar
+    assert [v["method"] for v in versions] == ["train", "l2ul", expected], (validated, versions)
+    assert versions[2]["metrics"]["choice"]["method"] == expected and versions[2]["metrics"]["choice"]["reason"]
     assert [v["parent_id"] for v in versions[1:]] == [versions[0]["id"], versions[1]["id"]]
     info = versions[1]["metrics"]["method_info"]
-    assert info  # what the purge did is recorded with the version
+    assert info["units_dropped"] and info["purge_seconds"] > 0  # what the purge did is recorded with the version
     after = versions[2]["metrics"]["after"]
     assert after["accuracy_holdout"] > 0.6  # the unlearned model still works
     # the deleted rows are tombstones for every later method

@@ -14,7 +14,7 @@ from app.main import create_app
 from tests.helpers import configure, make_key, wait_for, wait_request, write_table
 
 MARK = b"ZQX7"
-SMALL_L2UL = {"m": 24, "subset_size": 120, "t": 10, "epochs": 20, "refit_epochs": 5, "workers": 1}
+SMALL_L2UL = {"m": 24, "subset_size": 120, "t": 10, "epochs": 20, "workers": 1, "units": 2, "calibration_tasks": 0}
 
 
 @pytest.fixture
@@ -86,16 +86,21 @@ def test_a_completed_deletion_leaves_no_stored_copy(stack, tmp_path):
     assert manifest["index"]["rows_deleted"] == 1
     assert [v["number"] for v in manifest["versions_retired"]] == [1]
     assert manifest["method_state"]["sisa"]["action"] == "purged"  # SISA retrains the shard that held the row
-    assert manifest["method_state"]["l2ul"]["action"].startswith("state deleted")  # L2UL cannot purge it
+    assert manifest["method_state"]["l2ul"]["action"] == "purged"  # L2UL drops the unit that held the row
     assert "sample_ids" not in first["scope"] and len(first["scope"]["sample_id_hashes"]) == 1
     gone = client.get(f"/v1/models/{model_id}/versions/1/weights")
     assert gone.status_code == 410 and gone.headers["content-type"] == "application/problem+json"
     assert client.get(f"/v1/models/{model_id}/versions/2/weights").status_code == 200
     model = client.get(f"/v1/models/{model_id}").json()
-    assert model["unlearning"]["l2ul"]["status"] == "invalidated"  # never served again until prepared anew
+    assert model["unlearning"]["l2ul"]["status"] == "ready"  # its other unit never saw the row
 
     second = _delete(client, model_id, "subj-ZQX7-beta", "sisa")
     assert second["erasure"]["method_state"]["sisa"]["action"] == "purged"
+    l2ul = client.get(f"/v1/models/{model_id}").json()["unlearning"]["l2ul"]
+    if second["erasure"]["method_state"]["l2ul"]["action"] == "purged":  # the two rows sat in one unit
+        assert l2ul["status"] == "ready"
+    else:  # its last unit held the row: dropped with it, so L2UL must be prepared again before it serves
+        assert l2ul["status"] == "invalidated" and "prepare" in l2ul["reason"]
     assert [v["number"] for v in second["erasure"]["versions_retired"]] == [2]
     versions = client.get(f"/v1/models/{model_id}/versions").json()
     assert [v["retired_at"] is not None for v in versions] == [True, True, False]  # lineage stays listed

@@ -1,4 +1,5 @@
-"""L2UL: meta-set, N_U, the purge, prepare + sequential unlearns, artifacts."""
+"""L2UL: meta-set, N_U, units and their purge (with the regression tests of the two purge bugs in
+measured-findings.md), prepare + sequential unlearns, the refusal when calibration makes it do nothing."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from safetensors.numpy import load as st_load
 from sklearn.datasets import make_classification
 
 from app.ml import tabular as T
@@ -14,7 +16,8 @@ from app.ml.unlearning.base import InvalidMethodSettingsError, TabularProblem, g
 from app.ml.unlearning.l2ul import ARTIFACT_NAMES, L2UL, L2ULConfig, MetaSet, Unlearner, generate_meta_set
 from app.ml.unlearning.l2ul.kernel import KernelState
 from app.ml.unlearning.l2ul.meta import sample_forget_size
-from app.ml.unlearning.l2ul.method import ARTIFACT_KERNEL, ARTIFACT_META, ARTIFACT_UNLEARNER, _kernel_from_bytes
+from app.ml.unlearning.l2ul.method import ARTIFACT_KERNEL, ARTIFACT_STATE, ARTIFACT_UNLEARNER, L2ULState
+from app.ml.unlearning.l2ul.unlearner import _safetensors_metadata
 
 N = 2000
 
@@ -66,8 +69,8 @@ def test_unlearner_beats_do_nothing_on_held_out_tasks(data, meta):
     X, y = data
     ms, _ = meta
     ks = KernelState.build(X, y, np.arange(N), 4, 100, np.random.default_rng(0), 2)
-    method = L2UL(L2ULConfig(m=240, subset_size=300, epochs=100))
-    inputs, targets = method._task_inputs(ks, ms, y, 2)
+    method = L2UL(L2ULConfig(m=240, subset_size=300, epochs=100, units=1))
+    inputs, targets = method._task_inputs(ks, np.arange(100), ms, y)
     assert inputs.shape == (240, 2 * 800 + 6)
     nu = Unlearner(method.config.unlearner_config(), inputs.shape[1], 6)
     info = nu.fit(inputs, targets)
@@ -75,6 +78,11 @@ def test_unlearner_beats_do_nothing_on_held_out_tasks(data, meta):
     assert info["val_param_ratio_median"] < 0.8
     again = Unlearner.from_bytes(nu.to_bytes())
     assert np.allclose(again.predict(inputs[:5]), nu.predict(inputs[:5]), atol=1e-6)
+    # a second fit starts from the seeded initialisation, whatever the first learned
+    fresh = Unlearner(method.config.unlearner_config(), inputs.shape[1], 6)
+    fresh.fit(inputs[:120], targets[:120])
+    nu.fit(inputs[:120], targets[:120])
+    assert _same(_content(nu.to_bytes()), _content(fresh.to_bytes()))
 
 
 def test_meta_task_purge_drops_exactly_the_tasks_holding_deleted_rows(meta):
@@ -90,6 +98,14 @@ def test_meta_task_purge_drops_exactly_the_tasks_holding_deleted_rows(meta):
     assert np.array_equal(kept.forget(3), ms.forget(j)) and np.array_equal(kept.theta[3], ms.theta[j])
 
 
+def test_tasks_drawn_per_block_stay_inside_their_block(data):
+    X, y = data
+    blocks = np.array_split(np.random.default_rng(0).permutation(N), 4)
+    ms, _ = generate_meta_set(T.TabularRecipe(), X, y, 2, np.arange(N), m=8, s=100, workers=1, blocks=blocks)
+    for j in range(ms.m):
+        assert np.isin(ms.task_rows[j], blocks[j % 4]).all() and np.isin(ms.forget(j), blocks[j % 4]).all()
+
+
 def test_config_is_validated():
     spec = get_method("l2ul")
     assert spec.needs_preparation and spec.scopes == {"samples"} and spec.model_kinds == {"tabular"}
@@ -97,71 +113,165 @@ def test_config_is_validated():
         spec.build({"psy": 4})
     with pytest.raises(InvalidMethodSettingsError):
         spec.build({"hidden": [8, 8, 8]})
+    with pytest.raises(InvalidMethodSettingsError, match="units"):
+        spec.build({"units": 8, "t": 4})
 
 
-def test_prepare_then_two_sequential_unlearns(data):
-    X, y = data
+# ---------------------------------------------------------------------------------------------- prepare / unlearn
+SMALL = {"m": 48, "subset_size": 60, "t": 16, "epochs": 40, "workers": 1, "calibration_tasks": 2}
+"""Keys the L2UL of main before units (one N_U, warm refit, seed re-draws) also takes, so that the two regression
+tests below can be run against it: both fail there."""
+P_ROWS = 600
+
+
+@pytest.fixture(scope="module")
+def small():
+    X, y = make_classification(n_samples=P_ROWS, n_features=5, n_informative=4, n_redundant=1, random_state=1)
+    return X.astype(np.float32), y
+
+
+def _problem(X, y, theta, forget=None, tombstone=None, artifacts=None):
+    none = np.zeros(len(y), bool)
+    f = none if forget is None else forget
+    tomb = none if tombstone is None else tombstone
+    return TabularProblem(T.TabularRecipe(), X, y, 2, theta, ~f & ~tomb, f, tomb, artifacts=artifacts or {})
+
+
+def _mask(rows):
+    out = np.zeros(P_ROWS, bool)
+    out[list(rows)] = True
+    return out
+
+
+def _kernel(artifacts) -> dict:
+    return st_load(artifacts[ARTIFACT_KERNEL])
+
+
+def _content(blob: bytes) -> dict:
+    """A safetensors blob as comparable values: metadata and tensors, nested blobs (one per unit) opened too.
+    Bytes alone do not do: the header's metadata order is not fixed."""
+    out = {"__metadata__": _safetensors_metadata(blob)}
+    for name, array in st_load(blob).items():
+        out[name] = _content(array.tobytes()) if array.dtype == np.uint8 and name.startswith("unit_") else array
+    return out
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.shape == b.shape and np.array_equal(a, b)
+    return a == b
+
+
+def test_no_unlearner_parameter_depends_on_an_erased_row(small):
+    """Regression, purge bug 1 (the warm refit kept the hidden weights trained on the dropped tasks). Two worlds
+    that differ only in row r's label prepare L2UL; after r is deleted, the stored N_U and kernel must be
+    bit-identical, i.e. nothing stored was computed from r. On the old code the refit's hidden layers still carry
+    the tasks that held r (and their shadow models, trained on r's two labels), so the two differ."""
+    X, y = small
+    r = 7
+    y_other = y.copy()
+    y_other[r] = 1 - y_other[r]
+    stored = []
+    for labels in (y, y_other):
+        theta = T.train(T.TabularRecipe(), X, labels, 2)
+        method = L2UL(L2ULConfig(**SMALL))
+        prep = method.prepare(_problem(X, labels, theta))
+        res = method.unlearn(_problem(X, labels, theta, forget=_mask([r]), artifacts=dict(prep.artifacts)))
+        stored.append({**prep.artifacts, **res.artifacts})
+    assert _same(_content(stored[0][ARTIFACT_UNLEARNER]), _content(stored[1][ARTIFACT_UNLEARNER]))
+    assert _same(_content(stored[0][ARTIFACT_KERNEL]), _content(stored[1][ARTIFACT_KERNEL]))
+
+
+def test_every_erased_rows_phi_stays_zero_after_later_purges(small):
+    """Regression, purge bug 2 (a seed re-draw recomputed Phi for all rows, writing earlier-erased rows' cells
+    back). Delete a row, then a kernel seed: every erased row's stored cells must still be zero. On the old code the
+    second deletion rewrote the first row's cells in every re-drawn partitioning."""
+    X, y = small
+    theta = T.train(T.TabularRecipe(), X, y, 2)
+    method = L2UL(L2ULConfig(**SMALL))
+    prep = method.prepare(_problem(X, y, theta))
+    seeds = _kernel(prep.artifacts)["seeds"]
+    first = [int(r) for r in range(P_ROWS) if r not in seeds][:3]
+    f1 = _mask(first)
+    res1 = method.unlearn(_problem(X, y, theta, forget=f1, artifacts=dict(prep.artifacts)))
+    arts = {**prep.artifacts, **res1.artifacts}
+    live_seeds = _kernel(arts)["seeds"].reshape(-1)
+    f2 = _mask([int(live_seeds[0]), int(live_seeds[-1])])
+    res2 = method.unlearn(_problem(X, y, res1.theta, forget=f2, tombstone=f1, artifacts=arts))
+    k2 = _kernel({**arts, **res2.artifacts})
+    assert k2["cells"].shape[1] > 0  # some partitionings remain to check
+    erased = f1 | f2
+    assert not k2["counted"][erased].any()
+    assert (k2["cells"][erased] == 0).all()
+
+
+def test_prepare_then_sequential_unlearns_drop_units(small):
+    X, y = small
     r = T.TabularRecipe()
     theta = T.train(r, X, y, 2)
-    none = np.zeros(N, bool)
-    cfg = {"m": 40, "subset_size": 150, "t": 30, "epochs": 30, "refit_epochs": 10, "workers": 1}
-    method = get_method("l2ul").build(cfg)
+    method = get_method("l2ul").build({**SMALL, "units": 4})
     progress = []
+    none = np.zeros(P_ROWS, bool)
     prep = method.prepare(
         TabularProblem(r, X, y, 2, theta, ~none, none, none, progress=lambda f, m: progress.append(f))
     )
-    assert torch.equal(prep.theta, theta) and set(prep.artifacts) == set(ARTIFACT_NAMES)
     assert progress[0] == 0.0 and progress[-1] == 1.0 and progress == sorted(progress)
-    assert all(isinstance(v, bytes) for v in prep.artifacts.values())
+    assert torch.equal(prep.theta, theta) and set(prep.artifacts) == set(ARTIFACT_NAMES)
+    assert prep.info["units"] == 4 and sum(prep.info["rows_per_unit"]) == P_ROWS
     json.dumps(prep.info)
+    state0 = L2ULState.from_artifacts(prep.artifacts)
+    assert state0.live_units == [0, 1, 2, 3] and np.bincount(state0.unit_of_row).tolist() == [150] * 4
+    for u in range(4):  # each unit's seeds are rows of its own block
+        assert (state0.unit_of_row[state0.kernel.kernel.seeds[state0.partitions(u)]] == u).all()
 
-    meta0 = MetaSet.from_bytes(prep.artifacts[ARTIFACT_META])
-    ks0, _ = _kernel_from_bytes(prep.artifacts[ARTIFACT_KERNEL])
-    # request 1: one row that is an IK seed and sits in some meta-tasks, plus one more row
-    seed_row = int(ks0.kernel.seeds[0, 0])
-    f1 = none.copy()
-    f1[[seed_row, 11]] = True
-    hit1 = meta0.tasks_containing(np.nonzero(f1)[0])
-    res1 = method.unlearn(TabularProblem(r, X, y, 2, theta, ~f1, f1, none, artifacts=dict(prep.artifacts)))
+    # request 1: two rows of unit 0 — unit 0 answers, then is dropped with everything built from its rows
+    rows0 = np.nonzero(state0.unit_of_row == 0)[0]
+    f1 = _mask(rows0[:2])
+    res1 = method.unlearn(_problem(X, y, theta, forget=f1, artifacts=dict(prep.artifacts)))
     i1 = res1.info
-    assert i1["rows_forgotten"] == 2 and i1["rows_before"] == N
-    assert i1["tasks_dropped"] == int(hit1.sum()) > 0 and i1["tasks_replenished"] == i1["tasks_dropped"]
-    assert i1["tasks_remaining"] == 40 and i1["unlearner_refit"] and i1["seeds_redrawn"] >= 1
-    assert i1["forward_time_s"] < i1["purge_time_s"]
-    assert res1.theta.shape == theta.shape and torch.isfinite(res1.theta).all()
-    assert not torch.equal(res1.theta, theta)
+    assert i1["rows_forgotten"] == 2 and i1["units_answering"] == [0, 1, 2, 3] and i1["units_dropped"] == [0]
+    assert i1["units_remaining"] == 3 and "needs_prepare" not in i1
+    assert i1["method_seconds"] > 0 and i1["purge_seconds"] > 0
+    assert not torch.equal(res1.theta, theta) and torch.isfinite(res1.theta).all()
     json.dumps(i1)
-
     arts = {**prep.artifacts, **res1.artifacts}
-    meta1 = MetaSet.from_bytes(arts[ARTIFACT_META])
-    ks1, _ = _kernel_from_bytes(arts[ARTIFACT_KERNEL])
-    assert not meta1.tasks_containing(np.nonzero(f1)[0]).any()
-    assert not np.isin(ks1.kernel.seeds, np.nonzero(f1)[0]).any()
-    assert ks1.n == N - 2 and not ks1.counted[f1].any()
-    assert (ks1.cells[f1] == 0).all()  # scrubbed
-    assert meta1.task_ids.max() >= 40  # replacement tasks got new ids
-
-    # request 2 (sequential): earlier rows are tombstones now
-    f2 = none.copy()
-    f2[[20, 21, 22]] = True
-    res2 = method.unlearn(TabularProblem(r, X, y, 2, res1.theta, ~(f1 | f2), f2, f1, artifacts=arts))
-    assert res2.info["rows_before"] == N - 2 and res2.info["stale_rows_removed"] == 0
-    ks2, _ = _kernel_from_bytes(res2.artifacts[ARTIFACT_KERNEL])
-    keep = np.nonzero(~(f1 | f2))[0]
-    assert np.allclose(ks2.mu_D(), ks2.kernel.embed(ks2.kernel.cells(X, keep), y[keep], 2))
-    Unlearner.from_bytes(res2.artifacts[ARTIFACT_UNLEARNER])
-    # the unlearned model stays a good model
-    assert T.accuracy(r, res2.theta, X, y, 2) > T.accuracy(r, theta, X, y, 2) - 0.01
-
-    # a row deleted by another method since the last L2UL call is removed from mu_D and purged too
-    f3 = none.copy()
-    f3[30] = True
-    tomb = f1 | f2 | none
-    tomb[31] = True
-    res3 = method.unlearn(
-        TabularProblem(r, X, y, 2, res2.theta, ~(tomb | f3), f3, tomb, artifacts={**arts, **res2.artifacts})
+    state1 = L2ULState.from_artifacts(arts)
+    assert state1.live_units == [1, 2, 3] and (state1.unit_of_row[rows0] == -1).all()
+    assert not np.isin(state1.kernel.kernel.seeds, rows0).any()
+    keep = np.nonzero(~f1)[0]
+    assert np.allclose(
+        state1.kernel.mu_D(), state1.kernel.kernel.embed(state1.kernel.kernel.cells(X, keep), y[keep], 2)
     )
-    assert res3.info["stale_rows_removed"] == 1 and res3.info["rows_before"] == N - 6
 
+    # a row erased by another method: purge() drops its unit too, without answering anything
+    rows1 = np.nonzero(state1.unit_of_row == 1)[0]
+    gone = _mask(rows1[:1])
+    purged = method.purge(_problem(X, y, res1.theta, forget=gone, tombstone=f1, artifacts=arts))
+    assert purged.info["units_dropped"] == [1] and purged.info["purge_seconds"] > 0
+    arts = {**arts, **purged.artifacts}
+
+    # request 2 hits both remaining units: answered by them, then nothing is left and L2UL says so
+    rows2, rows3 = (np.nonzero(state1.unit_of_row == u)[0] for u in (2, 3))
+    f3 = _mask([rows2[0], rows3[0]])
+    res3 = method.unlearn(_problem(X, y, res1.theta, forget=f3, tombstone=f1 | gone, artifacts=arts))
+    assert res3.info["units_answering"] == [2, 3] and res3.info["units_remaining"] == 0
+    assert "prepare" in res3.info["needs_prepare"]
+    with pytest.raises(ValueError, match="prepare"):
+        method.unlearn(_problem(X, y, res3.theta, forget=_mask([rows2[1]]), tombstone=f1 | gone | f3,
+                                artifacts={**arts, **res3.artifacts}))  # fmt: skip
     with pytest.raises(ValueError, match="not prepared"):
-        method.unlearn(TabularProblem(r, X, y, 2, theta, ~f1, f1, none))
+        method.unlearn(_problem(X, y, theta, forget=f1))
+
+
+def test_calibration_to_zero_is_said_not_hidden(small, monkeypatch):
+    """An output scale of 0 makes L2UL return theta unchanged: preparation must say so (the worker refuses the
+    method; auto never offers it), not publish do-nothing as an unlearning."""
+    X, y = small
+    theta = T.train(T.TabularRecipe(), X, y, 2)
+    method = L2UL(L2ULConfig(**SMALL))
+    monkeypatch.setattr(L2UL, "_calibrate", lambda self, *a: (0.0, {"tasks": 2, "scale": 0.0}))
+    prep = method.prepare(_problem(X, y, theta))
+    assert prep.info["output_scale"] == 0.0 and "doing nothing" in prep.info["refused"]
+    assert json.loads(prep.artifacts[ARTIFACT_STATE])["output_scale"] == 0.0

@@ -194,23 +194,90 @@ def supporting_method(name: str, model_kind: str, scope: str) -> MethodSpec:
     return spec
 
 
-def choose_method(requested: str, model_kind: str, scope: str, prepared: Iterable[str] = ()) -> str:
-    """The method a request runs: the one it names, or for ``auto`` the highest ``auto_priority`` among the methods
-    that take this kind and scope and, when they need a one-off preparation, have it ``prepared`` for the model.
+AUTO_MAX_PARAM_RATIO = 0.1
+"""``auto`` takes a fast method only if its validated median param_ratio ||theta' - theta_r|| / ||theta - theta_r||
+is at most this (issue 10, item 4): within a tenth of the way from the original to the retrained model."""
 
-    Plain values in, a name out: the worker asks this and holds no method names of its own.
+
+def choose_method(
+    requested: str,
+    model_kind: str,
+    scope: str,
+    prepared: Iterable[str] | Mapping[str, Mapping[str, Any]] = (),
+    *,
+    max_param_ratio: float = AUTO_MAX_PARAM_RATIO,
+) -> str:
+    """The method a request runs: the one it names, or for ``auto`` the one :func:`explain_choice` picks.
+
+    Plain values in, a name out: the worker asks this and holds no method names of its own."""
+    return explain_choice(requested, model_kind, scope, prepared, max_param_ratio=max_param_ratio)["method"]
+
+
+def explain_choice(
+    requested: str,
+    model_kind: str,
+    scope: str,
+    prepared: Iterable[str] | Mapping[str, Mapping[str, Any]] = (),
+    *,
+    max_param_ratio: float = AUTO_MAX_PARAM_RATIO,
+) -> dict[str, Any]:
+    """The method a request runs and why: ``{"method", "requested", "reason", "considered"}``.
+
+    ``prepared``: the methods prepared for the model, with their preparation facts (a name → info mapping; a plain
+    set of names carries none). For ``auto``, among the methods that take this kind and scope and have an
+    ``auto_priority``:
+    1. a method that needs a one-off preparation (a fast one: Newton, influence, L2UL) is a candidate only when it is
+       prepared AND its preparation measured it on real deletions of the full model (``info["validation"]``,
+       app/ml/unlearning/validation.py) with a median param_ratio <= ``max_param_ratio`` and it did not equal doing
+       nothing; the fastest candidate by measured median method time wins (``auto_priority`` breaks ties);
+    2. otherwise the highest ``auto_priority`` among those that need no preparation (exact retraining for tables).
+    A method whose quality was never measured is never chosen: its speed says nothing about what it returns.
     """
     if requested != AUTO:
-        return requested
-    ready = set(prepared)
-    candidates = [
-        spec
-        for spec in available_methods(model_kind, scope)
-        if spec.auto_priority is not None and (not spec.needs_preparation or spec.name in ready)
-    ]
-    if not candidates:
+        return {"method": requested, "requested": requested, "reason": "named by the request"}
+    facts: Mapping[str, Mapping[str, Any]] = (
+        prepared if isinstance(prepared, Mapping) else {name: {} for name in prepared}
+    )
+    specs = [s for s in available_methods(model_kind, scope) if s.auto_priority is not None]
+    considered: dict[str, str] = {}
+    fast: list[tuple[float, int, str, float]] = []
+    for spec in specs:
+        if not spec.needs_preparation:
+            continue
+        if spec.name not in facts:
+            considered[spec.name] = "not prepared for this model"
+            continue
+        validation = (facts[spec.name] or {}).get("validation")
+        if not validation:
+            considered[spec.name] = "prepared without a measured quality (no validation)"
+            continue
+        ratio, seconds = validation.get("param_ratio_median"), validation.get("method_seconds_median")
+        if validation.get("equals_do_nothing"):
+            considered[spec.name] = "validated equal to doing nothing (theta' = theta)"
+        elif ratio is None or seconds is None:
+            considered[spec.name] = "validation measured nothing"
+        elif ratio > max_param_ratio:
+            considered[spec.name] = f"validated param_ratio {ratio:.3g} > {max_param_ratio:g}"
+        else:
+            considered[spec.name] = f"validated param_ratio {ratio:.3g} <= {max_param_ratio:g}, {seconds:.3g} s"
+            fast.append((float(seconds), -spec.auto_priority, spec.name, float(ratio)))
+    if fast:
+        seconds, _, name, ratio = min(fast)
+        reason = (
+            f"fastest prepared method whose validated median param_ratio ({ratio:.3g}) is at most "
+            f"{max_param_ratio:g}: {seconds:.3g} s per deletion measured at preparation"
+        )
+        return {"method": name, "requested": AUTO, "reason": reason, "considered": considered}
+    fallback = [s for s in specs if not s.needs_preparation]
+    if not fallback:
         raise MethodNotSupportedError(f"no method can take a {scope!r} scope on a {model_kind} model automatically")
-    return max(candidates, key=lambda spec: spec.auto_priority).name
+    chosen = max(fallback, key=lambda spec: spec.auto_priority)
+    reason = (
+        f"no prepared fast method has a validated param_ratio within {max_param_ratio:g}: {chosen.name}"
+        if considered
+        else f"no fast method takes this model kind and scope: {chosen.name}"
+    )
+    return {"method": chosen.name, "requested": AUTO, "reason": reason, "considered": considered}
 
 
 def exact_method(model_kind: str, scope: str) -> str:

@@ -15,13 +15,14 @@ register_method(
     model_kinds={"tabular"},
     scopes={"samples"},
     needs_preparation=True,
-    auto_priority=20,  # preferred by ``auto`` over exact retraining once the unlearner is trained
+    auto_priority=20,  # ``auto`` may choose it once preparation measured it within the quality bar
 )
 
 _EXPORTS = {
     "ARTIFACT_NAMES": "method",
     "L2UL": "method",
     "L2ULConfig": "method",
+    "L2ULState": "method",
     "IsolationKernel": "kernel",
     "KernelState": "kernel",
     "MetaSet": "meta",

@@ -167,6 +167,40 @@ class KernelState:
         counts = kernel.counts(cells[train_rows], labels, n_classes)
         return cls(kernel, cells, counted, counts, n_classes)
 
+    @classmethod
+    def from_kernel(
+        cls, kernel: IsolationKernel, X: np.ndarray, y: np.ndarray, train_rows: np.ndarray, n_classes: int | None
+    ) -> KernelState:
+        """Phi of every row under given seeds (e.g. each unit's drawn from its own block, method.py) and mu_D's
+        counts over ``train_rows``; rows outside them keep no Phi (zeroed cells)."""
+        train_rows = np.asarray(train_rows, dtype=np.int64)
+        cells = kernel.cells(X)
+        counted = np.zeros(X.shape[0], dtype=bool)
+        counted[train_rows] = True
+        cells[~counted] = 0
+        counts = kernel.counts(cells[train_rows], y[train_rows] if n_classes else None, n_classes)
+        return cls(kernel, cells, counted, counts, n_classes)
+
+    def keep_partitions(self, partitions: np.ndarray) -> KernelState:
+        """A new state with only these partitionings (their seeds, cells and counts); the others leave no trace."""
+        parts = np.asarray(partitions, dtype=np.int64)
+        psi, t = self.kernel.psi, self.kernel.t
+        blocks = self.counts.reshape(-1, t, psi)[:, parts, :].reshape(-1)
+        return KernelState(
+            IsolationKernel(self.kernel.seeds[parts].copy()),
+            np.ascontiguousarray(self.cells[:, parts]),
+            self.counted.copy(),
+            blocks.copy(),
+            self.n_classes,
+        )
+
+    def partitions_view(self, embedding: np.ndarray, partitions: np.ndarray) -> np.ndarray:
+        """The coordinates of embeddings ([..., dim * C or dim], class-major) that belong to these partitionings."""
+        lead = embedding.shape[:-1]
+        psi, t = self.kernel.psi, self.kernel.t
+        view = embedding.reshape(*lead, -1, t, psi)[..., np.asarray(partitions), :]
+        return view.reshape(*lead, -1)
+
     @property
     def n(self) -> int:
         """Rows inside mu_D (every class block of ``counts`` sums to it per partitioning, so no O(n) scan)."""

@@ -13,9 +13,8 @@ theta_j, because N_U must learn what retraining does, not what a shortcut does. 
 Tasks run in a process pool (both cores; each worker pins torch to one thread so two workers do not oversubscribe
 two cores). Inside a daemonic process (a Celery prefork child cannot have children) they run serially instead.
 
-Every task keeps its rows, forget rows, theta and theta_r: they are shadow models whose membership is known, which
-LiRA-style verification reuses, and they are what the privacy purge must drop when one of their rows is deleted
-(paper §8.2: "we must unlearn U after we use U to unlearn").
+Every task keeps its rows, forget rows, theta and theta_r while N_U is fit; L2UL does not store them afterwards
+(they are shadow models trained on data rows, so each would have to be purged with its rows: method.py, "units").
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ import math
 import multiprocessing as mp
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
@@ -150,17 +149,22 @@ def generate_meta_set(
     seed: int = 0,
     workers: int = 0,
     progress: Callable[[float, str], None] | None = None,
+    blocks: Sequence[np.ndarray] | None = None,
 ) -> tuple[MetaSet, dict[str, Any]]:
-    """Algorithm 1, lines 2-6: m tasks over ``rows`` (the retained rows). ``workers=0`` means one per CPU core."""
+    """Algorithm 1, lines 2-6: m tasks over ``rows`` (the retained rows). ``workers=0`` means one per CPU core.
+
+    ``blocks`` (disjoint sets of rows): task j draws its subset from ``blocks[j % len(blocks)]`` only, so a deleted
+    row invalidates the tasks of one block, not ~s/n of all of them (method.py, "units")."""
     rows = np.asarray(rows, dtype=np.int64)
-    s = min(int(s), len(rows))
+    pools = [np.asarray(b, dtype=np.int64) for b in blocks] if blocks is not None else [rows]
+    s = min(int(s), min(len(p) for p in pools))
     if s < 2 or m < 1:
         raise ValueError(f"need s >= 2 rows and m >= 1 tasks (s={s}, m={m})")
     rng = np.random.default_rng(seed)
     task_rows = np.empty((m, s), dtype=np.int32)
     forget_pos: list[np.ndarray] = []
     for j in range(m):
-        task_rows[j] = rng.choice(rows, s, replace=False)
+        task_rows[j] = rng.choice(pools[j % len(pools)], s, replace=False)
         k = sample_forget_size(rng, s, min_forget, max_forget_fraction)
         forget_pos.append(np.sort(rng.choice(s, k, replace=False)))
     forget_rows = [task_rows[j, forget_pos[j]] for j in range(m)]

@@ -21,8 +21,8 @@ theta_r; widths, activation, optimiser and scaling are unknown (notes §1.13). T
   held-out tenth of the tasks keeps the best of the two. The linear path is not trained by gradient: it is exact and
   cheap, and on a purge it is re-solved on the remaining tasks, so the dropped tasks leave no trace in it.
 - **Full-batch AdamW** on the hidden layers (meta-sets have ~1,000 rows); widths 64 keep a fit to seconds on two
-  cores (the linear path carries most of the signal). ``fit(warm_start=True)`` (the purge's refit) keeps the hidden
-  layers' weights and runs ``refit_epochs``.
+  cores (the linear path carries most of the signal). A fit always starts from the seeded initialisation; nothing
+  refits N_U after a purge any more (method.py drops whole units instead).
 """
 
 from __future__ import annotations
@@ -55,7 +55,6 @@ class UnlearnerConfig:
     activation: str = "gelu"
     linear_skip: bool = True
     epochs: int = 400
-    refit_epochs: int = 50
     lr: float = 1e-3
     weight_decay: float = 1e-4
     validation_fraction: float = 0.1
@@ -106,7 +105,7 @@ def _stats(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Unlearner:
-    """N_U with its normalisation; ``fit``/``refit`` on a meta-set, ``predict`` the residual (scaled units)."""
+    """N_U with its normalisation; ``fit`` on a meta-set, ``predict`` the residual (scaled units)."""
 
     def __init__(self, config: UnlearnerConfig, n_in: int, n_out: int):
         self.config, self.n_in, self.n_out = config, n_in, n_out
@@ -134,12 +133,14 @@ class Unlearner:
                 self.net.mlp[-1].bias.zero_()
         return float(np.median(ridge.alpha_))
 
-    def fit(self, inputs: np.ndarray, targets: np.ndarray, warm_start: bool = False) -> dict[str, Any]:
-        """Fit on (inputs [m, n_in], targets [m, n_out]); a warm start keeps the weights and runs ``refit_epochs``."""
+    def fit(self, inputs: np.ndarray, targets: np.ndarray) -> dict[str, Any]:
+        """Fit on (inputs [m, n_in], targets [m, n_out]), from the seeded initialisation: no weight of an earlier
+        fit survives (a warm refit kept hidden weights trained on tasks the purge had dropped: measured-findings.md,
+        "Purge bugs" 1)."""
         with single_torch_thread():
-            return self._fit(inputs, targets, warm_start)
+            return self._fit(inputs, targets)
 
-    def _fit(self, inputs: np.ndarray, targets: np.ndarray, warm_start: bool) -> dict[str, Any]:
+    def _fit(self, inputs: np.ndarray, targets: np.ndarray) -> dict[str, Any]:
         cfg = self.config
         inputs = np.asarray(inputs, np.float32)
         targets = np.asarray(targets, np.float32)
@@ -155,12 +156,14 @@ class Unlearner:
         order = rng.permutation(m)
         n_val = int(round(cfg.validation_fraction * m)) if m >= 10 else 0
         val, tr = order[:n_val], order[n_val:]
-        info: dict[str, Any] = {"tasks": m, "validation_tasks": n_val, "warm_start": warm_start}
+        info: dict[str, Any] = {"tasks": m, "validation_tasks": n_val}
+        torch.manual_seed(cfg.seed)  # the initialisation depends on the seed alone
+        self.net = UnlearnerNet(self.n_in, self.n_out, cfg.hidden, cfg.activation, cfg.linear_skip)
         if self.net.skip is not None:
-            info["ridge_alpha_median"] = self._ridge_init(Xs[tr], Ys[tr], reset_mlp=not warm_start)
+            info["ridge_alpha_median"] = self._ridge_init(Xs[tr], Ys[tr], reset_mlp=True)
         Xt, Yt = torch.from_numpy(Xs[tr]), torch.from_numpy(Ys[tr])
         Xv, Yv = torch.from_numpy(Xs[val]), torch.from_numpy(Ys[val])
-        epochs = cfg.refit_epochs if warm_start else cfg.epochs
+        epochs = cfg.epochs
         opt = torch.optim.AdamW(self.net.mlp.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         torch.manual_seed(cfg.seed)
 

@@ -10,7 +10,9 @@ import importlib
 
 from app.ml.unlearning.base import register_method
 
-for _name, _cls in (("newton", "NewtonUnlearning"), ("influence", "InfluenceUnlearning")):
+# ``auto`` may choose either once its preparation measured it within the quality bar (base.explain_choice); the
+# priorities only break a tie in measured speed.
+for _name, _cls, _priority in (("newton", "NewtonUnlearning", 30), ("influence", "InfluenceUnlearning", 25)):
     register_method(
         _name,
         "app.ml.unlearning.newton.method:NewtonConfig",
@@ -18,6 +20,7 @@ for _name, _cls in (("newton", "NewtonUnlearning"), ("influence", "InfluenceUnle
         model_kinds={"tabular"},
         scopes={"samples", "class"},
         needs_preparation=True,
+        auto_priority=_priority,
     )
 
 _EXPORTS = {

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -54,8 +54,11 @@ from safetensors.torch import save as st_save
 
 from app.ml import tabular
 from app.ml.unlearning.base import TabularProblem, UnlearningResult
+from app.ml.unlearning.warm import WarmStates
 
 ARTIFACT_STATE = "newton_state.safetensors"
+WARM = WarmStates()
+"""Parsed states of this worker (warm.py): a request on a state this process stored or read pays no parse."""
 PURGE_MODES = ("recompute", "downdate")
 BIAS_SHIFT_RIDGE = 1e-10
 """Added to the diagonal for softmax layouts, whose Hessian is singular along the shared output-bias shift."""
@@ -211,9 +214,16 @@ class NewtonUnlearning:
     """Newton removal: the Hessian downdated by the erased rows (more exact, O(k p^2 + p^3) per request)."""
 
     mode = "newton"
+    approximates_retraining = True
+    """A prediction of the retrained model: preparation gates it with the determinism probe and validates it."""
 
     def __init__(self, config: NewtonConfig | None = None):
         self.config = config or NewtonConfig()
+
+    def for_validation(self) -> NewtonUnlearning:
+        """The same step without the state upkeep a served request pays (the Hessian recomputed over the retained
+        rows, the proven bound): validation measures the answer, which they do not change."""
+        return type(self)(replace(self.config, purge="downdate", certify=False))
 
     # ------------------------------------------------------------------ state
     def _state(self, problem: TabularProblem, theta: torch.Tensor, rows: np.ndarray) -> tuple[NewtonState, dict]:
@@ -255,6 +265,7 @@ class NewtonUnlearning:
         state, timings = self._state(problem, theta, rows)
         t0 = time.perf_counter()
         artifacts = {ARTIFACT_STATE: state.to_bytes()}
+        WARM.put(artifacts[ARTIFACT_STATE], state)
         timings["save_s"] = time.perf_counter() - t0
         problem.progress(1.0, f"{self.mode} prepared")
         info = {
@@ -275,7 +286,7 @@ class NewtonUnlearning:
         if ARTIFACT_STATE not in problem.artifacts:
             raise ValueError(f"{self.mode} is not prepared for this model (no {ARTIFACT_STATE}); run prepare first")
         t0 = time.perf_counter()
-        state = NewtonState.from_bytes(problem.artifacts[ARTIFACT_STATE])
+        state = WARM.get(problem.artifacts[ARTIFACT_STATE], NewtonState.from_bytes)
         timings = {"load_seconds": time.perf_counter() - t0}
         if state.rows.shape != (len(problem.y),) or state.theta.numel() != theta.numel():
             raise ValueError("the stored Newton state belongs to another data set or model; run prepare again")
@@ -370,6 +381,7 @@ class NewtonUnlearning:
 
         t0 = time.perf_counter()
         artifacts = {ARTIFACT_STATE: new_state.to_bytes()}
+        WARM.put(artifacts[ARTIFACT_STATE], new_state)
         timings["save_seconds"] = time.perf_counter() - t0
         missing = sorted(set(range(C)) - set(np.unique(yr).tolist()))
         info: dict[str, Any] = {
@@ -399,6 +411,51 @@ class NewtonUnlearning:
             )
         problem.progress(1.0, f"{self.mode}: {k} rows removed")
         return UnlearningResult(theta=theta_new, info=info, artifacts=artifacts)
+
+    def purge(self, problem: TabularProblem) -> UnlearningResult:
+        """Erase rows another method deleted (the worker's erase step): the state is made to describe
+        ``problem.theta`` (the new version) over ``problem.retain_mask`` rows only. ``purge="recompute"``: the
+        Hessian, its factor and the residual computed afresh there (one preparation's cost); ``"downdate"``: the
+        erased rows' Hessian terms subtracted at the point they entered (O(k p^2)) and the residual recomputed (one
+        gradient pass). Either way no stored number is a sum that still includes an erased row."""
+        recipe, C = problem.recipe, problem.n_classes
+        X, y = problem.X, np.asarray(problem.y)
+        try:
+            theta = self._theta(problem)
+        except ValueError as exc:  # the new version is not one model of this recipe (a SISA ensemble)
+            reason = f"{self.mode}'s state cannot describe the served model: {exc}; prepare again"
+            return UnlearningResult(theta=torch.as_tensor(problem.theta), info={"needs_prepare": reason})
+        if ARTIFACT_STATE not in problem.artifacts:
+            raise ValueError(f"{self.mode} is not prepared for this model (no {ARTIFACT_STATE}); run prepare first")
+        state = WARM.get(problem.artifacts[ARTIFACT_STATE], NewtonState.from_bytes)
+        rows = np.asarray(problem.retain_mask, dtype=bool)
+        t0 = time.perf_counter()
+        kind = self.config.hessian_kind(recipe, theta.numel())
+        erased = state.rows & ~rows
+        if self.config.purge == "downdate" and not (rows & ~state.rows).any() and kind == state.hessian_kind:
+            d = X.shape[1]
+            l2_mask = recipe.l2 * tabular.regularisation_mask(recipe, d, C)
+            H_f = tabular.data_hessian_sum(recipe, state.hessian_theta, X[erased], y[erased], C, kind)
+            H = downdate(state.hessian, state.n, H_f, int(erased.sum()), l2_mask)
+            L, damping = factor(H, state.base_damping)
+            _, residual = tabular.objective_gradient(recipe, theta, X[rows], y[rows], C)
+            new_state = NewtonState(
+                theta.clone(), state.hessian_theta, H, L, damping, residual, rows.copy(), kind, state.base_damping,
+                state.requests,
+            )  # fmt: skip
+        else:
+            new_state, _ = self._state(problem, theta, rows)
+            new_state.requests = state.requests
+        artifacts = {ARTIFACT_STATE: new_state.to_bytes()}
+        WARM.put(artifacts[ARTIFACT_STATE], new_state)
+        info = {
+            "method": self.mode,
+            "stage": "purge",
+            "rows_erased": int(erased.sum()),
+            "purge": self.config.purge,
+            "purge_seconds": time.perf_counter() - t0,
+        }
+        return UnlearningResult(theta=theta, info=info, artifacts=artifacts)
 
 
 class InfluenceUnlearning(NewtonUnlearning):

@@ -14,6 +14,7 @@ A ratio near or above 1 means the step explains nothing of the retrain's move: t
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -40,33 +41,50 @@ def determinism_probe(
     n_probes: int = 2,
     seed: int = 0,
     threshold: float = CHAOTIC_PARAM_RATIO,
+    theta: torch.Tensor | None = None,
+    retrained: Sequence[tuple[int, torch.Tensor, dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
     """Train on ``retain_mask`` rows, then ``n_probes`` times delete one random row, retrain, and compare the Newton
-    prediction with the retrain. Costs n_probes + 1 trainings. Returns the verdict and the figures behind it."""
+    prediction with the retrain. Costs n_probes + 1 trainings. Returns the verdict and the figures behind it.
+
+    A caller that already holds the model trained on ``retain_mask`` (``theta``: the service's version 1, the same
+    deterministic fit) and one-row retrains (``retrained``: (row, theta_r, solver info), e.g. the validation's
+    reference deletions, app/ml/unlearning/validation.py) passes them and pays no training here."""
     start = time.perf_counter()
     y = np.asarray(y)
     retain = np.asarray(retain_mask, dtype=bool)
     rows = np.nonzero(retain)[0]
-    if n_probes < 1 or len(rows) <= n_probes:
+    if retrained is None and (n_probes < 1 or len(rows) <= n_probes):
         raise ValueError("need n_probes >= 1 and more retained rows than probes")
+    if retrained is not None and not retrained:
+        raise ValueError("the probe needs at least one one-row retrain")
     d = X.shape[1]
 
     def centred(theta: torch.Tensor) -> torch.Tensor:
         return tabular.center_output_bias(recipe, theta, d, n_classes).to(torch.float64)
 
-    theta, fit_info = tabular.fit(recipe, X[retain], y[retain], n_classes)
+    if theta is None:
+        theta, fit_info = tabular.fit(recipe, X[retain], y[retain], n_classes)
+    else:
+        theta = torch.as_tensor(theta).detach().to("cpu", torch.float32).reshape(-1)
+        _, grad = tabular.objective_gradient(recipe, theta, X[retain], y[retain], n_classes)
+        fit_info = {"status": "given", "grad_max": float(grad.abs().max())}
     method = NewtonUnlearning(
         NewtonConfig(purge="downdate", certify=False, exact_hessian_max_params=PROBE_EXACT_HESSIAN_MAX_PARAMS)
     )
     none = np.zeros(len(y), dtype=bool)
     prepared = method.prepare(TabularProblem(recipe, X, y, n_classes, theta, retain, none, ~retain))
-    picks = np.random.default_rng(seed).choice(rows, n_probes, replace=False)
-    ratios, shifts, retrains, statuses = [], [], [], []
-    for row in picks:
+    if retrained is None:
+        picks = np.random.default_rng(seed).choice(rows, n_probes, replace=False)
+        retrained = [(int(row), None, None) for row in picks]
+    ratios, shifts, retrains, statuses, picks = [], [], [], [], []
+    for row, theta_r, info_r in retrained:
         forget = none.copy()
         forget[row] = True
         keep = retain & ~forget
-        theta_r, info_r = tabular.fit(recipe, X[keep], y[keep], n_classes)
+        if theta_r is None:
+            theta_r, info_r = tabular.fit(recipe, X[keep], y[keep], n_classes)
+        picks.append(row)
         problem = TabularProblem(recipe, X, y, n_classes, theta, keep, forget, ~retain, prepared.artifacts)
         predicted = method.unlearn(problem).theta
         moved = float((centred(theta) - centred(theta_r)).norm())
