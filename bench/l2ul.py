@@ -38,7 +38,6 @@ import numpy as np
 import torch
 
 from app.ml import tabular as T
-from app.ml.data.tabular import TableEncoder, load_table
 from app.ml.unlearning.base import TabularProblem
 from app.ml.unlearning.baselines.sisa import SISA, DoNothing, SISAConfig
 from app.ml.unlearning.l2ul import L2UL, L2ULConfig, Unlearner
@@ -51,8 +50,8 @@ from app.ml.unlearning.l2ul.method import (
     _kernel_from_bytes,
 )
 from app.ml.unlearning.retrain import ExactRetrain
+from bench.common import DATA_DIR, REPO, load_real_dataset
 
-REPO = Path(__file__).resolve().parents[1]
 METHODS = ("original", "retrain", "sisa", "l2ul", "do_nothing")
 
 
@@ -151,23 +150,7 @@ def load_dataset(name: str, data_dir: Path, plan: Plan, seed: int = 0) -> dict[s
             f"{plan.synthetic_features}, n_informative=10, n_redundant=5, flip_y=0.05, random_state={seed}); GENERATED"
         )
         return {"X_tr": X[tr], "y_tr": y[tr], "X_te": X[te], "y_te": y[te], "n_classes": 2, "source": source}
-    label = {"adult": "Salary", "skin": "S"}[name]
-    path = data_dir / f"{name}.csv"
-    df = load_table(path)
-    if plan.max_rows.get(name):
-        df = df.iloc[rng.permutation(len(df))[: plan.max_rows[name]]].reset_index(drop=True)
-    perm = rng.permutation(len(df))
-    n_tr = int(0.8 * len(df))
-    train_df, test_df = df.iloc[perm[:n_tr]], df.iloc[perm[n_tr:]]
-    enc = TableEncoder.fit(train_df, label)
-    return {
-        "X_tr": enc.transform(train_df),
-        "y_tr": enc.encode_labels(train_df[label]),
-        "X_te": enc.transform(test_df),
-        "y_te": enc.encode_labels(test_df[label]),
-        "n_classes": enc.n_classes,
-        "source": str(path),
-    }
+    return load_real_dataset(name, data_dir, plan.max_rows.get(name), seed)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -475,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true")
     mode.add_argument("--scale", action="store_true")
-    ap.add_argument("--data-dir", type=Path, default=REPO.parent / "shared" / "datasets")
+    ap.add_argument("--data-dir", type=Path, default=DATA_DIR)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "l2ul.json")
     ap.add_argument("--only", default="", help="comma list of <dataset>_<model> settings to run, e.g. adult_lr")
     args = ap.parse_args(argv)
