@@ -59,6 +59,9 @@ class InProcessExecutor:
         self._queue.put(None)
         self._thread.join(timeout=30)
 
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
     def pending(self) -> int:
         return self._queue.qsize()
 

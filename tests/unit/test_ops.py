@@ -1,0 +1,52 @@
+"""Operator's view, item 7: /metrics is scraped and its figures move when a request is certified; /readyz."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from tests.helpers import configure, make_key, wait_for, wait_request, write_table
+
+
+def _value(text: str, name: str, labels: str = "") -> float:
+    match = re.search(rf"^{re.escape(name)}{re.escape(labels)} ([0-9.e+-]+)$", text, flags=re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_metrics_move_when_a_request_is_certified_and_readyz_answers(tmp_path):
+    configure(tmp_path / "home", poll_seconds="0.05")
+    key = make_key()
+    source = tmp_path / "t.csv"
+    write_table(source, n=200, seed=6)
+    metadata = {
+        "name": "ops",
+        "verification": {"shadows": 8},
+        "dataset": {"row_id_column": "row_id", "label_column": "label"},
+    }
+    with TestClient(create_app(run_background=True), headers={"authorization": f"Bearer {key}"}) as client:
+        ready = client.get("/readyz")
+        assert ready.status_code == 200 and ready.json()["checks"] == {"database": "ok", "executor": "ok"}
+        before = client.get("/metrics").text
+        assert _value(before, "lethe_deletion_requests", '{status="certified"}') == 0
+        with source.open("rb") as handle:
+            model_id = client.post(
+                "/v1/models", data={"metadata": json.dumps(metadata)}, files={"file": ("t.csv", handle, "text/csv")}
+            ).json()["id"]
+        wait_for(lambda: client.get(f"/v1/models/{model_id}").json()["status"] == "ready", timeout=120, what="ready")
+        response = client.post(
+            "/v1/deletion-requests",
+            json={"subject_ref": "m", "model_id": model_id, "scope": {"kind": "samples", "sample_ids": ["r1"]}},
+        )
+        assert wait_request(client, response.json()["id"], timeout=120)["status"] == "certified"
+        after = client.get("/metrics").text
+        assert _value(after, "lethe_deletion_requests", '{status="certified"}') == 1
+        assert _value(after, "lethe_verdicts_total", '{verdict="pass"}') == 1
+        assert _value(after, "lethe_job_duration_seconds_count", '{kind="deletion"}') == 1
+        assert _value(after, "lethe_job_duration_seconds_sum", '{kind="deletion"}') > 0
+        assert "lethe_oldest_pending_request_age_seconds 0.0" in after
+    with TestClient(create_app(run_background=False)) as client:  # no executor: not ready, and it says why
+        ready = client.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["checks"]["executor"] == "not running"
