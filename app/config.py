@@ -82,6 +82,8 @@ class Settings(BaseSettings):
         default_factory=lambda: {"deletion": 3600.0, "aggregate_round": 3600.0, "train_model": 6 * 3600.0},
         description="Longest one attempt of a job kind may run: its lease is no longer renewed and the job fails.",
     )
+    deadline_months: int = Field(1, ge=1, le=3, description="GDPR Art. 12(3): answer within one month of receipt.")
+    max_extension_months: int = Field(2, ge=0, le=2, description="Art. 12(3): extendable by two further months.")
     stuck_after_seconds: float = Field(
         600.0, gt=0, description="A request still received/queued after this long is reported as stuck."
     )

@@ -20,7 +20,7 @@ from app.jobs.lease import reconcile
 from app.jobs.outbox import mark_dispatched
 from app.jobs.tables import Job
 from app.registry.versions import shred_due
-from app.requests.service import mark_queued
+from app.requests.service import flag_overdue, mark_queued
 from app.webhooks.sender import WebhookSender
 
 log = logging.getLogger("lethe.dispatcher")
@@ -93,6 +93,7 @@ class Dispatcher:
         with session_scope() as session:
             counts = reconcile(session)
             shred_due(session)  # blobs whose retention grace period has passed
+            flag_overdue(session)  # requests past their GDPR deadline: an audit event, once
             if counts["reoffered"] or counts["failed"]:
                 log.warning("reconciler: %s", counts)
             jobs = mark_dispatched(session)

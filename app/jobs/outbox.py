@@ -126,6 +126,17 @@ def defer(session: Session, job_id: str, seconds: float, reason: str) -> None:
     )
 
 
+def cancel(session: Session, job_id: str) -> bool:
+    """Cancel a job no worker has started (compare-and-set: a worker's claim and this cannot both win)."""
+    now = utcnow()
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status.in_(("pending", "dispatched")))
+        .values(status="cancelled", finished_at=now, updated_at=now, message="cancelled by an operator")
+    )
+    return result.rowcount == 1
+
+
 def claim(session: Session, job_id: str, owner: str) -> Job | None:
     """Take the lease: succeeds for a pending/dispatched job, or a running one whose lease has expired."""
     now = utcnow()

@@ -8,7 +8,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db import Base, JSONType, UTCDateTime, new_id, utcnow
 
-JOB_STATUSES = ("pending", "dispatched", "running", "succeeded", "failed")
+JOB_STATUSES = ("pending", "dispatched", "running", "succeeded", "failed", "cancelled")
 
 
 class Job(Base):

@@ -5,6 +5,8 @@ from typing import Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse
+from pydantic import ConfigDict, Field
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal, require_scope
@@ -16,6 +18,7 @@ from app.requests.intake import get_batcher
 from app.requests.policy import check_request_settings
 from app.requests.schemas import DeletionRequestCreate, DeletionRequestOut, DeletionRequestPage
 from app.requests.tables import REQUEST_STATUSES
+from app.validation import NoNulModel
 
 router = APIRouter(prefix="/v1/deletion-requests", tags=["deletion requests"])
 
@@ -80,6 +83,52 @@ def list_deletion_requests(
     limit: int = Query(50, ge=1, le=500),
     cursor: str | None = Query(None),
     stuck: bool = Query(False, description="Only requests still waiting for a worker after LETHE_STUCK_AFTER_SECONDS."),
+    overdue: bool = Query(False, description="Only unanswered requests past their deadline."),
 ):
-    rows, next_cursor = service.list_requests(session, status, model_id, limit, cursor, stuck)
+    rows, next_cursor = service.list_requests(session, status, model_id, limit, cursor, stuck, overdue)
     return DeletionRequestPage(items=[service.to_out(r) for r in rows], next_cursor=next_cursor)
+
+
+class ExtensionIn(NoNulModel):
+    model_config = ConfigDict(extra="forbid")
+    months: int = Field(..., ge=1, le=2)
+    reason: str = Field(..., min_length=3, max_length=2000, description="Told to the data subject (Art. 12(3)).")
+
+
+@router.post("/{request_id}/extend", response_model=DeletionRequestOut)
+def extend_deadline(
+    request_id: str,
+    body: ExtensionIn,
+    principal: Principal = Depends(require_scope("admin")),
+    session: Session = Depends(get_session),
+):
+    """Extend the deadline by one or two months in all, with a reason (audited)."""
+    request = service.extend_deadline(session, principal, request_id, body.months, body.reason)
+    session.commit()
+    return service.to_out(request)
+
+
+@router.post("/{request_id}/cancel", response_model=DeletionRequestOut)
+def cancel_deletion_request(
+    request_id: str, principal: Principal = Depends(require_scope("admin")), session: Session = Depends(get_session)
+):
+    """Cancel a request no worker has started (audited)."""
+    request = service.cancel_request(session, principal, request_id)
+    session.commit()
+    return service.to_out(request)
+
+
+@router.post("/{request_id}/retry", response_model=DeletionRequestOut, status_code=202)
+def retry_deletion_request(
+    request_id: str, principal: Principal = Depends(require_scope("admin")), session: Session = Depends(get_session)
+):
+    """Run a failed request again (a new job; audited). 409 when another request now holds some of its rows."""
+    try:
+        request = service.retry_request(session, principal, request_id)
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        raise Problem(
+            409, "deletion-in-progress", "Another unfinished request now holds some of these rows", request_id
+        ) from None
+    return service.to_out(request)

@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AnyHttpUrl, AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 from app.validation import NoNulModel
 
@@ -56,6 +56,9 @@ class DeletionRequestCreate(NoNulModel):
         default_factory=dict, max_length=64, description="Only the keys the method allows requests to set."
     )
     callback_url: AnyHttpUrl | None = Field(None, description="At most 2000 characters.")
+    received_at: AwareDatetime | None = Field(
+        None, description="When the data subject's request reached the controller (the deadline runs from it)."
+    )
 
     @field_validator("callback_url", mode="before")
     @classmethod
@@ -76,6 +79,11 @@ class DeletionRequestOut(BaseModel):
     message: str | None
     attempts: int
     error: dict[str, Any] | None
+    received_at: datetime | None = None
+    due_at: datetime | None = None
+    days_left: float | None = None  # negative once overdue
+    overdue: bool = False
+    extensions: list[dict[str, Any]] = []
     stuck: bool = False  # still received/queued after LETHE_STUCK_AFTER_SECONDS: no worker has taken it
     erasure: dict[str, Any] | None = None  # the erasure manifest: every store rewritten, with digests and counts
     result_version_id: str | None

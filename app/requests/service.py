@@ -4,10 +4,11 @@ outbox) and the audit event. Idempotency-Key: the same key and body answers the 
 from __future__ import annotations
 
 import base64
+import calendar
 import hashlib
 import hmac
 import json
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import and_, delete, or_, select, update
 from sqlalchemy.exc import IntegrityError
@@ -17,6 +18,7 @@ from app.audit.service import append_event, forget_head, hash_subject
 from app.auth.service import Principal
 from app.config import get_settings
 from app.db import new_id, utcnow
+from app.jobs.outbox import cancel as cancel_job
 from app.jobs.outbox import new_job
 from app.ml.unlearning.base import AUTO, UnknownMethodError, get_method
 from app.problems import Problem
@@ -24,7 +26,7 @@ from app.registry.schemas import SCOPES_BY_KIND
 from app.registry.tables import DatasetRow, Model, ModelVersion
 from app.registry.versions import ID_QUERY_CHUNK, erased_hashes, hash_row_id
 from app.requests.schemas import DeletionRequestCreate, DeletionRequestOut
-from app.requests.tables import DeletionRequest, InflightRow
+from app.requests.tables import TERMINAL_STATUSES, DeletionRequest, InflightRow
 from app.webhooks import service as webhooks
 
 META_METHODS = {AUTO}
@@ -52,6 +54,11 @@ def to_out(request: DeletionRequest) -> DeletionRequestOut:
         error=request.error,
         erasure=request.erasure,
         stuck=is_stuck(request),
+        received_at=request.received_at,
+        due_at=request.due_at,
+        days_left=round((request.due_at - utcnow()).total_seconds() / 86400, 2) if request.due_at else None,
+        overdue=is_overdue(request),
+        extensions=request.extensions or [],
         result_version_id=request.result_version_id,
         created_at=request.created_at,
         updated_at=request.updated_at,
@@ -262,6 +269,7 @@ def add_request(
     fingerprint: str,
 ) -> DeletionRequest:
     """Add request + job + audit event to the session (validated already; nothing is flushed here)."""
+    received = body.received_at.astimezone(UTC) if body.received_at else utcnow()
     request = DeletionRequest(
         id=new_id(),
         model_id=model.id,
@@ -274,6 +282,8 @@ def add_request(
         idempotency_key=idempotency_key,
         body_hash=fingerprint,
         status="received",
+        received_at=received,
+        due_at=add_months(received, get_settings().deadline_months),
     )
     job = new_job(
         session, kind="deletion", model_id=model.id, model_kind=model.kind, request_id=request.id, flush=False
@@ -378,11 +388,14 @@ def list_requests(
     limit: int,
     cursor: str | None,
     stuck: bool = False,
+    overdue: bool = False,
 ) -> tuple[list[DeletionRequest], str | None]:
     """Newest first, keyset-paged on (created_at, id) so pages stay stable while requests arrive."""
     query = select(DeletionRequest)
     if status:
         query = query.where(DeletionRequest.status == status)
+    if overdue:
+        query = query.where(DeletionRequest.status.notin_(TERMINAL_STATUSES), DeletionRequest.due_at < utcnow())
     if stuck:
         before = utcnow() - timedelta(seconds=get_settings().stuck_after_seconds)
         query = query.where(DeletionRequest.status.in_(WAITING_STATUSES), DeletionRequest.created_at < before)
@@ -472,7 +485,8 @@ def mark_failed(
     now = utcnow()
     request = session.get(DeletionRequest, request_id)
     request.status, request.updated_at, request.completed_at = status, now, now
-    _hash_sample_ids(request)
+    if status == "rejected":  # a failed request keeps its ids until retried: the erasure is still owed
+        _hash_sample_ids(request)
     request.error = {
         "type": f"https://lethe.dev/problems/{problem_type}",
         "detail": error.split("\n", 1)[0][:2000],
@@ -570,3 +584,120 @@ def _queue_callback(session: Session, request: DeletionRequest, event: str) -> N
     if request.error:
         data["error"] = request.error
     webhooks.enqueue(session, request.id, request.callback_url, event, data)
+
+
+# ------------------------------------------------------------------------------------ deadlines and operator controls
+
+
+def add_months(moment: datetime, months: int) -> datetime:
+    """The same day ``months`` calendar months later (the last day of a shorter month): GDPR Art. 12(3) counts in
+    months, not days."""
+    index = moment.month - 1 + months
+    year, month = moment.year + index // 12, index % 12 + 1
+    return moment.replace(year=year, month=month, day=min(moment.day, calendar.monthrange(year, month)[1]))
+
+
+def is_overdue(request: DeletionRequest) -> bool:
+    return request.due_at is not None and request.status not in TERMINAL_STATUSES and request.due_at < utcnow()
+
+
+def flag_overdue(session: Session) -> int:
+    """Record, once per request, that its deadline passed before it was answered (an audit event)."""
+    now = utcnow()
+    late = (
+        session.execute(
+            select(DeletionRequest)
+            .where(
+                DeletionRequest.status.notin_(TERMINAL_STATUSES),
+                DeletionRequest.due_at < now,
+                DeletionRequest.overdue_at.is_(None),
+            )
+            .with_for_update(skip_locked=True)
+        )
+        .scalars()
+        .all()
+    )
+    for request in late:
+        request.overdue_at = now
+        append_event(
+            session,
+            actor="dispatcher",
+            action="deletion_request.overdue",
+            entity_type="deletion_request",
+            entity_id=request.id,
+            payload={"due_at": request.due_at.isoformat(), "status": request.status},
+        )
+    return len(late)
+
+
+def extend_deadline(session: Session, principal: Principal, request_id: str, months: int, reason: str):
+    """Art. 12(3): extend by up to two further months in all, with a reason (told to the data subject)."""
+    request = get_request_or_404(session, request_id)
+    if request.status in TERMINAL_STATUSES:
+        raise Problem(409, "request-finished", "The request has already ended", f"status is {request.status!r}")
+    used = sum(int(e["months"]) for e in request.extensions or [])
+    allowed = get_settings().max_extension_months
+    if used + months > allowed:
+        raise Problem(
+            422, "extension-too-long", "The deadline may be extended by at most two further months",
+            f"{used} month(s) already granted; at most {allowed} in all",
+        )  # fmt: skip
+    request.due_at = add_months(request.due_at or add_months(request.created_at, 1), months)
+    entry = {"months": months, "reason": reason, "by": principal.actor, "at": utcnow().isoformat()}
+    request.extensions = [*(request.extensions or []), entry]
+    request.overdue_at = None
+    append_event(
+        session,
+        actor=principal.actor,
+        action="deletion_request.extended",
+        entity_type="deletion_request",
+        entity_id=request.id,
+        payload={"months": months, "reason": reason, "due_at": request.due_at.isoformat()},
+    )
+    return request
+
+
+def cancel_request(session: Session, principal: Principal, request_id: str):
+    """Cancel a request no worker has started; its rows are released."""
+    request = get_request_or_404(session, request_id)
+    if request.status not in WAITING_STATUSES or not request.job_id or not cancel_job(session, request.job_id):
+        raise Problem(
+            409, "request-started", "Only a request no worker has started can be cancelled",
+            f"status is {request.status!r}",
+        )  # fmt: skip
+    request.status, request.updated_at, request.completed_at = "cancelled", utcnow(), utcnow()
+    _hash_sample_ids(request)
+    release_rows(session, request.id)
+    append_event(
+        session,
+        actor=principal.actor,
+        action="deletion_request.cancelled",
+        entity_type="deletion_request",
+        entity_id=request.id,
+        payload={"job_id": request.job_id},
+    )
+    return request
+
+
+def retry_request(session: Session, principal: Principal, request_id: str):
+    """Run a failed request again with a new job (its rows are held again; a clash is 409)."""
+    request = get_request_or_404(session, request_id)
+    if request.status != "failed":
+        raise Problem(409, "not-failed", "Only a failed request can be retried", f"status is {request.status!r}")
+    if "sample_ids" in request.scope:
+        for h in dict.fromkeys(hash_row_id(s) for s in request.scope["sample_ids"]):
+            session.add(InflightRow(model_id=request.model_id, id_hash=h, request_id=request.id))
+    model = session.get(Model, request.model_id)
+    job = new_job(session, kind="deletion", model_id=model.id, model_kind=model.kind, request_id=request.id)
+    previous = request.job_id
+    request.job_id, request.status, request.error = job.id, "received", None
+    request.progress, request.message, request.completed_at, request.updated_at = 0.0, None, None, utcnow()
+    append_event(
+        session,
+        actor=principal.actor,
+        action="deletion_request.retried",
+        entity_type="deletion_request",
+        entity_id=request.id,
+        payload={"job_id": job.id, "previous_job_id": previous},
+    )
+    return request

@@ -8,8 +8,8 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db import Base, JSONType, UTCDateTime, new_id, utcnow
 
-REQUEST_STATUSES = ("received", "queued", "running", "verifying", "certified", "failed", "rejected")
-TERMINAL_STATUSES = ("certified", "failed", "rejected")
+REQUEST_STATUSES = ("received", "queued", "running", "verifying", "certified", "failed", "rejected", "cancelled")
+TERMINAL_STATUSES = ("certified", "failed", "rejected", "cancelled")
 
 
 class DeletionRequest(Base):
@@ -34,6 +34,10 @@ class DeletionRequest(Base):
     api_key_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
     body_hash: Mapped[str] = mapped_column(String(64))
+    received_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)  # by the upstream system
+    due_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)  # GDPR Art. 12(3): a month
+    extensions: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType, nullable=True)
+    overdue_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)  # when it was flagged
     certificate_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
     erasure: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)  # the erasure manifest
     result_version_id: Mapped[str | None] = mapped_column(String(36), nullable=True)

@@ -1,0 +1,120 @@
+"""Operator's view, items 2 and 3: deadlines (GDPR Art. 12(3)) with audited extensions and overdue flags; cancel a
+request no worker has started, retry a failed one (embedded default)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.db import session_scope
+from app.jobs.tabular import holdout_mask
+from app.main import create_app
+from app.ml.unlearning import base
+from app.requests.service import add_months, flag_overdue
+from tests.helpers import configure, make_key, wait_for, wait_request, write_table
+
+SCOPES = ["models:write", "requests:write", "requests:read", "audit:read", "admin"]
+
+
+@pytest.fixture
+def setup(tmp_path):
+    configure(tmp_path / "home", poll_seconds="0.05")
+    headers = {"authorization": f"Bearer {make_key(SCOPES)}"}
+    source = tmp_path / "t.csv"
+    write_table(source, n=200, seed=5)
+    metadata = {
+        "name": "ops",
+        "verification": {"shadows": 8},
+        "dataset": {"row_id_column": "row_id", "label_column": "label"},
+    }
+    with TestClient(create_app(run_background=True), headers=headers) as client:
+        with source.open("rb") as handle:
+            model_id = client.post(
+                "/v1/models", data={"metadata": json.dumps(metadata)}, files={"file": ("t.csv", handle, "text/csv")}
+            ).json()["id"]
+        wait_for(lambda: client.get(f"/v1/models/{model_id}").json()["status"] == "ready", timeout=120, what="ready")
+    return headers, model_id
+
+
+def _ask(client, model_id, ids, **extra):
+    return client.post(
+        "/v1/deletion-requests",
+        json={"subject_ref": "s", "model_id": model_id, "scope": {"kind": "samples", "sample_ids": ids}, **extra},
+    )
+
+
+def test_months_are_calendar_months():
+    assert add_months(datetime(2026, 1, 31, tzinfo=UTC), 1) == datetime(2026, 2, 28, tzinfo=UTC)
+    assert add_months(datetime(2026, 11, 15, tzinfo=UTC), 3) == datetime(2027, 2, 15, tzinfo=UTC)
+
+
+def test_deadlines_extensions_overdue_and_cancel(setup):
+    headers, model_id = setup
+    with TestClient(create_app(run_background=False), headers=headers) as client:  # no worker: requests wait
+        received = datetime.now(UTC) - timedelta(days=40)
+        late = _ask(client, model_id, ["r1"], received_at=received.isoformat()).json()
+        assert late["due_at"].startswith(add_months(received, 1).isoformat()[:19])
+        assert late["overdue"] is True and late["days_left"] < 0
+        fresh = _ask(client, model_id, ["r2"]).json()
+        assert fresh["overdue"] is False and 27 <= fresh["days_left"] <= 31
+        overdue = client.get("/v1/deletion-requests", params={"overdue": "true"}).json()["items"]
+        assert [r["id"] for r in overdue] == [late["id"]]
+        with session_scope() as session:
+            assert flag_overdue(session) == 1
+        with session_scope() as session:
+            assert flag_overdue(session) == 0  # once
+        events = [e["action"] for e in client.get("/v1/audit", params={"entity_id": late["id"]}).json()["items"]]
+        assert "deletion_request.overdue" in events
+
+        extended = client.post(f"/v1/deletion-requests/{late['id']}/extend", json={"months": 2, "reason": "complex"})
+        assert extended.status_code == 200 and extended.json()["overdue"] is False
+        assert extended.json()["extensions"][0]["reason"] == "complex"
+        again = client.post(f"/v1/deletion-requests/{late['id']}/extend", json={"months": 1, "reason": "more"})
+        assert again.status_code == 422 and again.json()["type"].endswith("/extension-too-long")
+
+        cancelled = client.post(f"/v1/deletion-requests/{fresh['id']}/cancel")
+        assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+        assert _ask(client, model_id, ["r2"]).status_code == 202  # its rows were released
+        events = [e["action"] for e in client.get("/v1/audit", params={"entity_id": fresh["id"]}).json()["items"]]
+        assert "deletion_request.cancelled" in events
+    with TestClient(create_app(run_background=True), headers=headers) as client:
+        done = wait_request(client, late["id"], timeout=120)
+        assert done["status"] == "certified"
+        refused = client.post(f"/v1/deletion-requests/{late['id']}/cancel")
+        assert refused.status_code == 409 and refused.json()["type"].endswith("/request-started")
+        reader = make_key(["requests:read"], name="reader")
+        forbidden = client.post(
+            f"/v1/deletion-requests/{late['id']}/extend",
+            json={"months": 1, "reason": "x" * 5},
+            headers={"authorization": f"Bearer {reader}"},
+        )
+        assert forbidden.status_code == 403
+
+
+def test_a_failed_request_can_be_retried(setup):
+    headers, model_id = setup
+    base.register_method(
+        "test-nothing",
+        "app.ml.unlearning.baselines.sisa:DoNothingConfig",
+        "app.ml.unlearning.baselines.sisa:DoNothing",
+        model_kinds={"tabular"},
+        scopes={"samples"},
+    )
+    try:
+        with TestClient(create_app(run_background=True), headers=headers) as client:
+            trained = next(f"r{i}" for i, held in enumerate(holdout_mask(200, 0.2, seed=0)) if not held)
+            failed = wait_request(client, _ask(client, model_id, [trained], method="test-nothing").json()["id"], 120)
+            assert failed["status"] == "failed" and failed["scope"]["sample_ids"] == [trained]  # kept: still owed
+            retried = client.post(f"/v1/deletion-requests/{failed['id']}/retry")
+            assert retried.status_code == 202 and retried.json()["status"] in ("received", "queued", "running")
+            again = wait_request(client, failed["id"], timeout=120)
+            assert again["status"] == "failed"  # the same method fails its verdict again, and says so
+            reports = client.get(again["links"]["reports"]).json()["items"]
+            assert len(reports) == 2
+            events = [e["action"] for e in client.get("/v1/audit", params={"entity_id": failed["id"]}).json()["items"]]
+            assert "deletion_request.retried" in events
+    finally:
+        base._REGISTRY.pop("test-nothing", None)
