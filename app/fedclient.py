@@ -2,9 +2,11 @@
 
 Each round: download the global LoRA vector (``/versions/{n}/weights``), train locally on every client that is still
 in the federation (``app.ml.federation.Federation.local_update``), upload the updates as one safetensors file, and
-wait for the server to aggregate them into a new version. With ``use_lock`` the clients fetch the published forget
-lock and add its penalty α‖U_μᵀ(θ − θ_unl)‖² to their local loss (EASE, Projection with Forget Lock).
-This is client-side code: it runs the ML itself and is never imported by the API.
+wait for the server to aggregate them into a new version. Before training, each client drops the pairs a deletion
+took (``GET /v1/models/{id}/pairs`` lists what each client may still train on: the service's tombstones, published
+as what is left). With ``use_lock`` the clients fetch the published forget lock and, when its α is positive, add its
+penalty α‖U_μᵀ(θ − θ_unl)‖² to their local loss (EASE's default α = 0 needs no basis at the clients: the server's
+projection alone holds the lock). This is client-side code: it runs the ML itself and is never imported by the API.
 """
 
 from __future__ import annotations
@@ -17,9 +19,21 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
 from app.ml.clip import ClipLoRA, ClipSpec
-from app.ml.data.captions import make_synthetic_federation
+from app.ml.data.captions import CaptionDataset, make_synthetic_federation
 from app.ml.federation import Federation, FedSettings
 from app.ml.federation.lock import ForgetLock
+
+
+def apply_tombstones(
+    clients: list[CaptionDataset], client_ids: list[str], live: dict[str, list[str]]
+) -> list[CaptionDataset]:
+    """Each client's data without the pairs the service no longer lists for it (a client the service does not list
+    keeps nothing)."""
+    out = []
+    for data, client_id in zip(clients, client_ids, strict=True):
+        keep = set(live.get(client_id, []))
+        out.append(data.subset([i for i, pid in enumerate(data.ids) if pid in keep]))
+    return out
 
 
 class SimulatedClients:
@@ -31,8 +45,9 @@ class SimulatedClients:
         self.data = make_synthetic_federation(**data)
         self.clip = ClipLoRA(ClipSpec.from_dict(federation["spec"]))
         self.settings = FedSettings(**federation["fed_settings"])
-        self.fed = Federation(self.clip, self.data.clients, self.settings)
         self.client_ids = federation["clients"]
+        self.fed = Federation(self.clip, self.data.clients, self.settings)
+        self._live: dict[str, list[str]] | None = None
 
     def _model(self) -> dict:
         response = self.http.get(f"/v1/models/{self.model_id}")
@@ -46,19 +61,34 @@ class SimulatedClients:
         return number, load_tensors(response.content)["theta"]
 
     def forget_lock(self) -> ForgetLock | None:
-        response = self.http.get(f"/v1/models/{self.model_id}/forget-lock.safetensors")
-        return ForgetLock.from_bytes(response.content) if response.status_code == 200 else None
+        meta = self.http.get(f"/v1/models/{self.model_id}/forget-lock")
+        if meta.status_code != 200 or float(meta.json()["alpha"]) <= 0:
+            return None  # no lock, or one the server's projection alone holds: the basis is not needed here
+        response = self.http.get(meta.json()["links"]["tensors"])
+        response.raise_for_status()
+        return ForgetLock.from_bytes(response.content)
+
+    def refresh_pairs(self) -> dict[str, list[str]]:
+        """Drop the pairs deletions took (the service's published live pairs); rebuilds the local federation."""
+        response = self.http.get(f"/v1/models/{self.model_id}/pairs")
+        response.raise_for_status()
+        live = response.json()["clients"]
+        if live != self._live:
+            self._live = live
+            self.fed = Federation(self.clip, apply_tombstones(self.data.clients, self.client_ids, live), self.settings)
+        return live
 
     def round(self, round_index: int, use_lock: bool = True, timeout: float = 600) -> dict:
         """One round: local training on every remaining client, upload, wait for the aggregated version."""
         model = self._model()
         removed = set(model["federation"]["removed_clients"])
+        self.refresh_pairs()
         number, theta = self.current_theta()
         lock = self.forget_lock() if use_lock else None
         penalty = lock.penalty if lock is not None else None
         updates = torch.zeros(len(self.client_ids), theta.numel())
         for k, client_id in enumerate(self.client_ids):
-            if client_id not in removed:
+            if client_id not in removed and len(self.fed.clients[k]):
                 updates[k] = self.fed.local_update(theta, k, round_index=round_index, penalty=penalty)
         blob = save_tensors({"updates": updates.contiguous(), "weights": self.fed.weights().float().contiguous()})
         response = self.http.post(

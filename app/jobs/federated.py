@@ -30,7 +30,7 @@ from app.jobs.work import DeletionWork, ErasurePlan, Unlearned, Verification, we
 from app.ml.clip import TINY_ARCH, ClipLoRA, ClipSpec, LoraSettings, pretrain_tiny_clip
 from app.ml.data.captions import CaptionDataset, make_synthetic_federation
 from app.ml.federation import FederatedProblem, FedSettings, apply_round
-from app.ml.federation.lock import ForgetLock
+from app.ml.federation.lock import ForgetLock, merge_locks
 from app.ml.verification.lira import attack_summary
 from app.ml.verification.policy import VerdictPolicy, theta_unchanged
 from app.ml.verification.retrieval import evaluate_retrieval
@@ -241,11 +241,17 @@ class Deletion:
     and the clients' data; the method's forget lock is published with the new version."""
 
     def load(self, work: DeletionWork, ctx: JobContext) -> FederatedInputs:
+        """The problem of this request. A pair is alive while its index entry is (erasure deletes it; ``deleted_by``
+        marks those of older databases), so pairs earlier deletions took never come back as retained data; clients
+        that left earlier are ``removed`` (no weight, no retain support), and the published forget lock goes in, to
+        be merged with this request's."""
         model, request = work.model, work.request
         with session_scope() as session:
             tombstoned = {r for _, r in registry.tombstones(session, model.dataset_id, except_request=request.id)}
+            present = registry.present_row_ids(session, model.dataset_id)
         data = data_for(model)
-        masks, forget_client = _forget_masks(model, request, data, tombstoned)
+        taken = tombstoned | {pid for c in data.clients for pid in c.ids if pid not in present}
+        masks, forget_client = _forget_masks(model, request, data, taken)
         if not any(m.any() for m in masks):
             raise FederatedJobError("no remaining pair matches the scope")
         rounds = model.state.get("rounds", [])
@@ -255,7 +261,9 @@ class Deletion:
             p for c, m in zip(data.clients, masks, strict=True) for p, hit in zip(c.ids, m, strict=True) if hit
         }
         positions = [i for i, pid in enumerate(pid for c in data.clients for pid in c.ids) if pid in forgotten]
-        alive = [~np.array([p in tombstoned for p in c.ids], dtype=bool) for c in data.clients]
+        alive = [~np.array([p in taken for p in c.ids], dtype=bool) for c in data.clients]
+        removed = [model.state["clients"].index(c) for c in model.state.get("removed", [])]
+        lock_entry = model.state.get("forget_lock")
         clip = clip_for(model)
         problem = FederatedProblem(
             spec=clip.spec,
@@ -270,6 +278,11 @@ class Deletion:
             weights=torch.tensor(model.state["client_sizes"], dtype=torch.float32),
             model=clip,
             progress=ctx.scaled(0.1, 0.7, work.method_name),
+            removed=removed,
+            forget_lock=ForgetLock.from_bytes(get_store().get_bytes(lock_entry["digest"])) if lock_entry else None,
+            gallery=data.test,
+            # a membership federation's matched held-out split is the non-member target of a samples deletion
+            nonmembers=data.heldout if request.scope["kind"] == "samples" else None,
         )
         return FederatedInputs(problem, positions)
 
@@ -295,12 +308,15 @@ class Deletion:
         }
         state_update: dict[str, Any] = {}
         if "forget_lock" in result.artifacts:
-            lock_bytes = result.artifacts["forget_lock"]
-            lock = ForgetLock.from_bytes(lock_bytes)
+            # merged with the lock earlier deletions published: what they locked stays locked (an orthonormal union;
+            # EASE merges it already, and merging the same span again changes nothing)
+            previous = problem.forget_lock
+            lock = merge_locks(previous, ForgetLock.from_bytes(result.artifacts["forget_lock"]))
             state_update["forget_lock"] = {
-                "digest": get_store().put_bytes(lock_bytes),
+                "digest": get_store().put_bytes(lock.to_bytes()),
                 "alpha": lock.alpha,
                 "rank": lock.rank,
+                "rank_previous": previous.rank if previous is not None else 0,
                 "n_params": lock.p,
                 "request_id": work.request.id,
                 "version_id": work.version_id,

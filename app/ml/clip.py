@@ -299,6 +299,22 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("LETHE_CACHE_DIR", Path.home() / ".cache" / "lethe"))
 
 
+PRETRAIN_THREADS = 1
+"""Intra-op threads during pretraining. Pinned because the bits depend on it: single- and multi-threaded CPU
+reductions sum in different orders, and two checkpoints under one cache name once gave seed-1 class EASE 54.7 and
+23.6 (measured-findings §EASE "reproducibility"). The cache key names it, with deterministic algorithms, the device
+type and the torch version, so that the key describes the bits."""
+
+
+def checkpoint_sha256(path: str | os.PathLike[str]) -> str:
+    """sha256 of a checkpoint file (what benchmark results record next to their figures)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def pretrain_tiny_clip(
     settings: PretrainSettings = PretrainSettings(),
     cache_dir: str | os.PathLike[str] | None = None,
@@ -312,14 +328,38 @@ def pretrain_tiny_clip(
     """
     register_configs()
     cfg = open_clip.get_model_config(TINY_ARCH)
-    key = hashlib.sha256(json.dumps({"cfg": cfg, "settings": asdict(settings), "v": 1}, sort_keys=True).encode())
+    device = default_device()
+    pinned = {
+        "threads": PRETRAIN_THREADS,
+        "deterministic": True,
+        "device": device.type,
+        "torch": torch.__version__.split("+")[0],
+    }
+    key = hashlib.sha256(
+        json.dumps({"cfg": cfg, "settings": asdict(settings), "pinned": pinned, "v": 2}, sort_keys=True).encode()
+    )
     path = Path(cache_dir or default_cache_dir()) / "clip" / f"{TINY_ARCH}-{key.hexdigest()[:16]}.safetensors"
     if path.exists():
         return path
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(PRETRAIN_THREADS)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        return _pretrain(settings, device, path, progress)
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+
+
+def _pretrain(
+    settings: PretrainSettings,
+    device: torch.device,
+    path: Path,
+    progress: Callable[[float, str], None] | None,
+) -> Path:
     from safetensors.torch import save_file
 
     torch.manual_seed(settings.seed)
-    device = default_device()
     model = create_clip(TINY_ARCH, device=device)
     tokenizer = get_tokenizer(TINY_ARCH)
     data = make_pretraining_set(settings.seed, settings.n_pairs)

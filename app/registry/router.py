@@ -247,6 +247,16 @@ def get_forget_lock_tensors(
     )
 
 
+@router.get("/{model_id}/pairs")
+def get_live_pairs(
+    model_id: str, _: Principal = Depends(require_scope("requests:read")), session: Session = Depends(get_session)
+):
+    """The pairs each client may still train on (a federated model's tombstones, published as what is left)."""
+    model = service.get_model_or_404(session, model_id)
+    clients = service.live_pairs(session, model)
+    return {"model_id": model.id, "n_pairs": sum(len(v) for v in clients.values()), "clients": clients}
+
+
 @router.get("/{model_id}/versions/{number}/weights", response_class=Response)
 def get_version_weights(
     model_id: str,

@@ -111,6 +111,11 @@ class SyntheticFederationIn(BaseModel):
     n_clients: int = Field(5, ge=3, le=64)
     pairs_per_client: int = Field(200, ge=10, le=20_000)
     n_test: int = Field(300, ge=10, le=20_000)
+    regime: Literal["concepts", "membership"] = Field(
+        "concepts",
+        description="concepts: planted novel concepts (client/class/samples deletions); membership: one distribution "
+        "with a per-pair nuisance word and a matched held-out split (EASE's non-member target for samples deletions).",
+    )
 
 
 class ClipModelCreate(NoNulModel):

@@ -20,7 +20,7 @@ from app.jobs.tables import Job
 from app.ml.unlearning.base import UnknownMethodError, get_method
 from app.problems import Problem
 from app.registry.schemas import ClipModelCreate, ModelCreate, ModelOut, VersionOut
-from app.registry.tables import Dataset, Model, ModelVersion, first_line
+from app.registry.tables import Dataset, DatasetRow, Model, ModelVersion, first_line
 from app.storage import get_store
 
 _BAD_NAME = re.compile(r"[\x00-\x1f\x7f]")
@@ -274,6 +274,7 @@ def model_out(session: Session, model: Model) -> ModelOut:
     federation = None
     if model.kind == "clip_federated":
         links["rounds"] = f"/v1/models/{model.id}/rounds"
+        links["pairs"] = f"/v1/models/{model.id}/pairs"
         if model.state.get("forget_lock"):
             links["forget_lock"] = f"/v1/models/{model.id}/forget-lock"
         federation = {
@@ -307,6 +308,23 @@ def get_model_or_404(session: Session, model_id: str) -> Model:
     if model is None:
         raise Problem(404, "model-not-found", "No such model", model_id)
     return model
+
+
+def live_pairs(session: Session, model: Model) -> dict[str, list[str]]:
+    """A federated model's pairs that may still be trained on, by client: every pair of its data set that no
+    deletion has taken (erased pairs have no index entry any more; ``deleted_by`` marks those of older databases).
+    Clients train on these only — how the tombstones of class and samples deletions reach them."""
+    if model.kind != "clip_federated" or model.dataset_id is None:
+        raise Problem(404, "not-federated", "The model is not a registered federated model", model.id)
+    rows = session.execute(
+        select(DatasetRow.label, DatasetRow.row_id)
+        .where(DatasetRow.dataset_id == model.dataset_id, DatasetRow.deleted_by.is_(None))
+        .order_by(DatasetRow.position)
+    ).all()
+    out: dict[str, list[str]] = {c: [] for c in model.state.get("clients", [])}
+    for label, row_id in rows:
+        out.setdefault(label, []).append(row_id)
+    return out
 
 
 def list_versions(session: Session, model_id: str) -> list[ModelVersion]:

@@ -133,7 +133,14 @@ class EaseSettings(_Settings):
     excision_subspace: Literal["none", "exclusive", "off_retain"] = "none"
     anchor_weight: float = Field(1.0, ge=0, le=1e6)
     retain_negatives: bool = True
-    lock_alpha: float = Field(50.0, ge=0, le=1e9)
+    strength: Literal["adaptive", "fixed"] = "adaptive"
+    excision_scale: float = Field(1.0, gt=0, le=1e3)
+    excision_norm: float | None = Field(None, gt=0, le=1e9)
+    target: Literal["auto", "reference", "nonmember"] = "auto"
+    target_band: float = Field(3.0, gt=0, le=100)
+    max_probes: int = Field(5, ge=1, le=32)
+    scale_max: float = Field(16.0, gt=0, le=1e3)
+    lock_alpha: float = Field(0.0, ge=0, le=1e9)
     repair_rounds: int = Field(1, ge=0, le=1000)
     repair_epochs: float | None = Field(None, gt=0, le=1000)
     lock_excision: bool = True

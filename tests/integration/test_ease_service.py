@@ -61,7 +61,8 @@ def test_client_deletion_with_ease(stack):
     assert {"forget_r1", "retain_r1", "test_r1"} <= set(before) and {"forget_r1", "retain_r1"} <= set(after)
 
     lock = stack.client.get(f"/v1/models/{model_id}/forget-lock").json()
-    assert lock["request_id"] == request_id and lock["rank"] >= 1 and lock["alpha"] > 0
+    # α = 0: the server projection alone holds the lock (no client needs the basis; app/ml/unlearning/ease)
+    assert lock["request_id"] == request_id and lock["rank"] >= 1 and lock["alpha"] == 0
     tensors = stack.client.get(lock["links"]["tensors"])
     assert tensors.status_code == 200 and len(tensors.content) > lock["n_params"] * 4
     model = stack.client.get(f"/v1/models/{model_id}").json()
@@ -92,6 +93,41 @@ def test_client_deletion_with_ease(stack):
     latest = stack.client.get(f"/v1/models/{model_id}/versions").json()[-1]
     assert latest["method"] == "fedavg+forget-lock" and latest["metrics"]["projected"] is True
     assert latest["metrics"]["lock_drift"] < 1e-3
+
+    # the departed client's pairs are no longer listed for training
+    pairs = stack.client.get(f"/v1/models/{model_id}/pairs").json()
+    assert pairs["clients"]["c1"] == [] and len(pairs["clients"]["c0"]) == DATA["pairs_per_client"]
+
+    # a class deletion next: its lock is merged with the first (what was locked stays locked), the departed client
+    # is out of it, and the clients drop the deleted pairs before their next round
+    first_rank = lock["rank"]
+    response = stack.client.post(
+        "/v1/deletion-requests",
+        json={
+            "subject_ref": "no purple",
+            "model_id": model_id,
+            "method": "ease",
+            "scope": {"kind": "class", "label": "purple"},
+        },
+    )
+    assert response.status_code == 202, response.text
+    done = wait_request(stack.client, response.json()["id"], timeout=900)
+    assert done["status"] == "completed", done
+    version = stack.client.get(f"/v1/models/{model_id}/versions").json()[-1]
+    info = version["metrics"]["method_info"]
+    assert info["gsd"]["removed_clients_excluded"] == [1] and info["lock_rank_previous"] == first_rank
+    assert {"target_r1", "scale", "probes"} <= set(info["strength"])
+    merged = stack.client.get(f"/v1/models/{model_id}/forget-lock").json()
+    assert merged["rank"] > first_rank
+    pairs = stack.client.get(f"/v1/models/{model_id}/pairs").json()
+    live = {pid for ids in pairs["clients"].values() for pid in ids}
+    purple = {pid for c in clients.data.clients for pid, cap in zip(c.ids, c.captions, strict=True) if "purple" in cap}
+    assert purple and not live & purple and pairs["n_pairs"] == len(live)
+    job = clients.round(FED["rounds"] + 1)
+    assert job["status"] == "succeeded", job
+    trained = [cap for c in clients.fed.clients for cap in c.captions]
+    assert trained and not any("purple" in cap for cap in trained)
+    assert len(clients.fed.clients[1]) == 0
 
     # wrong shapes are refused at the door
     response = stack.client.post(

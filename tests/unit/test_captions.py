@@ -74,3 +74,24 @@ def test_karpathy_loader_on_a_fixture(tmp_path):
     ds = karpathy_to_dataset(test, simple_preprocess(32))
     assert ds.images.shape == (10, 3, 32, 32) and ds.captions[5] == "Image 2 caption 0 ."
     assert torch.equal(ds.images[0], ds.images[4]) and not torch.equal(ds.images[0], ds.images[5])
+
+
+def test_membership_regime_has_a_matched_heldout_split():
+    a = make_synthetic_federation(2, n_clients=4, pairs_per_client=50, n_test=20, regime="membership")
+    b = make_synthetic_federation(2, n_clients=4, pairs_per_client=50, n_test=20, regime="membership")
+    assert a.clients[1].captions == b.clients[1].captions and torch.equal(a.heldout.images, b.heldout.images)
+    masks = a.forget_masks("membership")
+    n_forget = sum(int(m.sum()) for m in masks)
+    assert 0 < n_forget < 200 and len(a.heldout) == n_forget  # matched in size …
+    assert all(m.any() for m in masks)  # … spread over every client (same distribution, no planted holder)
+    # … and in kind: the same vocabulary, each caption with one nuisance word, no novel concept anywhere
+    words = {w for d in [*a.clients, a.heldout] for c in d.captions for w in c.split()}
+    assert not words & {"star", "ring", "purple"}
+    from app.ml.data.captions import TAGS
+
+    for d in (a.clients[0], a.heldout):
+        assert all(sum(w in TAGS for w in c.split()) == 1 for c in d.captions)
+    # every caption fits the tiny text tower's context with its end-of-text token
+    ids = WordTokenizer(context_length=12)(a.heldout.captions)
+    assert (ids == WordTokenizer(context_length=12).eot_id).sum(dim=1).eq(1).all()
+    assert make_synthetic_federation(2, n_clients=4, pairs_per_client=50, n_test=20).heldout is None

@@ -76,3 +76,19 @@ def test_checkpoint_loader_reads_a_local_file(tmp_path, suffix):
 
 def test_cached_pretraining_is_reused():
     assert tiny_checkpoint() == tiny_checkpoint()
+
+
+def test_pretraining_is_pinned_whatever_the_callers_threads(tmp_path):
+    from app.ml.clip import PretrainSettings, checkpoint_sha256, pretrain_tiny_clip
+
+    settings = PretrainSettings(n_pairs=64, steps=3, batch_size=32)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        a = pretrain_tiny_clip(settings, cache_dir=tmp_path / "a")
+        assert torch.get_num_threads() == 2 and not torch.are_deterministic_algorithms_enabled()  # restored
+        torch.set_num_threads(1)
+        b = pretrain_tiny_clip(settings, cache_dir=tmp_path / "b")
+    finally:
+        torch.set_num_threads(before)
+    assert a.name == b.name and checkpoint_sha256(a) == checkpoint_sha256(b)  # the key describes the bits

@@ -46,3 +46,27 @@ def test_empty_lock_is_a_no_op():
     lock = ForgetLock(torch.zeros(10, 0), 5.0, torch.zeros(10))
     d = torch.randn(10)
     assert torch.equal(lock.project(d), d) and float(lock.penalty(d)) == 0.0
+
+
+def test_merged_lock_keeps_every_locked_direction():
+    from app.ml.federation.lock import merge_locks
+
+    first = _lock(p=30, k=4, alpha=3.0)
+    torch.manual_seed(1)
+    second_basis, _ = torch.linalg.qr(torch.cat([first.basis[:, :1], torch.randn(30, 2)], dim=1))  # shares a direction
+    second = ForgetLock(second_basis, 5.0, torch.randn(30))
+    merged = merge_locks(first, second)
+    # orthonormal, spanning both: 4 + 3 directions with one shared → rank 6
+    assert merged.rank == 6
+    assert torch.allclose(merged.basis.T @ merged.basis, torch.eye(6), atol=1e-5)
+    for old in (first.basis, second.basis):
+        residual = old - merged.basis @ (merged.basis.T @ old)
+        assert float(residual.norm()) < 1e-4
+    # the anchor is the newest unlearned model, α the stronger; the server projection now removes both locks' drift
+    assert torch.equal(merged.theta_unl, second.theta_unl) and merged.alpha == 5.0
+    delta = torch.randn(30)
+    assert torch.allclose(first.basis.T @ merged.project(delta), torch.zeros(4), atol=1e-5)
+    # merging again adds nothing; no previous lock (or another layout) leaves the new one as it is
+    assert merge_locks(first, merged).rank == 6
+    assert merge_locks(None, second) is second
+    assert merge_locks(_lock(p=12, k=2), second) is second

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from app.ml.federation import Federation, FedSettings, apply_round, bytes_of, fedavg, trajectory
@@ -50,3 +51,28 @@ def test_local_update_is_deterministic():
     b = fed.local_update(m.theta_init, 1, round_index=3)
     assert torch.allclose(a, b, atol=1e-7)  # same data order, frozen weights restored (see clip._mha_base_weights)
     assert not torch.allclose(a, fed.local_update(m.theta_init, 1, round_index=4), atol=1e-6)
+
+
+def test_rounds_record_compute_critical_path_and_pair_gradients():
+    demo = tiny_demo()
+    fed = Federation(demo.model, demo.data.clients, FedSettings(rounds=2, batch_size=12))
+    result = fed.train(demo.theta_init)
+    for res in result.rounds:
+        assert len(res.client_seconds) == 3 and all(s > 0 for s in res.client_seconds)
+        assert res.critical_seconds < res.compute_seconds  # three clients in parallel beat three in a row
+        assert res.pair_grads == sum(fed.local_steps(k) * 12 for k in range(3))
+    assert result.pair_grads == 2 * result.rounds[0].pair_grads
+    assert result.critical_seconds == pytest.approx(sum(r.critical_seconds for r in result.rounds))
+
+
+def test_ledger_stages_count_parallel_parties_once_on_the_critical_path():
+    from app.ml.federation.accounting import Ledger
+
+    ledger = Ledger()
+    ledger.stage("a", {"client 0": 1.0, "client 1": 3.0, "server": 0.5}, pair_grads=10)
+    ledger.stage("b", {"server": 2.0}, pair_forwards=7)
+    ledger.down("x", 8)
+    ledger.up("y", 4)
+    info = ledger.to_info()
+    assert info["compute_seconds"] == 6.5 and info["critical_seconds"] == 5.0
+    assert info["pair_grads"] == 10 and info["pair_forwards"] == 7 and info["bytes_total"] == 12

@@ -37,6 +37,10 @@ NOVEL_COLOURS = ("purple",)
 BASE_SHAPES = ("circle", "square", "triangle")
 NOVEL_SHAPES = ("star", "ring")
 POSITIONS = ("top left", "top right", "bottom left", "bottom right")
+TAGS = ("north", "south", "east", "west")
+"""Membership regime: a per-pair nuisance word that nothing in the image shows — only memorisation links a pair's
+image to it. Four, not more: with 2 words of 12, or a visible accent dot besides, the tiny CLIP with LoRA learned
+neither (original and retrain within 2 points of each other, measured while building the regime)."""
 
 _RGB = {
     "red": (0.9, 0.15, 0.15),
@@ -77,6 +81,7 @@ _WORDS: tuple[str, ...] = (
     "right",
     "center",
     "middle",
+    *TAGS,
 )
 
 
@@ -177,7 +182,10 @@ class CaptionDataset:
 
 
 def caption_for(attrs: dict[str, str]) -> str:
-    return f"a {attrs['size']} {attrs['colour']} {attrs['shape']} at the {attrs['position']}"
+    base = f"a {attrs['size']} {attrs['colour']} {attrs['shape']} at the {attrs['position']}"
+    if "tag" in attrs:  # membership regime: a nuisance word the image does not show
+        return f"{base} {attrs['tag']}"
+    return base
 
 
 def _shape_mask(shape: str, u: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -269,6 +277,9 @@ class SyntheticFederation:
     test: CaptionDataset
     scenarios: dict[str, dict[str, Any]]
     seed: int
+    heldout: CaptionDataset | None = None
+    """Membership regime: held-out pairs drawn exactly like the forget set and never trained on (the matched
+    non-members of the membership scenario); None for the concept regime, whose held-out pairs share the concept."""
 
     def forget_masks(self, scenario: str) -> list[np.ndarray]:
         spec = self.scenarios[scenario]
@@ -280,6 +291,9 @@ class SyntheticFederation:
                 masks.append(data.has_word(spec["word"]))
             elif scenario == "samples":
                 masks.append(np.array([s == spec["subject"] for s in data.subjects], dtype=bool))
+            elif scenario == "membership":
+                wanted = set(spec["subjects"])
+                masks.append(np.array([s in wanted for s in data.subjects], dtype=bool))
             else:
                 raise KeyError(scenario)
         return masks
@@ -317,6 +331,11 @@ def _client_attrs(
 
 
 DEFAULT_FRACTIONS = {"star": 0.5, "purple": 0.3, "ring": 0.2}
+MEMBERSHIP_FORGET_FRACTION = 0.3
+"""Share of the membership federation's data subjects whose pairs form the forget set (≈300 of 1,000 pairs at the
+benchmark's size: a forget set whose R@1 standard error stays near 2 points)."""
+MEMBERSHIP_SUBJECTS = 10
+"""Data subjects per client in the membership regime (each pair belongs to one, uniformly)."""
 
 
 def make_synthetic_federation(
@@ -325,11 +344,19 @@ def make_synthetic_federation(
     pairs_per_client: int = 200,
     n_test: int = 300,
     fractions: dict[str, float] | None = None,
+    regime: str = "concepts",
+    forget_fraction: float = MEMBERSHIP_FORGET_FRACTION,
+    n_heldout: int | None = None,
 ) -> SyntheticFederation:
     """A seeded non-IID federation with the three planted deletion scenarios (module docstring).
 
     The test set follows the pooled client mixture (each test pair drawn like a pair of a random client).
+    ``regime="membership"`` builds the membership federation instead (:func:`make_membership_federation`).
     """
+    if regime == "membership":
+        return make_membership_federation(seed, n_clients, pairs_per_client, n_test, forget_fraction, n_heldout)
+    if regime != "concepts":
+        raise ValueError(f"unknown regime {regime!r}")
     if n_clients < 3:
         raise ValueError("the three scenarios need at least 3 clients")
     fractions = {**DEFAULT_FRACTIONS, **(fractions or {})}
@@ -360,6 +387,56 @@ def make_synthetic_federation(
         "samples": {"client": n_clients - 1, "subject": f"c{n_clients - 1}-s0", "concept": "ring"},
     }
     return SyntheticFederation(clients=clients, test=test, scenarios=scenarios, seed=seed)
+
+
+def _membership_attrs(rng: np.random.Generator) -> dict[str, str]:
+    attrs = _draw(rng)
+    attrs["tag"] = TAGS[rng.integers(len(TAGS))]
+    return attrs
+
+
+def make_membership_federation(
+    seed: int,
+    n_clients: int = 5,
+    pairs_per_client: int = 200,
+    n_test: int = 300,
+    forget_fraction: float = MEMBERSHIP_FORGET_FRACTION,
+    n_heldout: int | None = None,
+) -> SyntheticFederation:
+    """The membership regime (the Flickr30K-like case, issue 11 item 4): every client draws from one distribution
+    (no planted concept, no client skew), and each caption carries a per-pair nuisance word the image does not show.
+
+    Nothing separates the forget pairs from held-out pairs but training: a model ranks a pair's own caption above
+    its same-shape twins with other nuisance words only by having memorised that pair, so the forget/retain gap is
+    memorisation, and a matched held-out split (``heldout``, drawn like the forget pairs, never trained on) gives the
+    level a model that never saw the forget pairs reaches on them — the non-member target of EASE's adaptive
+    strength. Captions are *less* unique than Flickr30K's (96 visible combinations × 4 words: ≈ 3 pairs share one
+    caption at the benchmark's size) because the tiny model memorised nothing finer. The ``"membership"`` scenario
+    deletes every pair of the first ``forget_fraction`` of each client's data subjects.
+    """
+    if n_clients < 1:
+        raise ValueError("the membership regime needs at least one client")
+    n_forget_subjects = max(1, round(forget_fraction * MEMBERSHIP_SUBJECTS))
+    clients = []
+    for k in range(n_clients):
+        rng = np.random.default_rng([seed, 17, k])
+        attrs = [_membership_attrs(rng) for _ in range(pairs_per_client)]
+        subjects = [f"c{k}-s{int(j)}" for j in rng.integers(0, MEMBERSHIP_SUBJECTS, pairs_per_client)]
+        clients.append(generate_pairs(attrs, rng, id_prefix=f"c{k}", subjects=subjects))
+    rng = np.random.default_rng([seed, 19])
+    test = generate_pairs([_membership_attrs(rng) for _ in range(n_test)], rng, id_prefix="test")
+    n_forget = sum(sum(1 for s in c.subjects if int(s.rsplit("-s", 1)[1]) < n_forget_subjects) for c in clients)
+    rng = np.random.default_rng([seed, 23])
+    n_held = n_forget if n_heldout is None else n_heldout
+    heldout = generate_pairs([_membership_attrs(rng) for _ in range(n_held)], rng, id_prefix="held")
+    scenarios = {
+        "membership": {
+            "subjects": [f"c{k}-s{j}" for k in range(n_clients) for j in range(n_forget_subjects)],
+            "forget_fraction": forget_fraction,
+            "heldout": n_held,
+        }
+    }
+    return SyntheticFederation(clients=clients, test=test, scenarios=scenarios, seed=seed, heldout=heldout)
 
 
 # ------------------------------------------------------------------------------------------------ Karpathy layout

@@ -36,9 +36,12 @@ class DemoFederation:
     seconds: float
     model: ClipLoRA
 
-    def problem(self, scope: str, progress: ProgressFn = no_progress, **overrides: Any) -> FederatedProblem:
-        """The deletion problem of one planted scenario (``"client"``, ``"class"`` or ``"samples"``)."""
-        masks = self.data.forget_masks(scope)
+    def problem(self, scenario: str, progress: ProgressFn = no_progress, **overrides: Any) -> FederatedProblem:
+        """The deletion problem of one planted scenario (``"client"``, ``"class"``, ``"samples"``, or ``"membership"``
+        — a samples deletion whose matched held-out split is the problem's ``nonmembers``). The test pairs are the
+        retrieval gallery's distractors."""
+        masks = self.data.forget_masks(scenario)
+        scope = "samples" if scenario == "membership" else scenario
         forget_client = self.data.scenarios["client"]["client"] if scope == "client" else None
         kwargs: dict[str, Any] = dict(
             spec=self.spec,
@@ -53,6 +56,8 @@ class DemoFederation:
             weights=self.weights,
             progress=progress,
             model=self.model,
+            gallery=self.data.test,
+            nonmembers=self.data.heldout if scenario == "membership" else None,
         )
         kwargs.update(overrides)
         return FederatedProblem(**kwargs)
@@ -70,24 +75,35 @@ def make_demo_federation(
     device: str | None = None,
     progress: ProgressFn = no_progress,
     cache_training: bool = False,
+    regime: str = "concepts",
 ) -> DemoFederation:
     """Pretrain (cached) the tiny CLIP, generate the federation and run FedAvg with LoRA, recording the history.
 
     ``cache_training`` also caches the trained federation (θ, history) under the cache dir, keyed by every setting.
+    ``regime``: the generator's ``"concepts"`` (client/class/samples scenarios) or ``"membership"`` federation.
     """
     checkpoint = pretrain_tiny_clip(
         pretrain or PretrainSettings(), cache_dir=cache_dir, progress=lambda f, m: progress(0.3 * f, m)
     )
     spec = ClipSpec(checkpoint=str(checkpoint), lora=lora or LoraSettings(init_seed=seed))
     model = ClipLoRA(spec, device=device)
-    data = make_synthetic_federation(seed, n_clients=n_clients, pairs_per_client=pairs_per_client, n_test=n_test)
+    data = make_synthetic_federation(
+        seed, n_clients=n_clients, pairs_per_client=pairs_per_client, n_test=n_test, regime=regime
+    )
     settings = fed_settings or FedSettings(seed=seed)
     cached = None
     if cache_training:
-        key = json.dumps(
-            [checkpoint.name, spec.to_dict()["lora"], asdict(settings), seed, n_clients, pairs_per_client],
-            sort_keys=True,
-        )
+        parts: list[Any] = [
+            checkpoint.name,
+            spec.to_dict()["lora"],
+            asdict(settings),
+            seed,
+            n_clients,
+            pairs_per_client,
+        ]
+        if regime != "concepts":
+            parts.append(regime)
+        key = json.dumps(parts, sort_keys=True)
         cached = (
             Path(cache_dir or default_cache_dir())
             / "federations"

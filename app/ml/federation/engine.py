@@ -9,7 +9,10 @@ Two hooks serve PFL (ease-notes §4): ``projection(Δ) -> Δ`` runs at the serve
 ``penalty(θ) -> loss`` is added to every client's local objective (θ is the differentiable flat LoRA vector).
 
 Clients are simulated in-process, one after another, on one model instance: a round is exactly what a deployment
-with real clients computes (each client starts from the broadcast θ and returns θ_local − θ).
+with real clients computes (each client starts from the broadcast θ and returns θ_local − θ). Each client's CPU
+seconds are recorded apart, so that a round's *critical path* (clients in parallel: the slowest client plus the
+server's aggregation) can be reported next to its total compute (issue 11 item 2), with the pair-gradient
+evaluations (pairs × steps) it took.
 """
 
 from __future__ import annotations
@@ -77,6 +80,18 @@ class RoundResult:
     bytes_down: int
     bytes_up: int
     seconds: float
+    client_seconds: list[float] = field(default_factory=list)  # CPU seconds of each participant's local training
+    server_seconds: float = 0.0  # CPU seconds of the aggregation (and projection)
+    pair_grads: int = 0  # pair-gradient evaluations: Σ over participants of steps × batch
+
+    @property
+    def compute_seconds(self) -> float:
+        return sum(self.client_seconds) + self.server_seconds
+
+    @property
+    def critical_seconds(self) -> float:
+        """Clients in parallel: the slowest one, then the server."""
+        return max(self.client_seconds, default=0.0) + self.server_seconds
 
 
 @dataclass
@@ -94,6 +109,18 @@ class TrainResult:
     def bytes_total(self) -> int:
         return self.bytes_down + self.bytes_up
 
+    @property
+    def compute_seconds(self) -> float:
+        return sum(r.compute_seconds for r in self.rounds)
+
+    @property
+    def critical_seconds(self) -> float:
+        return sum(r.critical_seconds for r in self.rounds)
+
+    @property
+    def pair_grads(self) -> int:
+        return sum(r.pair_grads for r in self.rounds)
+
 
 class Federation:
     """A server and ``len(clients)`` simulated clients training LoRA with FedAvg and the symmetric InfoNCE loss."""
@@ -104,6 +131,7 @@ class Federation:
         self.settings = settings
         self._tokens = [model.tokens(c.captions) for c in self.clients]
         self._labels = [caption_labels(c.captions) for c in self.clients]
+        self.pair_grads = 0  # running count of pair-gradient evaluations (every local step adds its batch size)
 
     @property
     def p(self) -> int:
@@ -150,6 +178,7 @@ class Federation:
             idx = order[pos : pos + bs]
             pos += bs
             img, txt, scale = m.encode(data.images[idx], self._tokens[k][idx])
+            self.pair_grads += len(idx)
             loss = loss_sign * clip_loss(img, txt, scale, self._labels[k][idx])
             if penalty is not None:
                 flat = torch.cat([p.reshape(-1) for p in params])
@@ -171,17 +200,29 @@ class Federation:
     ) -> RoundResult:
         """One FedAvg round over ``clients`` (default: every client holding data)."""
         start = time.perf_counter()
+        grads_before = self.pair_grads
         ids = [k for k in (range(len(self.clients)) if clients is None else clients) if len(self.clients[k])]
-        updates = (
-            torch.stack(
-                [self.local_update(theta, k, round_index=round_index, epochs=epochs, penalty=penalty) for k in ids]
-            )
-            if ids
-            else torch.zeros(0, theta.numel())
-        )
+        rows, client_seconds = [], []
+        for k in ids:
+            cpu = time.process_time()
+            rows.append(self.local_update(theta, k, round_index=round_index, epochs=epochs, penalty=penalty))
+            client_seconds.append(time.process_time() - cpu)
+        updates = torch.stack(rows) if ids else torch.zeros(0, theta.numel())
+        cpu = time.process_time()
         new_theta = apply_round(theta, updates, self.weights()[ids], projection) if ids else theta.clone()
+        server_seconds = time.process_time() - cpu
         one = bytes_of(theta.numel())
-        return RoundResult(new_theta, updates, ids, one * len(ids), one * len(ids), time.perf_counter() - start)
+        return RoundResult(
+            new_theta,
+            updates,
+            ids,
+            one * len(ids),
+            one * len(ids),
+            time.perf_counter() - start,
+            client_seconds,
+            server_seconds,
+            self.pair_grads - grads_before,
+        )
 
     def train(
         self,

@@ -12,6 +12,10 @@ projection of later updates onto the complement of the unique subspace plus a cl
 It lives with the federation, not with EASE: once published it is a mechanic of every later round (the server
 projects, the clients add the penalty), whichever method produced it.
 
+Successive deletions **merge** their locks (:func:`merge_locks`): the basis becomes an orthonormal basis of the union
+of the spans, so directions locked by an earlier deletion stay locked (issue 11 item 5); the anchor is the newest
+unlearned model, whose displacement along every earlier locked direction is what the earlier projections left.
+
 The lock is published by the service (``GET /v1/models/{id}/forget-lock``) so that every client can apply it; it
 serialises to safetensors bytes (:meth:`to_bytes` / :meth:`from_bytes`).
 """
@@ -95,6 +99,18 @@ class ForgetLock:
         if meta.get("format") != FORMAT:
             raise ValueError(f"not a forget lock (format {meta.get('format')!r})")
         return cls(basis=tensors["basis"], alpha=float(json.loads(meta["alpha"])), theta_unl=tensors["theta_unl"])
+
+
+def merge_locks(previous: ForgetLock | None, new: ForgetLock, tol: float = 1e-6) -> ForgetLock:
+    """The lock of ``previous`` and ``new`` together: an orthonormal basis of span(U_prev) ∪ span(U_new) (float64
+    SVD of the concatenation, directions with singular value below ``tol`` dropped), the new anchor
+    θ_unl, and the stronger α. ``previous`` None or of another size (a different parameter layout) gives ``new``."""
+    if previous is None or previous.rank == 0 or previous.p != new.p:
+        return new
+    both = torch.cat([previous.basis.to(torch.float64), new.basis.to(torch.float64)], dim=1)
+    u, s, _ = torch.linalg.svd(both, full_matrices=False)
+    basis = u[:, s > tol].to(new.basis.dtype if new.rank else previous.basis.dtype).contiguous()
+    return ForgetLock(basis, max(previous.alpha, new.alpha), new.theta_unl.clone())
 
 
 def _metadata(data: bytes) -> dict[str, str]:

@@ -15,6 +15,7 @@ import torch
 from app.ml.clip import ClipLoRA, ClipSpec
 from app.ml.data.captions import CaptionDataset
 from app.ml.federation.engine import Federation, FedSettings, Penalty, Projection, RoundResult
+from app.ml.federation.lock import ForgetLock
 from app.ml.unlearning.base import ProgressFn, no_progress
 
 HistoryLoader = Callable[[int], torch.Tensor]
@@ -33,6 +34,14 @@ class FederatedProblem:
       ``scope``: ``"client"`` (``forget_client`` leaves with all its pairs), ``"class"`` or ``"samples"``.
     * ``fed_settings``: the training schedule (what retrain repeats, what further rounds use).
     * ``run_round``: run one further federated round (methods that need them); built on a :class:`Federation`.
+    * ``removed``: clients that left in earlier deletions. They are neither retained nor holders, their FedAvg weight
+      is zero (so a rebuilt trajectory and any later FedAvg ignore them), and their stored updates — zeroed by the
+      service's erasure, or not — never enter a retain support: a departed client's directions are not protected.
+    * ``forget_lock``: the lock earlier deletions published; a method that publishes a lock merges it in.
+    * ``gallery``: held-out pairs that join retrieval galleries as distractors when a method measures itself (the
+      same gallery the service's and the benchmark's forget R@1 use); ``nonmembers``: held-out pairs drawn like the
+      forget pairs and never trained on (a membership deletion's matched split), or None where no such split exists
+      (a concept's held-out pairs share the concept and are no target).
     """
 
     spec: ClipSpec
@@ -50,6 +59,10 @@ class FederatedProblem:
     progress: ProgressFn = no_progress
     device: str | None = None
     model: ClipLoRA | None = None  # built lazily from ``spec``; pass one to share it
+    removed: Sequence[int] = ()
+    forget_lock: ForgetLock | None = None
+    gallery: CaptionDataset | None = None
+    nonmembers: CaptionDataset | None = None
 
     def __post_init__(self) -> None:
         if self.scope not in ("client", "class", "samples"):
@@ -62,8 +75,15 @@ class FederatedProblem:
             if len(holders) != 1:
                 raise ValueError("client scope needs forget_client")
             self.forget_client = holders[0]
+        self.removed = sorted({int(k) for k in self.removed})
+        if self.scope == "client" and self.forget_client in self.removed:
+            raise ValueError(f"client {self.forget_client} already left the federation")
+        for k in self.removed:  # a departed client holds nothing to forget any more (its pairs are erased)
+            self.forget_masks[k] = np.zeros(len(self.clients[k]), dtype=bool)
         if self.weights is None:
             self.weights = torch.tensor([float(len(c)) for c in self.clients])
+        self.weights = torch.as_tensor(self.weights, dtype=torch.float32).clone()
+        self.weights[list(self.removed)] = 0.0
         if self.n_rounds is None:
             self.n_rounds = (
                 self.history.shape[0] if isinstance(self.history, torch.Tensor) else self.fed_settings.rounds
@@ -76,25 +96,25 @@ class FederatedProblem:
 
     def holders(self) -> list[int]:
         """Clients holding at least one pair to forget."""
-        return [k for k, m in enumerate(self.forget_masks) if m.any()]
+        return [k for k, m in enumerate(self.forget_masks) if m.any() and k not in self.removed]
 
     def retained_clients(self) -> list[int]:
-        """Clients that keep taking part (all but the leaving client in client scope)."""
+        """Clients that keep taking part: all but the leaving client (client scope) and those removed earlier."""
         if self.scope == "client":
-            return [k for k in range(self.n_clients) if k != self.forget_client]
-        return [k for k in range(self.n_clients) if (~self.forget_masks[k]).any()]
+            return [k for k in range(self.n_clients) if k != self.forget_client and k not in self.removed]
+        return [k for k in range(self.n_clients) if (~self.forget_masks[k]).any() and k not in self.removed]
 
     def forget_data(self, k: int | None = None) -> CaptionDataset:
         ks = self.holders() if k is None else [k]
         return CaptionDataset.concat([self.clients[i].subset(np.flatnonzero(self.forget_masks[i])) for i in ks])
 
     def retain_data(self, k: int) -> CaptionDataset:
-        if self.scope == "client" and k == self.forget_client:
+        if (self.scope == "client" and k == self.forget_client) or k in self.removed:
             return self.clients[k].subset([])
         return self.clients[k].subset(np.flatnonzero(~self.forget_masks[k]))
 
     def retained_datasets(self) -> list[CaptionDataset]:
-        """Per client, the pairs the unlearned model may learn from (empty for the leaving client)."""
+        """Per client, the pairs the unlearned model may learn from (empty for the leaving and departed clients)."""
         return [self.retain_data(k) for k in range(self.n_clients)]
 
     def client_history(self, k: int) -> torch.Tensor:

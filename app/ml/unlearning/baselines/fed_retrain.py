@@ -44,6 +44,9 @@ class FedRetrain:
                 "bytes_down": result.bytes_down,
                 "bytes_up": result.bytes_up,
                 "bytes_total": result.bytes_total,
+                "compute_seconds": result.compute_seconds,
+                "critical_seconds": result.critical_seconds,
+                "pair_grads": result.pair_grads,
             },
             artifacts={"history": buf.getvalue()},
         )

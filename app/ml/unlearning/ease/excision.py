@@ -143,6 +143,7 @@ def bilateral_excision(
     if has_retain:
         r_tokens, r_labels = model.tokens(retain.captions), all_labels[len(forget) :]
     first = last = None
+    pair_grads = 0
     for _ in range(steps):
         idx = torch.randperm(len(forget), generator=gen)[: min(batch_size, len(forget))]
         ridx = torch.randperm(len(retain), generator=gen)[: min(batch_size, len(retain))] if has_retain else None
@@ -165,6 +166,7 @@ def bilateral_excision(
             if ref_emb is not None:
                 ref = (ref_emb[0][idx].to(img.device), ref_emb[1][idx].to(img.device), ref_scale)
             loss = excision_loss(img, txt, scale, f_labels[idx], objective, margin, ref)
+        pair_grads += len(idx) + (len(ridx) if (use_negatives or use_anchor) and ridx is not None else 0)
         value = float(loss.detach())
         first = value if first is None else first
         last = value
@@ -192,4 +194,5 @@ def bilateral_excision(
         "loss_first": first,
         "loss_last": last,
         "displacement_norm": float(torch.linalg.norm(out - theta)),
+        "pair_grads": pair_grads,
     }

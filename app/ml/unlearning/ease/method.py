@@ -19,20 +19,29 @@ The paper's body could not be read (ease-notes §0): every formula and threshold
    subject's client) runs a bounded excision on both towers' LoRA from the projected model; the server averages the
    displacements (one unlearning round).
 
-3. **PFL** (lock.py, notes §4): a :class:`ForgetLock` over U_μ and the excision direction; ``repair_rounds``
-   FedAvg rounds of the retained clients run with the server projection and the client penalty active (the notes'
-   "in each unlearning round, the parameter displacement is projected onto the complement of the unique subspace"),
-   which repairs the retained alignment without re-entering the locked directions. The lock (U_μ, α, θ_unl) is
-   returned as the ``forget_lock`` artifact; the service applies ``lock.project`` to later aggregated updates and
-   clients add ``lock.penalty``.
+3. **PFL** (lock.py, notes §4): a :class:`ForgetLock` over U_μ, the excision direction and every direction an
+   earlier deletion locked (merged, issue 11 item 5); ``repair_rounds`` FedAvg rounds of the retained clients run with
+   the server projection active (the notes' "in each unlearning round, the parameter displacement is projected onto
+   the complement of the unique subspace"), which repairs the retained alignment without re-entering the locked
+   directions. The lock (U_μ, α, θ_unl) is returned as the ``forget_lock`` artifact; the service applies
+   ``lock.project`` to later aggregated updates.
+
+4. **Adaptive strength** (strength.py, issue 11 item 1): the excision displacement E enters the model scaled,
+   θ_unl = θ_p + s·E + Δ_rep, with Δ_rep the protected repair round's update (orthogonal to E, which is locked). The
+   scale s is searched so that the forget R@1 of the published model lies in [T, T + band], T the level of version 1
+   (and of matched non-members where they exist). A probe costs the holders one evaluation of their forget pairs,
+   not a federated round; every probe is counted in time and bytes.
 
 Defaults were chosen on the synthetic benchmark (bench/ease.py, seed 0), one setting at a time: δ = 65° (45° removed
 too much retained support, 70° too little forget knowledge), SGD excision with the ``"reference"`` objective (Adam
-and the unbounded objectives destroyed retained R@1), margin −0.75 (0 over-forgot the class and samples scenarios,
-−1 under-forgot), one repair round (none left retained R@1 several points low; two cost twice the bytes for no gain).
+and the unbounded objectives destroyed retained R@1), margin −0.75, one repair round (none left retained R@1
+several points low; two cost twice the bytes for no gain). The client penalty of the lock is off (α = 0): server
+projection alone held re-anchoring as well as projection + penalty (measured-findings §EASE, "the lock": mean gap
++2.8 vs +3.3), and without it no retained client ever needs the lock basis — which otherwise costs rank × θ per
+client (issue 11 item 2: "drop the client penalty where the server projection alone does as well, and say which").
 
-Communication is counted in bytes (float32): what clients download (θ, bases) and upload (θ, bases), the lock's
-broadcast reported separately because it is paid at the start of the later rounds.
+Accounting (app/ml/federation/accounting.py): bytes of everything sent, by item; CPU seconds of all parties (total
+compute) and of the slowest party of each stage (critical path, clients in parallel); pair-gradient evaluations.
 """
 
 from __future__ import annotations
@@ -45,11 +54,14 @@ import numpy as np
 import torch
 
 from app.ml.clip import ClipLoRA
+from app.ml.data.captions import CaptionDataset
 from app.ml.federation import FederatedProblem, bytes_of, fedavg, trajectory
-from app.ml.federation.lock import ForgetLock
+from app.ml.federation.accounting import Ledger, cpu_timer
+from app.ml.federation.lock import ForgetLock, merge_locks
 from app.ml.unlearning.base import UnlearningResult
 from app.ml.unlearning.clip_objectives import data_gradient
 from app.ml.unlearning.ease.excision import bilateral_excision
+from app.ml.unlearning.ease.strength import search_scale
 from app.ml.unlearning.ease.subspace import (
     PrincipalAngles,
     energy_basis,
@@ -59,6 +71,10 @@ from app.ml.unlearning.ease.subspace import (
     project_model,
     retain_support,
 )
+from app.ml.verification.retrieval import retrieval_scores
+
+EMBEDDING_BYTES = 2
+"""Probe embeddings travel as float16 (and are scored after the same rounding, so the figure is what was sent)."""
 
 
 @dataclass
@@ -87,14 +103,26 @@ class EaseConfig:
       ``"off_retain"`` (kept orthogonal to the retain support Q_r);
       ``anchor_weight``: weight of the CLIP loss on the holder's retained pairs (class/samples scope only);
       ``retain_negatives``: the holder's retained pairs join each excision batch as negatives (class/samples).
+    Strength (strength.py, issue 11 item 1):
+      ``strength``: ``"adaptive"`` (the scale s of the excision displacement is searched per request) or
+      ``"fixed"`` (s = ``excision_scale``, or the s that gives the displacement the norm ``excision_norm`` — how
+      ablations are matched by displacement, not by steps);
+      ``excision_scale``: the scale the repair round runs at and the search's first probe;
+      ``target``: ``"auto"`` (max of the version-1 level on the forget pairs and, where the problem has matched
+      non-members, their level under the current model), ``"reference"`` (version 1 only) or ``"nonmember"``;
+      ``target_band``: the accepted band [T, T + band] in R@1 points; ``max_probes``: probes the search may spend
+      (5, not the issue's 3–4: on cliffs as steep as the measured one, 4 probes left 7 of 30 unit-test cliffs outside
+      a 3-point band, 5 left 2 — a probe costs the holders one evaluation, ≈ 2 % of retrain's critical path);
+      ``scale_max``: the largest scale it may try.
     PFL (notes §4, [INFERENCE]):
-      ``lock_alpha``: strength α of the client penalty (α/2)‖U_μᵀ(θ − θ_unl)‖²;
+      ``lock_alpha``: strength α of the client penalty (α/2)‖U_μᵀ(θ − θ_unl)‖² (0: server projection only, and no
+      client needs the lock basis);
       ``lock_excision``: add the (normalised) excision displacement to the locked basis, so that later rounds
       cannot walk the excision back either;
       ``repair_rounds``/``repair_epochs``: FedAvg rounds of the retained clients run *as part of unlearning*, with
-      the server projection and the client lock active ("in each unlearning round, the parameter displacement is
-      projected onto the complement of the unique subspace", notes §4): they repair the retained alignment that
-      excision disturbed without re-entering the locked directions (None epochs = the training schedule's).
+      the server projection (and the client penalty if α > 0) active ("in each unlearning round, the parameter
+      displacement is projected onto the complement of the unique subspace", notes §4): they repair the retained
+      alignment that excision disturbed without re-entering the locked directions (None epochs = the schedule's).
     """
 
     tau: float = 0.95
@@ -116,7 +144,14 @@ class EaseConfig:
     excision_subspace: str = "none"
     anchor_weight: float = 1.0
     retain_negatives: bool = True
-    lock_alpha: float = 50.0
+    strength: str = "adaptive"
+    excision_scale: float = 1.0
+    excision_norm: float | None = None
+    target: str = "auto"
+    target_band: float = 3.0
+    max_probes: int = 5
+    scale_max: float = 16.0
+    lock_alpha: float = 0.0
     repair_rounds: int = 1
     repair_epochs: float | None = None
     lock_excision: bool = True
@@ -140,6 +175,14 @@ class EaseConfig:
         bad = set(self.excision_towers) - {"image", "text"}
         if bad or not self.excision_towers:
             raise ValueError("excision_towers must name image and/or text")
+        if self.strength not in ("adaptive", "fixed"):
+            raise ValueError("strength must be adaptive or fixed")
+        if self.target not in ("auto", "reference", "nonmember"):
+            raise ValueError("target must be auto, reference or nonmember")
+        if self.excision_scale < 0 or self.scale_max <= 0 or self.target_band < 0 or self.max_probes < 1:
+            raise ValueError("excision_scale ≥ 0, scale_max > 0, target_band ≥ 0 and max_probes ≥ 1")
+        if self.excision_norm is not None and self.excision_norm < 0:
+            raise ValueError("excision_norm must be ≥ 0")
         if self.lock_alpha < 0:
             raise ValueError("lock_alpha must be ≥ 0")
         if self.repair_rounds < 0:
@@ -180,106 +223,147 @@ class Subspaces:
     q_r: torch.Tensor
     u_mu: torch.Tensor
     angles: PrincipalAngles
-    bytes_up: int = 0
-    bytes_down: int = 0
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def decompose(problem: FederatedProblem, config: EaseConfig, model: ClipLoRA) -> Subspaces:
-    """GSD for the problem's scope (module docstring, step 1)."""
+def _subsample(data: CaptionDataset, n: int | None, gen: torch.Generator) -> CaptionDataset:
+    if n and len(data) > n:
+        return data.subset(torch.randperm(len(data), generator=gen)[:n].sort().values)
+    return data
+
+
+def decompose(
+    problem: FederatedProblem, config: EaseConfig, model: ClipLoRA, ledger: Ledger | None = None
+) -> Subspaces:
+    """GSD for the problem's scope (module docstring, step 1); its cost goes to ``ledger``.
+
+    Clients removed by earlier deletions are left out of the retain support: their stored updates (zeroed by the
+    service's erasure, or not) protect nothing any more. The replay trajectory is rebuilt with their weight at zero,
+    i.e. without their share — the stored global models it would otherwise come from are retired with the erasure.
+    """
+    ledger = ledger if ledger is not None else Ledger()
     rounds = int(problem.n_rounds or 0)
     first = max(0, rounds - config.history_rounds) if config.history_rounds else 0
     p = problem.theta.numel()
-    bytes_up = bytes_down = 0
     info: dict[str, Any] = {}
+    party: dict[str, float] = {}
+    grads = 0
     if problem.scope == "client":
-        f = int(problem.forget_client)  # type: ignore[arg-type]
-        u_f, s_f = energy_basis(problem.client_history(f)[first:].T, config.tau, config.max_rank)
-        retain_bases = []
-        for k in problem.retained_clients():
-            b, _ = energy_basis(problem.client_history(k)[first:].T, config.tau, config.max_rank)
-            retain_bases.append(b)
+        with cpu_timer() as t:
+            f = int(problem.forget_client)  # type: ignore[arg-type]
+            u_f, s_f = energy_basis(problem.client_history(f)[first:].T, config.tau, config.max_rank)
+            retain_bases = []
+            for k in problem.retained_clients():
+                b, _ = energy_basis(problem.client_history(k)[first:].T, config.tau, config.max_rank)
+                retain_bases.append(b)
+        party["server"] = t[0]
         info["source"] = "stored FedAvg updates"
     else:
         holders = problem.holders()
         weights = problem.weights if problem.weights is not None else torch.ones(problem.n_clients)
-        thetas = trajectory(problem.theta_init, problem.full_history()[:rounds], weights)
+        with cpu_timer() as t:
+            thetas = trajectory(problem.theta_init, problem.full_history()[:rounds], weights)
+        party["server"] = t[0]
         points = np.unique(np.linspace(first, rounds - 1, max(1, config.replay_points)).round().astype(int))
-        forget_cols, retain_bases = [], []
+        holder_bases, retain_bases = [], []
         gen = torch.Generator().manual_seed(config.seed)
         for k in holders:
-            fk, rk = problem.forget_data(k), problem.retain_data(k)
-            if config.replay_max_pairs and len(rk) > config.replay_max_pairs:
-                rk = rk.subset(torch.randperm(len(rk), generator=gen)[: config.replay_max_pairs].sort().values)
-            if config.replay_max_pairs and len(fk) > config.replay_max_pairs:
-                fk = fk.subset(torch.randperm(len(fk), generator=gen)[: config.replay_max_pairs].sort().values)
-            g_f = torch.stack([data_gradient(model, thetas[t], fk) for t in points], dim=1)
-            forget_cols.append(g_f)
-            bytes_down += len(points) * bytes_of(p)  # the holder receives the replayed global models
-            if len(rk) > 1:
-                g_r = torch.stack([data_gradient(model, thetas[t], rk) for t in points], dim=1)
-                b_r, _ = energy_basis(g_r, config.tau, config.max_rank)
-                retain_bases.append(b_r)
-                bytes_up += b_r.shape[1] * bytes_of(p)
-        # each holder uploads the energy-cut basis of its forget gradients; the server merges them
-        holder_bases = [energy_basis(g, config.tau, config.max_rank)[0] for g in forget_cols]
-        bytes_up += sum(b.shape[1] for b in holder_bases) * bytes_of(p)
-        u_f = orthonormalize(torch.cat(holder_bases, dim=1), 1.0) if holder_bases else torch.zeros(p, 0)
-        s_f = torch.zeros(0)
-        for k in range(problem.n_clients):
-            if k not in holders:
-                b, _ = energy_basis(problem.client_history(k)[first:].T, config.tau, config.max_rank)
-                retain_bases.append(b)
+            with cpu_timer() as t:
+                fk = _subsample(problem.forget_data(k), config.replay_max_pairs, gen)
+                rk = _subsample(problem.retain_data(k), config.replay_max_pairs, gen)
+                g_f = torch.stack([data_gradient(model, thetas[t_], fk) for t_ in points], dim=1)
+                grads += len(points) * len(fk)
+                b_f, _ = energy_basis(g_f, config.tau, config.max_rank)
+                holder_bases.append(b_f)
+                if len(rk) > 1:
+                    g_r = torch.stack([data_gradient(model, thetas[t_], rk) for t_ in points], dim=1)
+                    grads += len(points) * len(rk)
+                    b_r, _ = energy_basis(g_r, config.tau, config.max_rank)
+                    retain_bases.append(b_r)
+                    ledger.up("GSD: holders' retain bases", b_r.shape[1] * bytes_of(p))
+            party[f"client {k}"] = t[0]
+            ledger.down("GSD: replayed global models to holders", len(points) * bytes_of(p))
+            ledger.up("GSD: holders' forget bases", b_f.shape[1] * bytes_of(p))
+        with cpu_timer() as t:
+            u_f = orthonormalize(torch.cat(holder_bases, dim=1), 1.0) if holder_bases else torch.zeros(p, 0)
+            s_f = torch.zeros(0)
+            for k in range(problem.n_clients):
+                if k not in holders and k not in problem.removed:
+                    b, _ = energy_basis(problem.client_history(k)[first:].T, config.tau, config.max_rank)
+                    retain_bases.append(b)
+        party["server"] += t[0]
         info["source"] = "gradient replay at trajectory points"
-        info["replay_points"] = [int(t) for t in points]
-    q_r = retain_support(retain_bases, config.tau_retain)
-    pa = principal_angles(u_f, q_r)
-    if config.gsd == "exclusive":
-        u_mu, _ = forget_exclusive(u_f, q_r, config.delta_deg)
-    elif config.gsd == "whole":
-        u_mu = u_f
-    else:
-        u_mu = torch.zeros(p, 0, dtype=torch.float64)
+        info["replay_points"] = [int(t_) for t_ in points]
+    with cpu_timer() as t:
+        q_r = retain_support(retain_bases, config.tau_retain)
+        pa = principal_angles(u_f, q_r)
+        if config.gsd == "exclusive":
+            u_mu, _ = forget_exclusive(u_f, q_r, config.delta_deg)
+        elif config.gsd == "whole":
+            u_mu = u_f
+        else:
+            u_mu = torch.zeros(p, 0, dtype=torch.float64)
+    party["server"] += t[0]
+    ledger.stage("GSD", party, pair_grads=grads)
     info.update(
         {
             "rank_forget": int(u_f.shape[1]),
             "rank_retain": int(q_r.shape[1]),
             "rank_exclusive": int(u_mu.shape[1]),
+            "removed_clients_excluded": list(problem.removed),
             "angles_deg": [round(float(a), 2) for a in pa.degrees],
             "forget_singular_values": [float(x) for x in s_f[:20]],
         }
     )
-    return Subspaces(u_f, q_r, u_mu, pa, bytes_up, bytes_down, info)
+    return Subspaces(u_f, q_r, u_mu, pa, info)
 
 
-class Ease:
-    """The EASE unlearning method (registered as ``"ease"`` for ``clip_federated`` models)."""
+class ProbeJudge:
+    """The forget R@1 of a candidate model, as the holders and the server measure it (one probe each call).
 
-    def __init__(self, config: EaseConfig | None = None):
-        self.config = config or EaseConfig()
+    The holders embed their forget pairs under the candidate and send the embeddings (float16); the server embeds
+    the gallery's distractor pairs it holds and ranks (retrieval.py: forget pairs against forget + distractors —
+    the metric the service reports and the benchmark compares). Each call is counted in the ledger.
+    """
 
-    def unlearn(self, problem: FederatedProblem) -> UnlearningResult:
-        cfg = self.config
-        start = time.perf_counter()
-        model = problem.get_model()
-        p = problem.theta.numel()
-        problem.progress(0.0, "GSD: decomposing update subspaces")
-        sub = decompose(problem, cfg, model)
-        theta_ref = reference_point(problem, cfg.theta_ref)
-        theta_p = project_model(problem.theta, theta_ref, sub.u_mu.float()).float()
-        problem.progress(0.4, f"GSD: projected off {sub.u_mu.shape[1]} forget-exclusive directions")
+    def __init__(self, problem: FederatedProblem, model: ClipLoRA, ledger: Ledger):
+        self.problem, self.model, self.ledger = problem, model, ledger
+        self.forget = problem.forget_data()
+        self.gallery = problem.gallery if problem.gallery is not None and len(problem.gallery) else None
+        self.calls = 0
 
-        # BKE: one unlearning round over the holders of forget pairs
-        holders = problem.holders()
-        basis, mode = None, None
-        if cfg.excision_subspace == "exclusive":
-            basis, mode = sub.u_mu, "onto"
-        elif cfg.excision_subspace == "off_retain":
-            basis, mode = sub.q_r, "off"
-        displacements, weights, bke_info = [], [], []
-        bytes_down, bytes_up = sub.bytes_down, sub.bytes_up
-        for i, k in enumerate(holders):
-            retain = problem.retain_data(k) if problem.scope != "client" else None
+    def level(self, theta: torch.Tensor, pairs: CaptionDataset | None = None, stage: str = "probe") -> float:
+        """R@1 (points) of ``pairs`` (default: the forget pairs) under θ, against the gallery."""
+        data = self.forget if pairs is None else pairs
+        self.model.set_theta(theta)
+        with cpu_timer() as t_h:
+            img, txt = self.model.embed(data)
+            img, txt = img.half().float(), txt.half().float()
+        with cpu_timer() as t_s:
+            if self.gallery is not None:
+                g_img, g_txt = self.model.embed(self.gallery)
+                scores = retrieval_scores(img, txt, data.captions, g_img, g_txt, self.gallery.captions)
+            else:
+                scores = retrieval_scores(img, txt, data.captions)
+        n_gallery = len(self.gallery) if self.gallery is not None else 0
+        holders = len(self.problem.holders()) if pairs is None else 0
+        party = {"holders": t_h[0], "server": t_s[0]} if pairs is None else {"server": t_h[0] + t_s[0]}
+        self.ledger.stage(stage, party, pair_forwards=len(data) + n_gallery)
+        if pairs is None:  # holders' embeddings up, the probe's scale down
+            self.ledger.up("probes: forget-pair embeddings", len(data) * 2 * img.shape[1] * EMBEDDING_BYTES)
+            self.ledger.down("probes: scale", holders * 4)
+        self.calls += 1
+        return scores.mean_r1
+
+
+def excise(problem: FederatedProblem, cfg: EaseConfig, model: ClipLoRA, theta_p: torch.Tensor, basis, mode, ledger):
+    """BKE at every holder from θ_p (one unlearning round); returns the averaged displacement E and per-holder facts."""
+    p = theta_p.numel()
+    displacements, weights, info, party = [], [], [], {}
+    holders = problem.holders()
+    for i, k in enumerate(holders):
+        retain = problem.retain_data(k) if problem.scope != "client" else None
+        with cpu_timer() as t:
             theta_k, info_k = bilateral_excision(
                 model,
                 theta_p,
@@ -299,58 +383,168 @@ class Ease:
                 retain_negatives=cfg.retain_negatives,
                 seed=cfg.seed + k,
             )
-            displacements.append(theta_k - theta_p)
-            weights.append(float(problem.forget_masks[k].sum()))
-            bke_info.append({"client": k, **info_k})
-            bytes_down += bytes_of(p) + (basis.shape[1] * bytes_of(p) if basis is not None else 0)
-            bytes_up += bytes_of(p)
-            problem.progress(0.4 + 0.5 * (i + 1) / max(len(holders), 1), f"BKE at client {k}")
+        party[f"client {k}"] = t[0]
+        displacements.append(theta_k - theta_p)
+        weights.append(float(problem.forget_masks[k].sum()))
+        info.append({"client": k, **info_k})
+        ledger.down("BKE: θ_p to holders", bytes_of(p) + (basis.shape[1] * bytes_of(p) if basis is not None else 0))
+        ledger.up("BKE: displacements from holders", bytes_of(p))
+        problem.progress(0.3 + 0.3 * (i + 1) / max(len(holders), 1), f"BKE at client {k}")
+    grads = sum(int(b.get("pair_grads", 0)) for b in info)
+    with cpu_timer() as t:
         excision = fedavg(torch.stack(displacements), weights) if displacements else torch.zeros(p)
-        theta_unl = theta_p + excision
+    party["server"] = t[0]
+    ledger.stage("BKE", party, pair_grads=grads)
+    return excision, info
 
-        # PFL: the lock over U_μ (and the excision direction), then the projected unlearning rounds
+
+@dataclass
+class ExcisionLine:
+    """θ(s) = θ_p + s·E + Δ_rep: the GSD-projected model, the averaged excision displacement, the protected repair
+    round's update (computed at ``scale0``), with the lock and the facts of the steps that made them."""
+
+    theta_p: torch.Tensor
+    excision: torch.Tensor
+    repair: torch.Tensor
+    scale0: float
+    lock: ForgetLock
+    subspaces: Subspaces
+    bke: list[dict[str, Any]]
+
+    def at(self, scale: float) -> torch.Tensor:
+        return self.theta_p + scale * self.excision + self.repair
+
+
+class Ease:
+    """The EASE unlearning method (registered as ``"ease"`` for ``clip_federated`` models)."""
+
+    def __init__(self, config: EaseConfig | None = None):
+        self.config = config or EaseConfig()
+
+    def _target(self, judge: ProbeJudge, problem: FederatedProblem) -> dict[str, Any]:
+        """T (strength.py): the version-1 level on the forget pairs and, where matched non-members exist, their level
+        under the current model; ``target`` picks one or their maximum."""
+        cfg = self.config
+        out: dict[str, Any] = {"reference_r1": None, "nonmember_r1": None}
+        if cfg.target in ("auto", "reference"):
+            out["reference_r1"] = judge.level(problem.theta_init, stage="target: version-1 level")
+        nonmembers = problem.nonmembers if problem.nonmembers is not None and len(problem.nonmembers) else None
+        if cfg.target in ("auto", "nonmember") and nonmembers is not None:
+            out["nonmember_r1"] = judge.level(problem.theta, nonmembers, stage="target: non-member level")
+        if cfg.target == "nonmember" and nonmembers is None:
+            raise ValueError("target 'nonmember' needs matched non-members (problem.nonmembers)")
+        out["target_r1"] = max(v for v in (out["reference_r1"], out["nonmember_r1"]) if v is not None)
+        return out
+
+    def line(self, problem: FederatedProblem, ledger: Ledger) -> ExcisionLine:
+        """GSD, BKE and the protected repair round: the line θ_p + s·E + Δ_rep the strength is chosen on."""
+        cfg = self.config
+        model = problem.get_model()
+        problem.progress(0.0, "GSD: decomposing update subspaces")
+        sub = decompose(problem, cfg, model, ledger)
+        with cpu_timer() as t:
+            theta_ref = reference_point(problem, cfg.theta_ref)
+            theta_p = project_model(problem.theta, theta_ref, sub.u_mu.float()).float()
+        ledger.stage("GSD projection", {"server": t[0]})
+        problem.progress(0.3, f"GSD: projected off {sub.u_mu.shape[1]} forget-exclusive directions")
+
+        basis, mode = None, None
+        if cfg.excision_subspace == "exclusive":
+            basis, mode = sub.u_mu, "onto"
+        elif cfg.excision_subspace == "off_retain":
+            basis, mode = sub.q_r, "off"
+        excision, bke_info = excise(problem, cfg, model, theta_p, basis, mode, ledger)
+        e_norm = float(torch.linalg.norm(excision))
+
+        # PFL: this deletion's lock (U_μ and the excision direction) merged with the earlier deletions' lock
         lock_basis = sub.u_mu
-        if cfg.lock_excision and float(torch.linalg.norm(excision)) > 0:
+        if cfg.lock_excision and e_norm > 0:
             lock_basis = orthonormalize(torch.cat([sub.u_mu, excision.to(torch.float64)[:, None]], dim=1), 1.0)
-        lock = ForgetLock(lock_basis.float(), cfg.lock_alpha, theta_unl.clone())
+        lock = merge_locks(problem.forget_lock, ForgetLock(lock_basis.float(), cfg.lock_alpha, theta_p.clone()))
+
+        # the protected repair round, at the scale the fixed strength (or the search's first probe) uses
+        scale0 = cfg.excision_scale
+        if cfg.excision_norm is not None:
+            scale0 = cfg.excision_norm / e_norm if e_norm > 0 else 0.0
+        theta_r = theta_p + scale0 * excision
         retained = problem.retained_clients()
+        anchor = ForgetLock(lock.basis, lock.alpha, theta_r.clone())
         for r in range(cfg.repair_rounds):
             res = problem.run_round(
-                theta_unl,
+                theta_r,
                 retained,
                 round_index=90_000 + r,
-                projection=lock.project,
-                penalty=lock.penalty,
+                projection=anchor.project,
+                penalty=anchor.penalty if cfg.lock_alpha > 0 else None,
                 epochs=cfg.repair_epochs,
             )
-            theta_unl = res.theta
-            bytes_down += res.bytes_down
-            bytes_up += res.bytes_up
-            problem.progress(0.9 + 0.1 * (r + 1) / cfg.repair_rounds, f"projected unlearning round {r + 1}")
+            if cfg.lock_alpha > 0:  # the client penalty needs the basis and the anchor at every retained client
+                ledger.down("repair: lock basis to retained clients", len(res.clients) * anchor.nbytes())
+            ledger.round(f"repair round {r + 1}", res)
+            theta_r = res.theta
+            problem.progress(0.6 + 0.2 * (r + 1) / cfg.repair_rounds, f"projected unlearning round {r + 1}")
+        repair = theta_r - (theta_p + scale0 * excision)  # orthogonal to the locked directions, E among them
+        return ExcisionLine(theta_p, excision, repair, scale0, lock, sub, bke_info)
+
+    def unlearn(self, problem: FederatedProblem) -> UnlearningResult:
+        cfg = self.config
+        start = time.perf_counter()
+        ledger = Ledger()
+        model = problem.get_model()
+        p = problem.theta.numel()
+        line = self.line(problem, ledger)
+        excision, scale0, lock = line.excision, line.scale0, line.lock
+        e_norm = float(torch.linalg.norm(excision))
+
+        strength: dict[str, Any] = {"mode": cfg.strength, "excision_norm_unit": e_norm}
+        if cfg.strength == "adaptive" and e_norm > 0:
+            judge = ProbeJudge(problem, model, ledger)
+            # the holders receive what a probe model is made of: E (when more than one holder) and θ_p + Δ_rep
+            n_holders = len(problem.holders())
+            ledger.down("probes: E and θ_p + Δ_rep to holders", n_holders * bytes_of(p) * (2 if n_holders > 1 else 1))
+            target = self._target(judge, problem)
+            problem.progress(0.85, f"searching the excision scale towards R@1 {target['target_r1']:.1f}")
+
+            def response(s: float) -> float:
+                return judge.level(line.at(s))
+
+            search = search_scale(
+                response,
+                target["target_r1"],
+                cfg.target_band,
+                start=scale0,
+                scale_max=cfg.scale_max,
+                max_probes=cfg.max_probes,
+            )
+            scale = search.scale
+            strength.update({k: None if v is None else round(v, 3) for k, v in target.items()})
+            strength.update(search.to_info())
+        else:
+            scale = scale0
+            strength.update({"scale": round(scale, 5), "probes": []})
+        theta_unl = line.at(scale)
         lock = ForgetLock(lock.basis, cfg.lock_alpha, theta_unl.clone())
         seconds = time.perf_counter() - start
         n_retained = len(problem.retained_clients())
         info = {
             "method": "ease",
             "scope": problem.scope,
-            "gsd": sub.info,
-            "bke": bke_info,
+            "gsd": line.subspaces.info,
+            "bke": line.bke,
+            "strength": strength,
             "lock_rank": lock.rank,
+            "lock_rank_previous": problem.forget_lock.rank if problem.forget_lock is not None else 0,
             "lock_alpha": cfg.lock_alpha,
-            "projection_norm": float(torch.linalg.norm(theta_p - problem.theta)),
-            "excision_norm": float(torch.linalg.norm(excision)),
+            "lock_client_penalty": cfg.lock_alpha > 0,
+            "projection_norm": float(torch.linalg.norm(line.theta_p - problem.theta)),
+            "excision_norm": float(scale * e_norm),
             "seconds": seconds,
-            "bytes_down": bytes_down,
-            "bytes_up": bytes_up,
-            "bytes_total": bytes_down + bytes_up,
+            **ledger.to_info(),
+            # what giving every retained client the lock would cost (only needed for the client penalty, α > 0)
             "lock_broadcast_bytes": n_retained * lock.nbytes(),
         }
         problem.progress(1.0, "EASE done")
-        return UnlearningResult(
-            theta=theta_unl,
-            info=info,
-            artifacts={"forget_lock": lock.to_bytes()},
-        )
+        return UnlearningResult(theta=theta_unl, info=info, artifacts={"forget_lock": lock.to_bytes()})
 
 
-__all__ = ["Ease", "EaseConfig", "ForgetLock", "decompose"]
+__all__ = ["Ease", "EaseConfig", "ExcisionLine", "ForgetLock", "ProbeJudge", "decompose"]
