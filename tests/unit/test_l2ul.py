@@ -8,17 +8,16 @@ import json
 import numpy as np
 import pytest
 import torch
+from safetensors.numpy import load as st_load
 from sklearn.datasets import make_classification
 
 from app.ml import tabular as T
 from app.ml.unlearning.base import InvalidMethodSettingsError, TabularProblem, get_method
-from safetensors.numpy import load as st_load
-
 from app.ml.unlearning.l2ul import ARTIFACT_NAMES, L2UL, L2ULConfig, MetaSet, Unlearner, generate_meta_set
 from app.ml.unlearning.l2ul.kernel import KernelState
 from app.ml.unlearning.l2ul.meta import sample_forget_size
-from app.ml.unlearning.l2ul.unlearner import _safetensors_metadata
 from app.ml.unlearning.l2ul.method import ARTIFACT_KERNEL, ARTIFACT_STATE, ARTIFACT_UNLEARNER, L2ULState
+from app.ml.unlearning.l2ul.unlearner import _safetensors_metadata
 
 N = 2000
 
