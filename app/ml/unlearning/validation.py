@@ -28,9 +28,10 @@ import torch
 from app.ml import tabular
 from app.ml.unlearning.base import TabularProblem, UnlearningMethod
 
-DEFAULT_SIZES = (1, 1, 10, 100)
+DEFAULT_SIZES = (1, 1, 100, 1000)
 """|D_f| of the K reference deletions: two single rows (they are also the determinism probe's) and two larger
-requests, since a step's error grows with |D_f| (Guo et al. 2020's bound is O(k^2 / n^2))."""
+requests (capped at MAX_SIZE_FRACTION of the rows), since a step's error grows with |D_f| (Guo et al. 2020's bound
+is O(k^2 / n^2)): the median then sits between a one-row and a 100-row deletion's error."""
 MAX_SIZE_FRACTION = 0.01
 """A reference deletion takes at most this share of the training rows (small tables in tests and the demo)."""
 

@@ -48,6 +48,9 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
+import scipy.linalg
+import scipy.linalg.lapack
+import scipy.special
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
@@ -209,6 +212,154 @@ def retained_gradient(
     return (n * residual - G_f_sum - k * l2_mask * theta) / (n - k)
 
 
+PCG_MAX_ROWS = 16
+"""Up to this many rows, the Newton step solves H_R x = g by conjugate gradients preconditioned with the stored
+factor of H_D (about k + 3 products of O(p^2) each) instead of factorising H_R (O(p^3))."""
+PCG_TOL = 1e-13
+
+
+def _lr_sums(
+    recipe: tabular.TabularRecipe, theta: np.ndarray, X: np.ndarray, y: np.ndarray, C: int, at: np.ndarray | None
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | np.ndarray | None]:
+    """Logistic regression: sum_i grad loss_i(theta) and (``at`` given) sum_i Hessian loss_i(at) over the rows, in
+    the flat layout, in plain float64 numpy (tabular.data_gradient_sum / data_hessian_sum compute the same sums
+    through torch, whose per-call overhead is most of the cost for a handful of rows). Binary: the Hessian sum is
+    returned factored, (A, s) with sum = A^T diag(s) A; softmax: dense."""
+    k, d = X.shape
+    Xa = np.empty((k, d + 1))
+    Xa[:, :d], Xa[:, d] = X, 1.0
+    if _n_out(recipe, d, C) == 1:
+        G = Xa.T @ (scipy.special.expit(Xa @ theta) - y)
+        if at is None:
+            return G, None
+        p = scipy.special.expit(Xa @ at)
+        return G, (Xa, p * (1.0 - p))
+
+    def probabilities(t: np.ndarray) -> np.ndarray:
+        Z = Xa @ np.concatenate([t[: C * d].reshape(C, d), t[C * d :, None]], axis=1).T
+        return scipy.special.softmax(Z, axis=1)
+
+    E = probabilities(theta)
+    E[np.arange(k), y] -= 1.0
+    gWa = E.T @ Xa  # [C, d + 1]
+    G = np.concatenate([gWa[:, :d].reshape(-1), gWa[:, d]])
+    if at is None:
+        return G, None
+    P = probabilities(at)
+    S = np.einsum("ic,cd->icd", P, np.eye(C)) - P[:, :, None] * P[:, None, :]  # diag(p) - p p^T per row
+    Hb = np.einsum("icd,ij,il->cjdl", S, Xa, Xa).reshape(C * (d + 1), C * (d + 1))
+    idx = np.concatenate([np.arange(C * (d + 1)).reshape(C, d + 1)[:, :d].reshape(-1), np.arange(C) * (d + 1) + d])
+    return G, Hb[np.ix_(idx, idx)]
+
+
+def _pcg(apply, precondition, b: np.ndarray, max_iter: int) -> np.ndarray | None:
+    """Preconditioned conjugate gradients for a symmetric positive-definite system; None if not converged to
+    PCG_TOL (relative residual) within ``max_iter`` products."""
+    x = precondition(b)
+    r = b - apply(x)
+    z = precondition(r)
+    p, rz, stop = z.copy(), float(r @ z), PCG_TOL * float(np.linalg.norm(b))
+    for _ in range(max_iter):
+        if float(np.linalg.norm(r)) <= stop:
+            return x
+        q = apply(p)
+        alpha = rz / float(p @ q)
+        x += alpha * p
+        r -= alpha * q
+        z = precondition(r)
+        rz, rz_old = float(r @ z), rz
+        p = z + (rz / rz_old) * p
+    return x if float(np.linalg.norm(r)) <= stop else None
+
+
+@dataclass
+class _LRFast:
+    """Per-state numpy views and precomputed terms for the logistic-regression step (kept with the warm state, so a
+    request does only the O(k p^2) work, not the conversions)."""
+
+    theta: np.ndarray  # float64 [p]
+    at: np.ndarray  # float64 [p]: where the stored Hessian is
+    mask: np.ndarray  # l2 * M (weights penalised, biases not)
+    n_residual: np.ndarray  # n * grad L_D(theta)
+    n_data_hessian: np.ndarray  # n * (H_D - l2 M): the summed loss Hessians
+    cholesky: np.ndarray  # lower factor of H_D + damping I (Fortran order, for LAPACK)
+    n: int
+
+    @classmethod
+    def of(cls, state: NewtonState, recipe: tabular.TabularRecipe, d: int, C: int) -> _LRFast:
+        fast = getattr(state, "_lr_fast", None)
+        if fast is None:
+            n = state.n
+            mask = recipe.l2 * tabular.regularisation_mask(recipe, d, C).numpy()
+            H = n * state.hessian.numpy()
+            H[np.diag_indices_from(H)] -= n * mask
+            fast = cls(
+                state.theta.to(torch.float64).numpy(),
+                state.hessian_theta.to(torch.float64).numpy(),
+                mask,
+                n * state.residual.numpy(),
+                H,
+                np.asfortranarray(state.cholesky.numpy()),
+                n,
+            )
+            state._lr_fast = fast  # type: ignore[attr-defined]  # the state is immutable once built
+        return fast
+
+
+def _lr_step(
+    mode: str,
+    recipe: tabular.TabularRecipe,
+    state: NewtonState,
+    Xf: np.ndarray,
+    yf: np.ndarray,
+    C: int,
+    base: float,
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, float, np.ndarray]:
+    """The Newton (or influence) step for logistic regression, in plain float64 numpy and LAPACK on views kept with
+    the state: the same algebra as the general path (module docstring). Returns theta', H_R (newton when it was
+    formed; None when conjugate gradients solved without it), H_R's factor (lower triangle meaningful; None
+    likewise), the damping and the retained gradient at theta."""
+    d, k = Xf.shape[1], len(Xf)
+    f = _LRFast.of(state, recipe, d, C)
+    n = f.n
+    Xf = np.asarray(Xf, np.float64)
+    G, H_f = _lr_sums(recipe, f.theta, Xf, np.asarray(yf), C, f.at if mode == "newton" else None)
+    grad = (f.n_residual - G - k * f.mask * f.theta) / (n - k)
+    shift = _n_out(recipe, d, C) > 1
+
+    def finish(step: np.ndarray) -> np.ndarray:
+        if shift:
+            step[-C:] -= step[-C:].mean()  # the shared output-bias shift: see _shift_free
+        return f.theta - step
+
+    if H_f is None:
+        step, _ = scipy.linalg.lapack.dpotrs(f.cholesky, grad, lower=1)
+        return finish(step), None, None, state.damping, grad
+    if isinstance(H_f, tuple) and k <= PCG_MAX_ROWS and state.damping == base:
+        # H_D^-1 H_R is (n / (n - k)) I minus a rank-k term minus a diagonal of relative size ~k / n, so conjugate
+        # gradients preconditioned by the stored factor converge in about k + 3 matrix-vector products
+        A, s_f = H_f
+
+        def apply(v: np.ndarray) -> np.ndarray:
+            return (f.n_data_hessian @ v - A.T @ (s_f * (A @ v))) / (n - k) + (f.mask + base) * v
+
+        step = _pcg(apply, lambda r: scipy.linalg.lapack.dpotrs(f.cholesky, r, lower=1)[0], grad, k + 8)
+        if step is not None:
+            return finish(step), None, None, base, grad
+    if isinstance(H_f, tuple):
+        A, s_f = H_f
+        H_f = (A * s_f[:, None]).T @ A
+    H_R = (f.n_data_hessian - H_f) / (n - k)
+    H_R[np.diag_indices_from(H_R)] += f.mask
+    L, info = scipy.linalg.lapack.dpotrf(H_R + base * np.eye(len(grad)) if base else H_R, lower=1, clean=0)
+    damping = base
+    if info != 0:  # not positive definite at the requested damping: the general factor raises it
+        Lt, damping = factor(torch.from_numpy((H_R + H_R.T) / 2), base)
+        L = np.asfortranarray(Lt.numpy())
+    step, _ = scipy.linalg.lapack.dpotrs(L, grad, lower=1)
+    return finish(step), H_R, L, damping, grad
+
+
 # ---------------------------------------------------------------------------------------------- the methods
 class NewtonUnlearning:
     """Newton removal: the Hessian downdated by the erased rows (more exact, O(k p^2 + p^3) per request)."""
@@ -313,6 +464,7 @@ class NewtonUnlearning:
         X, y = problem.X, np.asarray(problem.y)
         theta = self._theta(problem)
         state, refreshed, timings = self._load(problem, theta)
+        t_select = time.perf_counter()
         forget = np.asarray(problem.forget_mask, dtype=bool) & state.rows
         k, n = int(forget.sum()), state.n
         if k == 0:
@@ -326,20 +478,34 @@ class NewtonUnlearning:
         theta64 = theta.to(torch.float64)
         at64 = state.hessian_theta.to(torch.float64)  # the erased rows' Hessian terms leave at the point they entered
 
-        # --- the step itself: only the k erased rows are read (timed on its own: the requester's latency) ---
-        t0 = time.perf_counter()
-        G_f = tabular.data_gradient_sum(recipe, theta64, X[forget], y[forget], C)
-        grad = retained_gradient(state.residual, n, G_f, k, l2_mask, theta64)
+        n_out = _n_out(recipe, d, C)
+        f_idx = np.flatnonzero(forget)  # the request's rows (an O(N) scan of the mask: outside the step's timing)
+        timings["select_seconds"] = time.perf_counter() - t_select
 
         def downdated() -> torch.Tensor:
-            H_f = tabular.data_hessian_sum(recipe, at64, X[forget], y[forget], C, state.hessian_kind)
+            H_f = tabular.data_hessian_sum(recipe, at64, X[f_idx], y[f_idx], C, state.hessian_kind)
             return downdate(state.hessian, n, H_f, k, l2_mask)
 
-        H_R = downdated() if self.mode == "newton" else None
-        L, damping = factor(H_R, base) if H_R is not None else (state.cholesky, state.damping)
-        n_out = _n_out(recipe, d, C)
-        new64 = theta64 - _shift_free(torch.cholesky_solve(grad[:, None], L)[:, 0], n_out)
+        # --- the step itself: only the k erased rows are read (timed on its own: the requester's latency) ---
+        t0 = time.perf_counter()
+        if recipe.family == "logistic_regression":  # _load made the state describe theta
+            new_np, H_np, L_np, damping, grad_np = _lr_step(self.mode, recipe, state, X[f_idx], y[f_idx], C, base)
+        else:
+            G_f = tabular.data_gradient_sum(recipe, theta64, X[f_idx], y[f_idx], C)
+            grad = retained_gradient(state.residual, n, G_f, k, l2_mask, theta64)
+            H_R = downdated() if self.mode == "newton" else None
+            L, damping = factor(H_R, base) if H_R is not None else (state.cholesky, state.damping)
+            new64 = theta64 - _shift_free(torch.cholesky_solve(grad[:, None], L)[:, 0], n_out)
         timings["method_seconds"] = time.perf_counter() - t0
+        if recipe.family == "logistic_regression":  # _load made the state describe theta
+            new64, grad = torch.from_numpy(new_np), torch.from_numpy(grad_np)
+            H_R = torch.from_numpy(np.tril(H_np) + np.tril(H_np, -1).T) if H_np is not None else None
+            L = torch.from_numpy(np.tril(L_np)) if L_np is not None else None
+            if self.mode == "influence":
+                L = state.cholesky
+        if L is None and cfg.exact_steps:  # newton solved without forming H_R: the chord steps need its factor
+            H_R = downdated()
+            L, damping = factor(H_R, base)
 
         # --- optional chord steps with the exact retained gradient (one full pass each) ---
         Xr, yr = X[retained], y[retained]
