@@ -406,6 +406,8 @@ def summarise(report: dict, verdict: dict, bound: dict | None) -> dict[str, Any]
         "theta": report["theta"],
         "proven_bound": None if bound is None else bound.get("bound"),
         "retained_grad_norm": None if bound is None else bound.get("grad_norm"),
+        "proven_bound_mu": None if bound is None else bound.get("mu"),
+        "proven_bound_reason": None if bound is None else bound.get("reason"),
     }
 
 
@@ -602,7 +604,11 @@ def clip_audit(plan: Plan, log) -> dict[str, Any]:
     out["what"] = (
         "app/jobs/federated.py verify_federated's statistic: _pair_phi (both directions, over the test-pair gallery) "
         "on the forget pairs and on the test pairs, for the original and the unlearned LoRA, plus attack_summary; "
-        "population attack, no shadow LoRA runs (the service reports it uncalibrated)"
+        "population attack, no shadow LoRA runs (the service reports it uncalibrated). The 'unlearned' LoRA is stood "
+        "in by the initialisation theta_0: the cost does not depend on the values. As the service calls it, the "
+        "forget pairs are scored over a gallery of forget + test pairs and the test pairs over test + test pairs "
+        "(twins excluded), so the two statistics are not over the same gallery (notes §2.6 asks for a fixed one); "
+        "original_population_auc below 0.5 is that statistic as the service computes it"
     )
     out["device"] = str(clip.device)
     return out
