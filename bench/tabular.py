@@ -436,10 +436,10 @@ class Service:
         if response.status_code != 202:
             return {"status": response.status_code, "problem": response.json().get("type", "").rsplit("/", 1)[-1]}
         url = f"/v1/deletion-requests/{response.json()['id']}"
-        body = self.wait(url, lambda b: b["status"] in ("completed", "failed", "rejected"), timeout=7200)
+        body = self.wait(url, lambda b: b["status"] in ("certified", "failed", "rejected"), timeout=7200)
         e2e = time.perf_counter() - start
         out: dict[str, Any] = {"status": body["status"], "e2e_s": e2e}
-        if body["status"] == "completed":
+        if body["status"] == "certified":
             version = self.client.get(f"/v1/models/{model_id}/versions").json()[-1]
             out.update(
                 ran=version["method"],
@@ -524,7 +524,7 @@ def e2e_summary(service: dict, k: str) -> dict[str, Any]:
     runs = service.get("e2e", {}).get(k, {})
 
     def done(m):
-        return [r for r in runs.get(m, []) if r["status"] == "completed"]
+        return [r for r in runs.get(m, []) if r["status"] == "certified"]
 
     t_retrain = median([r["e2e_s"] for r in done("retrain")])
     out = {}
@@ -534,11 +534,11 @@ def e2e_summary(service: dict, k: str) -> dict[str, Any]:
         out[m] = {
             "e2e_s": t,
             "speedup_e2e": ratio(t_retrain, t),
-            "completed": len(ok),
+            "certified": len(ok),
             "asked": len(runs.get(m, [])),
             "ran": sorted({r["ran"] for r in ok}),
             "not_completed": [
-                r.get("problem") or r.get("error") or r["status"] for r in runs.get(m, []) if r["status"] != "completed"
+                r.get("problem") or r.get("error") or r["status"] for r in runs.get(m, []) if r["status"] != "certified"
             ],  # fmt: skip
         }
     return out
@@ -575,7 +575,7 @@ def build_summary(settings: dict[str, dict]) -> dict[str, dict]:
                 if m == "l2ul":
                     entry[m]["purge_s"] = q["purge_s"]
                     entry[m]["status_in_service"] = l2ul_reg.get("status")
-                    entry[m]["e2e_completed"] = e2e.get("l2ul", {}).get("completed")
+                    entry[m]["e2e_completed"] = e2e.get("l2ul", {}).get("certified")
             if e2e:
                 entry["auto"] = {
                     "ran": e2e["auto"]["ran"],

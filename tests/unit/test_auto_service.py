@@ -81,7 +81,7 @@ def test_auto_takes_a_measured_fast_method_and_records_why(client, tmp_path):
     response = _delete(client, model["id"], ["r5", "r6"], "auto")
     assert response.status_code == 202, response.text
     done = wait_request(client, response.json()["id"], timeout=120)
-    assert done["status"] == "completed", done
+    assert done["status"] == "certified", done
     version = client.get(f"/v1/models/{model['id']}/versions").json()[-1]
     choice = version["metrics"]["choice"]
     assert version["method"] == choice["method"] == fastest and choice["requested"] == "auto"
@@ -90,7 +90,7 @@ def test_auto_takes_a_measured_fast_method_and_records_why(client, tmp_path):
     # a named method is taken as asked, and both stay prepared (each purged by the other's erasure)
     response = _delete(client, model["id"], ["r7"], "newton")
     done = wait_request(client, response.json()["id"], timeout=120)
-    assert done["status"] == "completed" and done["erasure"]["method_state"]["influence"]["action"] == "purged"
+    assert done["status"] == "certified" and done["erasure"]["method_state"]["influence"]["action"] == "purged"
     statuses = {m: e["status"] for m, e in client.get(f"/v1/models/{model['id']}").json()["unlearning"].items()}
     assert statuses == {"newton": "ready", "influence": "ready"}
 
@@ -109,5 +109,5 @@ def test_a_chaotic_recipe_gets_its_fast_methods_refused(client, tmp_path):
     response = _delete(client, model["id"], ["r5"], "auto")
     done = wait_request(client, response.json()["id"], timeout=120)
     version = client.get(f"/v1/models/{model['id']}/versions").json()[-1]
-    assert done["status"] == "completed" and version["method"] == "retrain"
+    assert done["status"] == "certified" and version["method"] == "retrain"
     assert "not prepared" in version["metrics"]["choice"]["considered"]["newton"]
