@@ -171,6 +171,7 @@ def encode(train: pd.DataFrame, test: pd.DataFrame) -> dict[str, Any]:
         "y_te": enc.encode_labels(test[LABEL]),
         "n_classes": enc.n_classes,
         "row_ids": train[ROW_ID].to_numpy(),
+        "raw_bytes": int(train.memory_usage(deep=True).sum()),
     }
 
 
@@ -248,6 +249,14 @@ def run_quality(key: str, family: str, ds: dict, plan: Plan, log) -> dict[str, A
             f" (L2UL output scale {res.info['output_scale']:.3f}, held-out tasks "
             f"{res.info['held_out_task_param_ratio_median']})" if name == "l2ul" else ""))  # fmt: skip
     out["prepare"] = prep_info
+    # what a warm worker keeps for this model (app/jobs/tabular.py ENCODED / FRAMES / ARTIFACT_BYTES, and each
+    # method's parsed state, about the size of its bytes): issue 10, item 5
+    out["memory_bytes"] = {
+        "encoded_table": int(X.nbytes + y.nbytes + n),  # X float32, labels, the present mask
+        "row_ids": int(ds["row_ids"].nbytes + sum(len(str(r)) + 49 for r in ds["row_ids"][:1000]) * n // 1000),
+        "raw_table": int(ds["raw_bytes"]),
+        **{f"{m}_state": int(sum(len(v) for v in prepared[m].values())) for m in prepared},
+    }
 
     def problem(forget, name):
         return replace(base, retain_mask=~forget, forget_mask=forget, artifacts=prepared.get(name, {}))

@@ -439,10 +439,11 @@ def _chaotic_reason(probe: dict[str, Any]) -> str:
     shifts = ", ".join(f"{s:.3g}" for s in probe["retrain_shift"])
     ratios = ", ".join(f"{r:.3g}" if r is not None else "n/a" for r in probe["param_ratios"])
     return (
-        f"retraining this recipe is chaotic: deleting one training row moved the retrained model by {shifts} "
-        f"(||theta|| = {probe['theta_norm']:.3g}) and a Newton step missed that move by {ratios} of its length "
-        f"(threshold {probe['threshold']:g}); no approximation of a chaotic target is meaningful. Register the "
-        "model with a larger l2 trained to convergence (the MLP default is 1e-2), or use retrain"
+        f"no local step predicts retraining this recipe: deleting one training row moved the retrained model by "
+        f"{shifts} (||theta|| = {probe['theta_norm']:.3g}) and an exact Newton step missed that move by {ratios} of "
+        f"its length (threshold {probe['threshold']:g}), so retraining is chaotic here or the objective too flat "
+        "around theta; no approximation of such a target is meaningful. Register the model with a larger l2 trained "
+        "to convergence (the MLP default is 1e-2), or use retrain"
     )
 
 

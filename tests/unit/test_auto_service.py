@@ -99,12 +99,12 @@ def test_a_chaotic_recipe_gets_its_fast_methods_refused(client, tmp_path):
     # the MLP recipe issue 10 measured as chaotic: l2 = 1e-4, stopped after 100 iterations
     model = _register(client, tmp_path, "mlp", ["newton"], family="mlp", recipe={"l2": 1e-4, "max_iter": 100})
     entry = model["unlearning"]["newton"]
-    assert entry["status"] == "refused" and "chaotic" in entry["reason"], entry
+    assert entry["status"] == "refused" and "retraining is chaotic" in entry["reason"], entry
     assert entry["info"]["determinism_probe"]["max_param_ratio"] >= entry["info"]["determinism_probe"]["threshold"]
 
     named = _delete(client, model["id"], ["r5"], "newton")
     assert named.status_code == 409 and named.headers["content-type"] == "application/problem+json"
-    assert named.json()["type"].endswith("/method-refused") and "chaotic" in named.json()["detail"]
+    assert named.json()["type"].endswith("/method-refused") and "no local step" in named.json()["detail"]
 
     response = _delete(client, model["id"], ["r5"], "auto")
     done = wait_request(client, response.json()["id"], timeout=120)

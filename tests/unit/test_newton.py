@@ -355,3 +355,28 @@ def test_bound_holds_and_is_informative(lr):
 def test_no_bound_for_the_mlp(mlp):
     b = gradient_norm_bound(mlp.recipe, mlp.theta, mlp.X, mlp.y, 2, np.ones(mlp.n, bool))
     assert b["bound"] is None and b["mu"] is None and "not convex" in b["holds_for"] and b["grad_norm"] > 0
+
+
+def test_purge_by_another_method_describes_the_new_model(lr):
+    """The worker's erase step: rows another method erased leave the stored sums, and the state is at the model that
+    will be served next, so the next request needs no refresh."""
+    gone = mask(lr.n, [2, 9])
+    theta_new = lr.retrain(~gone)  # what, say, exact retraining published
+    for purge in ("recompute", "downdate"):
+        method = NewtonUnlearning(NewtonConfig(purge=purge))
+        problem = TabularProblem(
+            lr.recipe, lr.X, lr.y, lr.C, theta_new, ~gone, gone, lr.none, artifacts=lr.artifacts(NewtonUnlearning())
+        )
+        purged = method.purge(problem)
+        state = NewtonState.from_bytes(purged.artifacts[ARTIFACT_STATE])
+        assert torch.equal(state.theta, theta_new) and np.array_equal(state.rows, ~gone)
+        _, g = T.objective_gradient(lr.recipe, theta_new, lr.X[~gone], lr.y[~gone], lr.C)
+        assert torch.allclose(state.residual, g, rtol=0, atol=1e-15)
+        fresh = objective_hessian(lr.recipe, state.hessian_theta, lr.X[~gone], lr.y[~gone], lr.C, "exact")
+        assert close(state.hessian, fresh, HESSIAN_REL_TOL[lr.recipe.family])
+        nxt = mask(lr.n, [4])
+        later = lr.unlearn(method, nxt, theta=theta_new, artifacts=purged.artifacts, tombstone=gone)
+        assert later.info["state_refreshed"] is None
+    ensemble = torch.cat([theta_new, theta_new])  # a SISA version: no single model for the state to describe
+    problem = TabularProblem(lr.recipe, lr.X, lr.y, lr.C, ensemble, ~gone, gone, lr.none, artifacts={})
+    assert "prepare again" in NewtonUnlearning().purge(problem).info["needs_prepare"]
