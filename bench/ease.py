@@ -375,6 +375,41 @@ def print_table(report: dict[str, Any]) -> None:
         print(f"{scenario:10s} " + "  ".join(f"{k}:{'met' if c['met'] else 'MISSED'}" for k, c in checks.items()))
 
 
+def markdown_table(report: dict[str, Any]) -> str:
+    """The summary as a Markdown table: mean [95 % interval] per scenario, the worst seed's forget gap."""
+
+    def cell(s: dict[str, Any], key: str, digits: int = 2) -> str:
+        if key not in s:
+            return "–"
+        ci = s.get(f"{key}_ci95")
+        return f"{s[key]:.{digits}f} [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]" if ci else f"{s[key]:.{digits}f}"
+
+    head = (
+        "| scenario | seeds | original − retrain | \\|EASE − retrain\\| forget R@1 | worst seed | retain drop "
+        "| bytes ÷ retrain | critical path ÷ retrain | compute ÷ retrain | in band |"
+    )
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for scenario, s in report["summary"].items():
+        lines.append(
+            f"| {scenario} | {s['seeds']} | {cell(s, 'original_forget_gap_pts', 1)} | {cell(s, 'forget_r1_gap_pts')} "
+            f"| {s['forget_r1_gap_worst_pts']:.2f} (seed {s['forget_r1_gap_worst_seed']}) "
+            f"| {cell(s, 'retain_r1_drop_pts')} | {cell(s, 'bytes_ratio', 3)} | {cell(s, 'critical_path_ratio', 3)} "
+            f"| {cell(s, 'time_ratio', 3)} | {s['in_band_seeds']}/{s['seeds']} |"
+        )
+    client = report["summary"].get("client", {})
+    if "lock_mean_gap_pts" in client:
+        lines.append("")
+        lines.append("| re-anchoring (client, 10 rounds, mean gap to the moving retrain) | points |")
+        lines.append("|---|---:|")
+        for key, name in (
+            ("lock_mean_gap_pts", "EASE with the lock (server projection)"),
+            ("nolock_mean_gap_pts", "EASE without the lock"),
+            ("noise_floor_pts", "retrain trained with another data order (noise floor)"),
+        ):
+            lines.append(f"| {name} | {cell(client, key)} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller sizes and 2 seeds (same code), under five minutes")
@@ -387,7 +422,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", type=Path, default=None, help="results JSON (default bench/results/ease[_quick].json)")
     ap.add_argument("--cache-dir", default=None, help="pretraining/federation cache (default ~/.cache/lethe)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op CPU threads (0 = keep)")
+    ap.add_argument("--table", type=Path, default=None, help="print a results file's summary as Markdown and exit")
     args = ap.parse_args(argv)
+    if args.table is not None:
+        report = json.loads(args.table.read_text())
+        print(markdown_table(report))
+        return report
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     sizes = QUICK if args.quick else FULL
