@@ -399,7 +399,10 @@ def markdown_table(report: dict[str, Any]) -> str:
     client = report["summary"].get("client", {})
     if "lock_mean_gap_pts" in client:
         lines.append("")
-        lines.append("| re-anchoring (client, 10 rounds, mean gap to the moving retrain) | points |")
+        rounds, orders = report["sizes"]["relearn_rounds"], report["sizes"]["relearn_orders"]
+        lines.append(
+            f"| re-anchoring (client, {rounds} rounds × {orders} orders): mean gap to the moving retrain | points |"
+        )
         lines.append("|---|---:|")
         for key, name in (
             ("lock_mean_gap_pts", "EASE with the lock (server projection)"),
