@@ -1,18 +1,24 @@
-"""EASE benchmark on the synthetic federated CLIP: client, class and sample deletion against the retrain reference.
+"""EASE benchmark on the synthetic federated CLIP: four deletion scenarios, several seeds, against retrain.
 
-    .venv/bin/python -m bench.ease            # full: 5 clients × 200 pairs, 20 rounds (2 CPU cores, < 15 min)
-    .venv/bin/python -m bench.ease --quick    # the same code on smaller sizes (< 3 min with a warm cache)
-    .venv/bin/python -m bench.ease --scale 4  # 4× the data per client and test set (for a GPU)
+    .venv/bin/python -m bench.ease            # full: 5 seeds × {client, class, samples, membership}
+    .venv/bin/python -m bench.ease --quick    # the same code on smaller sizes and 2 seeds (< 5 minutes)
 
-For each scenario it trains nothing new except what each method itself costs: the original federation (FedAvg with
-LoRA) is trained once, then every method unlearns from the same state. It reports forget / retain / test R@1 (mean
-of image→text and text→image, in points; forget and retain sets are retrieved against a gallery that also holds the
-held-out test pairs, see app/ml/verification/retrieval.py) of the original, retrain, EASE, the baselines and the
-ablations; wall time and bytes relative to retrain; and the re-anchoring test: further FedAvg rounds of the retained
-data after unlearning, with and without the forget lock (plot in bench/results/ease_relearn.png).
+Scenarios (app/ml/data/captions.py): ``client`` (the client holding the novel shape leaves), ``class`` (every caption
+with the novel colour), ``samples`` (one data subject's pairs of a novel shape) on the concept federation, and
+``membership`` (30 % of the data subjects of a same-distribution federation whose captions carry a per-pair nuisance
+word; the matched held-out split is EASE's non-member target). For each seed and scenario the original federation is
+trained once (cached), then every method unlearns from the same state: retrain (the reference), EASE, the baselines
+(projected gradient ascent, FedEraser, FedOSD) and the ablations — one-tower excision *matched by displacement norm*
+(the norm EASE's search chose), the whole forget subspace, no GSD, no excision, and the fixed strength (scale 1).
 
-It first prints the gap between the original and retrain forget R@1: without a clear gap no method can show forgetting.
-Results: bench/results/ease.json (every figure, and a ``summary`` keyed by scenario).
+Figures (issue 11 "Benchmark"): forget / retain / test R@1 (mean of both directions, points; forget and retain
+galleries hold the test pairs as distractors); bytes with everything counted; total compute (CPU seconds of every
+party) and critical path (clients in parallel) relative to retrain's; pair-gradient evaluations. Client scenario: the
+re-anchoring test — 10 further FedAvg rounds of the retained data from retrain, from a retrain trained with another
+data order (the noise floor), and from EASE with and without the lock, over several data orders; the figure is the
+mean gap of each curve to the moving retrain. Summaries: mean over seeds, 95 % interval (Student t), worst seed.
+
+Results: bench/results/ease.json (``--quick``: ease_quick.json) with a ``summary`` keyed by scenario.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import platform
 import sys
 import time
@@ -28,14 +35,18 @@ from typing import Any
 
 import torch
 
-from app.ml.clip import ClipLoRA
+from app.ml.clip import ClipLoRA, LoraSettings, checkpoint_sha256, pretrain_tiny_clip
 from app.ml.data.captions import CaptionDataset
 from app.ml.federation import DemoFederation, FederatedProblem, FedSettings, make_demo_federation
+from app.ml.federation.lock import ForgetLock
 from app.ml.unlearning.base import UnlearningResult, get_method
-from app.ml.unlearning.ease import EaseConfig, ForgetLock
+from app.ml.unlearning.ease import EaseConfig
 from app.ml.verification.retrieval import evaluate_retrieval
 
 RESULTS = Path(__file__).parent / "results"
+SCENARIOS = ("client", "class", "samples", "membership")
+# Student t quantiles t_{0.975, n−1} for the 95 % interval of a mean over n seeds
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,10 +56,29 @@ class Sizes:
     n_test: int = 300
     rounds: int = 20
     relearn_rounds: int = 10
+    relearn_orders: int = 3
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    baselines: bool = True
+    ablations: bool = True
+    # the membership federation: a larger LoRA and two local epochs, the least that made the tiny CLIP memorise
+    # measurably (original − retrain ≈ 6 points on seed 0, against ≈ 2 with rank 4 and one epoch)
+    membership_lora_rank: int = 16
+    membership_local_epochs: float = 2.0
 
 
 FULL = Sizes()
-QUICK = Sizes(n_clients=5, pairs_per_client=60, n_test=100, rounds=8, relearn_rounds=3)
+QUICK = Sizes(
+    pairs_per_client=60, n_test=100, rounds=8, relearn_rounds=3, relearn_orders=3, seeds=(0, 1), ablations=False
+)
+
+ABLATIONS: dict[str, dict[str, Any]] = {
+    "ease_gsd_whole": {"gsd": "whole"},
+    "ease_no_gsd": {"gsd": "none"},
+    "ease_no_excision": {"excision_steps": 0},
+    "ease_fixed_strength": {"strength": "fixed", "excision_scale": 1.0},
+}
+ONE_TOWER = {"ease_image_only": ["image"], "ease_text_only": ["text"]}
+BASELINES = (("gradient_ascent", "fed_gradient_ascent"), ("federaser", "federaser"), ("fedosd", "fedosd"))
 
 
 def evaluate(model: ClipLoRA, theta: torch.Tensor, problem: FederatedProblem, test: CaptionDataset) -> dict[str, Any]:
@@ -56,34 +86,30 @@ def evaluate(model: ClipLoRA, theta: torch.Tensor, problem: FederatedProblem, te
     model.set_theta(theta)
     forget = problem.forget_data()
     retain = CaptionDataset.concat([d for d in problem.retained_datasets() if len(d)])
+    f = evaluate_retrieval(model, forget, test)
     out = {
-        "forget": evaluate_retrieval(model, forget, test).to_dict(),
-        "retain": evaluate_retrieval(model, retain, test).to_dict(),
-        "test": evaluate_retrieval(model, test).to_dict(),
+        "forget_r1": round(f.mean_r1, 2),
+        "retain_r1": round(evaluate_retrieval(model, retain, test).mean_r1, 2),
+        "test_r1": round(evaluate_retrieval(model, test).mean_r1, 2),
     }
-    return {**{f"{k}_r1": round(v["mean_r1"], 2) for k, v in out.items()}, "detail": out}
+    # binomial standard error of the forget R@1 (mean of two directions, taken as independent: an upper bound)
+    se = 0.5 * math.sqrt(sum(r * (1 - r) for r in (f.i2t_r1, f.t2i_r1)) / max(f.n_queries, 1)) * 100
+    out["forget_r1_se"] = round(se, 2)
+    out["n_forget"] = f.n_queries
+    return out
 
 
 def run_method(name: str, settings: dict[str, Any], problem: FederatedProblem) -> tuple[UnlearningResult, float]:
-    """Run one method; returns its result and wall seconds (CPU seconds of this process go to ``result.info``).
-
-    CPU time is recorded too because the wall time of a shared 2-core machine depends on what else runs.
-    """
-    start, cpu = time.perf_counter(), time.process_time()
+    """Run one method; returns its result and its CPU seconds (this process, one thread: every party's work)."""
+    cpu = time.process_time()
     result = get_method(name).build(settings).unlearn(problem)
-    result.info["cpu_seconds"] = time.process_time() - cpu
-    return result, time.perf_counter() - start
+    return result, time.process_time() - cpu
 
 
-def relearn(
-    problem: FederatedProblem,
-    theta: torch.Tensor,
-    rounds: int,
-    lock: ForgetLock | None,
-    test: CaptionDataset,
-    round_offset: int,
+def relearn_curve(
+    problem: FederatedProblem, theta: torch.Tensor, rounds: int, lock: ForgetLock | None, test, offset: int
 ) -> list[float]:
-    """Forget R@1 after each of ``rounds`` further FedAvg rounds of the retained data (with or without the lock)."""
+    """Forget R@1 after each of ``rounds`` further FedAvg rounds of the retained data (server projection if locked)."""
     model = problem.get_model()
     fed = problem.federation()
     curve = []
@@ -91,9 +117,9 @@ def relearn(
         res = fed.run_round(
             theta,
             problem.retained_clients(),
-            round_index=round_offset + r,
+            round_index=offset + r,
             projection=lock.project if lock is not None else None,
-            penalty=lock.penalty if lock is not None else None,
+            penalty=lock.penalty if lock is not None and lock.alpha > 0 else None,
         )
         theta = res.theta
         model.set_theta(theta)
@@ -101,240 +127,364 @@ def relearn(
     return curve
 
 
-ABLATIONS: dict[str, dict[str, Any]] = {
-    "ease_image_only": {"excision_towers": ["image"]},
-    "ease_text_only": {"excision_towers": ["text"]},
-    "ease_gsd_whole": {"gsd": "whole"},
-    "ease_no_excision": {"excision_steps": 0},
-    "ease_no_gsd": {"gsd": "none"},
-}
+def mean_gap(curve: list[float], reference: list[float]) -> float:
+    """Signed mean over rounds of (curve − reference): how far a run re-anchors above the moving retrain."""
+    return sum(a - b for a, b in zip(curve, reference, strict=True)) / len(reference)
+
+
+def build(seed: int, sizes: Sizes, regime: str, cache_dir: str | None) -> DemoFederation:
+    membership = regime == "membership"
+    lora = (
+        LoraSettings(rank=sizes.membership_lora_rank, alpha=2.0 * sizes.membership_lora_rank, init_seed=seed)
+        if membership
+        else None
+    )
+    return make_demo_federation(
+        seed=seed,
+        n_clients=sizes.n_clients,
+        pairs_per_client=sizes.pairs_per_client,
+        n_test=sizes.n_test,
+        fed_settings=FedSettings(
+            rounds=sizes.rounds, seed=seed, local_epochs=sizes.membership_local_epochs if membership else 1.0
+        ),
+        lora=lora,
+        cache_dir=cache_dir,
+        cache_training=True,
+        regime=regime,
+    )
 
 
 def run_scenario(
-    demo: DemoFederation,
-    scope: str,
-    sizes: Sizes,
-    ease_settings: dict[str, Any],
-    do_relearn: bool,
-    log: Any,
+    demo: DemoFederation, scenario: str, sizes: Sizes, ease_settings: dict[str, Any], log: Any
 ) -> dict[str, Any]:
-    problem = demo.problem(scope)
+    problem = demo.problem(scenario)
     model = problem.get_model()
     test = demo.data.test
-    rows: dict[str, dict[str, Any]] = {}
-    rows["original"] = {**evaluate(model, demo.theta, problem, test), "seconds": 0.0, "cpu_seconds": 0.0, "bytes": 0}
+    rows: dict[str, dict[str, Any]] = {"original": evaluate(model, demo.theta, problem, test)}
 
-    rt, rt_s = run_method("fed_retrain", {}, problem)
+    rt, rt_cpu = run_method("fed_retrain", {}, problem)
     rows["retrain"] = {
         **evaluate(model, rt.theta, problem, test),
-        "seconds": rt_s,
-        "cpu_seconds": rt.info["cpu_seconds"],
+        "cpu_seconds": rt_cpu,
+        "critical_seconds": rt.info["critical_seconds"],
         "bytes": rt.info["bytes_total"],
+        "pair_grads": rt.info["pair_grads"],
     }
     gap = rows["original"]["forget_r1"] - rows["retrain"]["forget_r1"]
     log(
-        f"[{scope}] forget R@1: original {rows['original']['forget_r1']:.1f} vs retrain "
-        f"{rows['retrain']['forget_r1']:.1f} → gap {gap:+.1f} pts"
+        f"[{scenario}] forget R@1: original {rows['original']['forget_r1']:.1f} vs retrain "
+        f"{rows['retrain']['forget_r1']:.1f} → gap {gap:+.1f} pts (SE ≈ {rows['retrain']['forget_r1_se']:.1f})"
         + ("" if gap >= 5 else "  (WARNING: too small a gap to show forgetting)")
     )
 
-    methods: list[tuple[str, str, dict[str, Any]]] = [
-        ("ease", "ease", ease_settings),
-        ("gradient_ascent", "fed_gradient_ascent", {}),
-        ("federaser", "federaser", {}),
-        ("fedosd", "fedosd", {}),
-    ] + [(label, "ease", {**ease_settings, **extra}) for label, extra in ABLATIONS.items()]
     results: dict[str, UnlearningResult] = {}
-    for label, name, settings in methods:
-        res, secs = run_method(name, settings, problem)
-        results[label] = res
-        rows[label] = {
-            **evaluate(model, res.theta, problem, test),
-            "seconds": secs,
-            "cpu_seconds": res.info["cpu_seconds"],
-            "bytes": res.info["bytes_total"],
-        }
-        if label == "ease":
-            rows[label]["info"] = res.info
-        log(
-            f"[{scope}] {label:18s} forget {rows[label]['forget_r1']:5.1f} retain {rows[label]['retain_r1']:5.1f} "
-            f"test {rows[label]['test_r1']:5.1f}  {secs:6.1f}s"
-        )
-    rt_cpu = rows["retrain"]["cpu_seconds"]
-    for row in rows.values():
-        row["time_ratio"] = round(row["seconds"] / rt_s, 4) if rt_s else None
-        row["cpu_time_ratio"] = round(row["cpu_seconds"] / rt_cpu, 4) if rt_cpu else None
-        row["bytes_ratio"] = round(row["bytes"] / rows["retrain"]["bytes"], 4) if rows["retrain"]["bytes"] else None
 
+    def record(label: str, name: str, settings: dict[str, Any]) -> None:
+        res, cpu = run_method(name, settings, problem)
+        results[label] = res
+        row = {**evaluate(model, res.theta, problem, test), "cpu_seconds": cpu, "bytes": res.info["bytes_total"]}
+        if "critical_seconds" in res.info:  # EASE's ledger: unstaged CPU counted as if sequential
+            row["critical_seconds"] = res.info["critical_seconds"] + max(0.0, cpu - res.info["compute_seconds"])
+            row["pair_grads"] = res.info["pair_grads"]
+        rows[label] = row
+        if label == "ease":
+            row["info"] = res.info
+        strength = res.info.get("strength", {})
+        extra = (
+            f" T {strength['target_r1']:.1f} s {strength['scale']:.2f} probes {len(strength['probes'])}"
+            if strength.get("target_r1") is not None
+            else ""
+        )
+        log(
+            f"[{scenario}] {label:20s} forget {row['forget_r1']:5.1f} retain {row['retain_r1']:5.1f} "
+            f"test {row['test_r1']:5.1f}  cpu {cpu:6.1f}s{extra}"
+        )
+
+    record("ease", "ease", ease_settings)
+    if sizes.baselines:
+        for label, name in BASELINES:
+            record(label, name, {})
+    if sizes.ablations:
+        norm = results["ease"].info["excision_norm"]
+        for label, towers in ONE_TOWER.items():
+            record(
+                label, "ease", {**ease_settings, "excision_towers": towers, "strength": "fixed", "excision_norm": norm}
+            )
+        for label, extra in ABLATIONS.items():
+            record(label, "ease", {**ease_settings, **extra})
+
+    base = rows["retrain"]
+    for row in rows.values():
+        if "cpu_seconds" in row:
+            row["time_ratio"] = round(row["cpu_seconds"] / base["cpu_seconds"], 4)
+            row["bytes_ratio"] = round(row["bytes"] / base["bytes"], 4)
+        if "critical_seconds" in row:
+            row["critical_path_ratio"] = round(row["critical_seconds"] / base["critical_seconds"], 4)
+            row["pair_grads_ratio"] = round(row["pair_grads"] / base["pair_grads"], 4)
     ease = rows["ease"]
     summary = {
         "original_forget_gap_pts": round(gap, 2),
-        "forget_r1_gap_pts": round(abs(ease["forget_r1"] - rows["retrain"]["forget_r1"]), 2),
-        "retain_r1_drop_pts": round(rows["retrain"]["retain_r1"] - ease["retain_r1"], 2),
-        "test_r1_drop_pts": round(rows["retrain"]["test_r1"] - ease["test_r1"], 2),
-        "time_ratio": ease["time_ratio"],
-        "cpu_time_ratio": ease["cpu_time_ratio"],
+        "forget_r1_gap_pts": round(abs(ease["forget_r1"] - base["forget_r1"]), 2),
+        "forget_r1_signed_gap_pts": round(ease["forget_r1"] - base["forget_r1"], 2),
+        "retain_r1_drop_pts": round(base["retain_r1"] - ease["retain_r1"], 2),
+        "test_r1_drop_pts": round(base["test_r1"] - ease["test_r1"], 2),
         "bytes_ratio": ease["bytes_ratio"],
-        "bytes_ratio_with_lock_broadcast": round(
-            (ease["bytes"] + ease["info"]["lock_broadcast_bytes"]) / rows["retrain"]["bytes"], 4
-        ),
+        "critical_path_ratio": ease["critical_path_ratio"],
+        "time_ratio": ease["time_ratio"],
+        "pair_grads_ratio": ease["pair_grads_ratio"],
+        "forget_r1_se_pts": base["forget_r1_se"],
+        "in_band": ease["info"]["strength"].get("in_band"),
+        "scale": ease["info"]["strength"].get("scale"),
+        "probes": len(ease["info"]["strength"].get("probes", [])),
     }
     out: dict[str, Any] = {"methods": rows, "summary": summary}
 
-    if do_relearn:
+    if scenario == "client" and sizes.relearn_rounds > 0:
         lock = ForgetLock.from_bytes(results["ease"].artifacts["forget_lock"])
-        n = sizes.relearn_rounds
-        offset = 50_000
-        curves = {
-            "retrain": relearn(problem, rt.theta, n, None, test, offset),
-            "ease_lock": relearn(problem, results["ease"].theta, n, lock, test, offset),
-            "ease_no_lock": relearn(problem, results["ease"].theta, n, None, test, offset),
+        other = dataclasses.replace(problem.fed_settings, seed=problem.fed_settings.seed + 1000)
+        rt_b = get_method("fed_retrain").build({}).unlearn(dataclasses.replace(problem, fed_settings=other))
+        orders = []
+        for o in range(sizes.relearn_orders):
+            offset = 50_000 + 1_000 * o
+            n = sizes.relearn_rounds
+            curves = {
+                "retrain": relearn_curve(problem, rt.theta, n, None, test, offset),
+                "retrain_other_order": relearn_curve(problem, rt_b.theta, n, None, test, offset),
+                "ease_lock": relearn_curve(problem, results["ease"].theta, n, lock, test, offset),
+                "ease_no_lock": relearn_curve(problem, results["ease"].theta, n, None, test, offset),
+            }
+            gaps = {k: round(mean_gap(v, curves["retrain"]), 3) for k, v in curves.items() if k != "retrain"}
+            orders.append({"offset": offset, "forget_r1_per_round": curves, "mean_gap_pts": gaps})
+        avg = {
+            k: round(sum(o["mean_gap_pts"][k] for o in orders) / len(orders), 3)
+            for k in ("retrain_other_order", "ease_lock", "ease_no_lock")
         }
-        curves["original"] = [rows["original"]["forget_r1"]] * n
-        lock_gap = max(abs(a - b) for a, b in zip(curves["ease_lock"], curves["retrain"], strict=True))
-        nolock_gap = max(abs(a - b) for a, b in zip(curves["ease_no_lock"], curves["retrain"], strict=True))
-        static = rows["retrain"]["forget_r1"]
         out["relearn"] = {
-            "rounds": n,
-            "forget_r1_per_round": curves,
-            "reference": "retrain continued with the same further rounds of the retained data",
-            "lock_max_gap_pts": round(lock_gap, 2),
-            "nolock_max_gap_pts": round(nolock_gap, 2),
-            "lock_max_gap_vs_static_retrain_pts": round(max(abs(a - static) for a in curves["ease_lock"]), 2),
-            "nolock_max_gap_vs_static_retrain_pts": round(max(abs(a - static) for a in curves["ease_no_lock"]), 2),
+            "rounds": sizes.relearn_rounds,
+            "orders": orders,
+            "reference": "retrain continued with the same further rounds (same data order) of the retained data",
+            "mean_gap_pts": avg,
         }
-        summary["lock_max_gap_pts"] = out["relearn"]["lock_max_gap_pts"]
-        summary["nolock_max_gap_pts"] = out["relearn"]["nolock_max_gap_pts"]
-        log(f"[{scope}] relearn forget R@1 per round: " + json.dumps(curves))
+        summary["lock_mean_gap_pts"] = round(abs(avg["ease_lock"]), 3)
+        summary["nolock_mean_gap_pts"] = round(abs(avg["ease_no_lock"]), 3)
+        summary["noise_floor_pts"] = round(abs(avg["retrain_other_order"]), 3)
+        log(f"[{scenario}] re-anchoring, mean gap to the moving retrain over {len(orders)} orders: {avg}")
     return out
 
 
-def plot_relearn(relearn_data: dict[str, Any], path: Path, original: float) -> None:
-    import matplotlib
+def interval(values: list[float]) -> dict[str, float]:
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return {"mean": round(mean, 4), "ci95": [round(mean, 4), round(mean, 4)]}
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = T975.get(n - 1, 1.96) * sd / math.sqrt(n)
+    return {"mean": round(mean, 4), "ci95": [round(mean - half, 4), round(mean + half, 4)]}
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    curves = relearn_data["forget_r1_per_round"]
-    xs = list(range(1, relearn_data["rounds"] + 1))
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    ax.plot(xs, curves["retrain"], "k-o", label="retrain (continued)")
-    ax.plot(xs, curves["ease_lock"], "-s", color="tab:blue", label="EASE with forget lock")
-    ax.plot(xs, curves["ease_no_lock"], "--^", color="tab:red", label="EASE without lock")
-    ax.axhline(original, color="gray", ls=":", label="original model")
-    ax.set_xlabel("further FedAvg round (retained clients)")
-    ax.set_ylabel("forget R@1 (points)")
-    ax.set_title("Re-anchoring after client unlearning")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+SUMMARY_KEYS = (
+    "original_forget_gap_pts",
+    "forget_r1_gap_pts",
+    "forget_r1_signed_gap_pts",
+    "retain_r1_drop_pts",
+    "test_r1_drop_pts",
+    "bytes_ratio",
+    "critical_path_ratio",
+    "time_ratio",
+    "pair_grads_ratio",
+    "forget_r1_se_pts",
+    "lock_mean_gap_pts",
+    "nolock_mean_gap_pts",
+    "noise_floor_pts",
+)
+
+
+def summarise(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Mean over seeds (the issue's keys), its 95 % interval (``<key>_ci95``) and the worst seed's forget gap."""
+    seeds = sorted(per_seed)
+    out: dict[str, Any] = {"seeds": len(seeds), "seed_list": seeds}
+    for key in SUMMARY_KEYS:
+        values = [per_seed[s]["summary"][key] for s in seeds if per_seed[s]["summary"].get(key) is not None]
+        if values:
+            iv = interval(values)
+            out[key] = iv["mean"]
+            out[f"{key}_ci95"] = iv["ci95"]
+    gaps = {s: per_seed[s]["summary"]["forget_r1_gap_pts"] for s in seeds}
+    worst = max(gaps, key=lambda s: gaps[s])
+    out["forget_r1_gap_worst_pts"] = gaps[worst]
+    out["forget_r1_gap_worst_seed"] = worst
+    out["in_band_seeds"] = sum(1 for s in seeds if per_seed[s]["summary"].get("in_band"))
+    out["per_seed"] = {
+        str(s): {k: per_seed[s]["summary"].get(k) for k in ("forget_r1_signed_gap_pts", "retain_r1_drop_pts")}
+        for s in seeds
+    }
+    return out
+
+
+AIMS = {
+    "forget_r1_gap_pts": ("≤", 3.0),
+    "forget_r1_gap_worst_pts": ("≤", 6.0),
+    "retain_r1_drop_pts": ("≤", 3.0),
+    "bytes_ratio": ("≤", 0.10),
+    "critical_path_ratio": ("≤", 0.25),
+    "lock_mean_gap_pts": ("≤", 2.0),
+}
+
+
+def aims(summary: dict[str, Any]) -> dict[str, Any]:
+    """Each aim of issue 11 against the means over seeds: met or missed, per scenario."""
+    out: dict[str, Any] = {}
+    for scenario, s in summary.items():
+        checks = {}
+        for key, (_, bound) in AIMS.items():
+            if key in s:
+                checks[key] = {"value": s[key], "bound": bound, "met": bool(s[key] <= bound)}
+        if "nolock_mean_gap_pts" in s and "lock_mean_gap_pts" in s:
+            checks["nolock_at_least_twice_lock"] = {
+                "value": s["nolock_mean_gap_pts"],
+                "bound": 2 * s["lock_mean_gap_pts"],
+                "met": bool(s["nolock_mean_gap_pts"] >= 2 * s["lock_mean_gap_pts"]),
+            }
+        out[scenario] = checks
+    return out
 
 
 def print_table(report: dict[str, Any]) -> None:
-    for scope, sc in report["scenarios"].items():
-        print(f"\n== {scope} ==")
-        print(f"{'method':20s} {'forget':>7s} {'retain':>7s} {'test':>7s} {'time×':>7s} {'cpu×':>7s} {'bytes×':>7s}")
-        for name, row in sc["methods"].items():
-            tr, cr, br = (
-                "" if row[k] is None else f"{row[k]:.3f}" for k in ("time_ratio", "cpu_time_ratio", "bytes_ratio")
-            )
-            print(
-                f"{name:20s} {row['forget_r1']:7.1f} {row['retain_r1']:7.1f} {row['test_r1']:7.1f} "
-                f"{tr:>7s} {cr:>7s} {br:>7s}"
-            )
-    print("\n== summary (aims: forget gap ≤ 2, retain drop ≤ 3, time/bytes ≤ 0.10, lock gap ≤ 2) ==")
-    keys = [
-        "original_forget_gap_pts",
-        "forget_r1_gap_pts",
-        "retain_r1_drop_pts",
-        "time_ratio",
-        "cpu_time_ratio",
-        "bytes_ratio",
-        "lock_max_gap_pts",
-        "nolock_max_gap_pts",
+    cols = [
+        ("original_forget_gap_pts", "orig−rt"),
+        ("forget_r1_gap_pts", "|E−rt|"),
+        ("forget_r1_gap_worst_pts", "worst"),
+        ("retain_r1_drop_pts", "ret.drop"),
+        ("bytes_ratio", "bytes×"),
+        ("critical_path_ratio", "crit×"),
+        ("time_ratio", "time×"),
+        ("lock_mean_gap_pts", "lock"),
+        ("nolock_mean_gap_pts", "nolock"),
+        ("noise_floor_pts", "floor"),
     ]
-    print(f"{'scenario':10s} " + " ".join(f"{k[:18]:>18s}" for k in keys))
-    for scope, s in report["summary"].items():
-        print(f"{scope:10s} " + " ".join(f"{s.get(k, float('nan')):18.3f}" for k in keys))
+    print("\n== summary: mean over seeds [95 % interval] ==")
+    for scenario, s in report["summary"].items():
+        print(f"-- {scenario} ({s['seeds']} seeds, {s['in_band_seeds']} in band)")
+        for key, name in cols:
+            if key in s:
+                ci = s.get(f"{key}_ci95")
+                ci_txt = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
+                print(f"   {name:9s} {s[key]:8.3f}{ci_txt}")
+    print("\n== aims ==")
+    for scenario, checks in report["aims"].items():
+        print(f"{scenario:10s} " + "  ".join(f"{k}:{'met' if c['met'] else 'MISSED'}" for k, c in checks.items()))
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """The summary as a Markdown table: mean [95 % interval] per scenario, the worst seed's forget gap."""
+
+    def cell(s: dict[str, Any], key: str, digits: int = 2) -> str:
+        if key not in s:
+            return "–"
+        ci = s.get(f"{key}_ci95")
+        return f"{s[key]:.{digits}f} [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]" if ci else f"{s[key]:.{digits}f}"
+
+    head = (
+        "| scenario | seeds | original − retrain | \\|EASE − retrain\\| forget R@1 | worst seed | retain drop "
+        "| bytes ÷ retrain | critical path ÷ retrain | compute ÷ retrain | in band |"
+    )
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for scenario, s in report["summary"].items():
+        lines.append(
+            f"| {scenario} | {s['seeds']} | {cell(s, 'original_forget_gap_pts', 1)} | {cell(s, 'forget_r1_gap_pts')} "
+            f"| {s['forget_r1_gap_worst_pts']:.2f} (seed {s['forget_r1_gap_worst_seed']}) "
+            f"| {cell(s, 'retain_r1_drop_pts')} | {cell(s, 'bytes_ratio', 3)} | {cell(s, 'critical_path_ratio', 3)} "
+            f"| {cell(s, 'time_ratio', 3)} | {s['in_band_seeds']}/{s['seeds']} |"
+        )
+    client = report["summary"].get("client", {})
+    if "lock_mean_gap_pts" in client:
+        lines.append("")
+        rounds, orders = report["sizes"]["relearn_rounds"], report["sizes"]["relearn_orders"]
+        lines.append(
+            f"| re-anchoring (client, {rounds} rounds × {orders} orders): mean gap to the moving retrain | points |"
+        )
+        lines.append("|---|---:|")
+        for key, name in (
+            ("lock_mean_gap_pts", "EASE with the lock (server projection)"),
+            ("nolock_mean_gap_pts", "EASE without the lock"),
+            ("noise_floor_pts", "retrain trained with another data order (noise floor)"),
+        ):
+            lines.append(f"| {name} | {cell(client, key)} |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="smaller sizes (same code), under three minutes")
-    ap.add_argument("--scale", type=int, default=1, help="multiply pairs per client and the test set")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--scenarios", default="client,class,samples")
+    ap.add_argument("--quick", action="store_true", help="smaller sizes and 2 seeds (same code), under five minutes")
+    ap.add_argument("--seeds", default=None, help="comma-separated seeds (default: 0-4, quick: 0,1)")
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--ease", default="{}", help="JSON overrides of EaseConfig")
+    ap.add_argument("--no-baselines", action="store_true")
+    ap.add_argument("--no-ablations", action="store_true")
     ap.add_argument("--no-relearn", action="store_true")
     ap.add_argument("--out", type=Path, default=None, help="results JSON (default bench/results/ease[_quick].json)")
     ap.add_argument("--cache-dir", default=None, help="pretraining/federation cache (default ~/.cache/lethe)")
-    ap.add_argument(
-        "--threads", type=int, default=1, help="torch intra-op CPU threads (tiny ops gain nothing from more; 0 = keep)"
-    )
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op CPU threads (0 = keep)")
+    ap.add_argument("--table", type=Path, default=None, help="print a results file's summary as Markdown and exit")
     args = ap.parse_args(argv)
+    if args.table is not None:
+        report = json.loads(args.table.read_text())
+        print(markdown_table(report))
+        return report
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-
     sizes = QUICK if args.quick else FULL
-    if args.scale > 1:
-        sizes = dataclasses.replace(
-            sizes, pairs_per_client=sizes.pairs_per_client * args.scale, n_test=sizes.n_test * args.scale
-        )
-    ease_settings = {**json.loads(args.ease)}
+    if args.seeds:
+        sizes = dataclasses.replace(sizes, seeds=tuple(int(s) for s in args.seeds.split(",")))
+    if args.no_baselines:
+        sizes = dataclasses.replace(sizes, baselines=False)
+    if args.no_ablations:
+        sizes = dataclasses.replace(sizes, ablations=False)
+    if args.no_relearn:
+        sizes = dataclasses.replace(sizes, relearn_rounds=0)
+    ease_settings = json.loads(args.ease)
     EaseConfig(**ease_settings)  # validate early
+    scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     start = time.perf_counter()
 
     def log(msg: str) -> None:
         print(f"[{time.perf_counter() - start:7.1f}s] {msg}", flush=True)
 
-    log(f"building the federation: {sizes}")
-    demo = make_demo_federation(
-        seed=args.seed,
-        n_clients=sizes.n_clients,
-        pairs_per_client=sizes.pairs_per_client,
-        n_test=sizes.n_test,
-        fed_settings=FedSettings(rounds=sizes.rounds, seed=args.seed),
-        cache_dir=args.cache_dir,
-        cache_training=True,
-        progress=lambda f, m: None,
-    )
-    log(f"federation ready (p = {demo.model.num_params} LoRA parameters, device {demo.model.device})")
+    checkpoint = pretrain_tiny_clip(cache_dir=args.cache_dir)
     report: dict[str, Any] = {
         "sizes": dataclasses.asdict(sizes),
-        "seed": args.seed,
         "quick": args.quick,
-        "scale": args.scale,
         "ease_config": dataclasses.asdict(EaseConfig(**ease_settings)),
-        "fed_settings": dataclasses.asdict(demo.fed_settings),
-        "device": str(demo.model.device),
+        "backbone": {"checkpoint": checkpoint.name, "sha256": checkpoint_sha256(checkpoint)},
         "machine": {
             "python": sys.version.split()[0],
             "torch": torch.__version__,
             "platform": platform.platform(),
             "torch_threads": torch.get_num_threads(),
         },
-        "scenarios": {},
-        "summary": {},
+        "aims_source": "issue 11 'Benchmark': means over seeds",
+        "seeds": {},
     }
-    for scope in [s.strip() for s in args.scenarios.split(",") if s.strip()]:
-        sc = run_scenario(
-            demo, scope, sizes, ease_settings, do_relearn=scope == "client" and not args.no_relearn, log=log
-        )
-        report["scenarios"][scope] = sc
-        report["summary"][scope] = sc["summary"]
+    per_scenario: dict[str, dict[int, dict[str, Any]]] = {s: {} for s in scenarios}
+    for seed in sizes.seeds:
+        report["seeds"][str(seed)] = {}
+        regimes = (("concepts", [s for s in scenarios if s != "membership"]), ("membership", ["membership"]))
+        for regime, wanted in regimes:
+            wanted = [s for s in wanted if s in scenarios]
+            if not wanted:
+                continue
+            demo = build(seed, sizes, regime, args.cache_dir)
+            log(f"seed {seed}: {regime} federation ready (p = {demo.model.num_params})")
+            for scenario in wanted:
+                sc = run_scenario(demo, scenario, sizes, {**ease_settings}, log)
+                per_scenario[scenario][seed] = sc
+                report["seeds"][str(seed)][scenario] = sc
+    report["summary"] = {s: summarise(v) for s, v in per_scenario.items() if v}
+    report["aims"] = aims(report["summary"])
     report["wall_seconds"] = round(time.perf_counter() - start, 1)
     out = args.out or RESULTS / ("ease_quick.json" if args.quick else "ease.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    if "client" in report["scenarios"] and "relearn" in report["scenarios"]["client"]:
-        png = out.with_name(out.stem.replace("ease", "ease_relearn") + ".png")
-        plot_relearn(
-            report["scenarios"]["client"]["relearn"],
-            png,
-            report["scenarios"]["client"]["methods"]["original"]["forget_r1"],
-        )
+    out.write_text(json.dumps(report, indent=1))
     print_table(report)
     log(f"wrote {out}")
     return report

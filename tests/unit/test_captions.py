@@ -1,6 +1,7 @@
 import json
 
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 
@@ -95,3 +96,29 @@ def test_membership_regime_has_a_matched_heldout_split():
     ids = WordTokenizer(context_length=12)(a.heldout.captions)
     assert (ids == WordTokenizer(context_length=12).eot_id).sum(dim=1).eq(1).all()
     assert make_synthetic_federation(2, n_clients=4, pairs_per_client=50, n_test=20).heldout is None
+
+
+def test_a_real_federation_from_a_karpathy_file_and_a_client_assignment(tmp_path):
+    from app.ml.data.captions import load_caption_federation, read_client_assignment
+
+    images = tmp_path / "images"
+    images.mkdir()
+    entries = []
+    for i, split in enumerate(["train", "train", "restval", "train", "test"]):
+        name = f"{i}.jpg"
+        Image.fromarray(np.full((20, 20, 3), 40 * i, dtype=np.uint8)).save(images / name)
+        entries.append(
+            {"filename": name, "imgid": i, "split": split, "sentences": [{"raw": f"p{i} s{j}"} for j in range(3)]}
+        )
+    path = tmp_path / "captions.json"
+    path.write_text(json.dumps({"images": entries}))
+    (tmp_path / "assign.csv").write_text("image,client\n0,hospital-b\n1.jpg,hospital-a\n2,hospital-b\n")
+    assignment = read_client_assignment(tmp_path / "assign.csv")
+    fed, names = load_caption_federation(path, images, assignment, simple_preprocess(16))
+    assert names == ["hospital-a", "hospital-b"]
+    assert [len(c) for c in fed.clients] == [3, 6]  # image 3 has no client and is left out
+    assert fed.clients[1].subjects[:3] == ["0.jpg"] * 3 and fed.clients[0].captions[0] == "p1 s0"
+    assert len(fed.test) == 3 and fed.clients[0].images.shape == (3, 3, 16, 16)
+    (tmp_path / "assign.json").write_text(json.dumps({"4": "x"}))
+    with pytest.raises(ValueError):
+        load_caption_federation(path, images, read_client_assignment(tmp_path / "assign.json"), simple_preprocess(16))

@@ -521,3 +521,52 @@ def simple_preprocess(
         return (torch.from_numpy(arr).permute(2, 0, 1) - mean) / std
 
     return _apply
+
+
+def read_client_assignment(path: str | Path) -> dict[str, str]:
+    """Image → client of a real federation: a JSON object ``{"<image>": "<client>"}`` or a CSV with the header
+    ``image,client``; ``<image>`` is a Karpathy entry's ``imgid`` or its ``filename``."""
+    text = Path(path).read_text()
+    if Path(path).suffix.lower() == ".json":
+        return {str(k): str(v) for k, v in json.loads(text).items()}
+    import csv
+    import io
+
+    rows = list(csv.DictReader(io.StringIO(text)))
+    if not rows or not {"image", "client"} <= set(rows[0]):
+        raise ValueError("a client assignment CSV needs the header image,client")
+    return {r["image"].strip(): r["client"].strip() for r in rows}
+
+
+def load_caption_federation(
+    json_path: str | Path,
+    image_root: str | Path,
+    assignment: dict[str, str],
+    preprocess: Callable[[Any], torch.Tensor],
+    train_split: str = "train",
+    test_split: str = "test",
+    captions_per_image: int | None = None,
+    max_test_images: int | None = None,
+) -> tuple[SyntheticFederation, list[str]]:
+    """A real federation from a Karpathy-layout caption file, its image folder and an image → client assignment
+    (issue 11 item 6, the data side): each client holds the pairs (one per caption) of its assigned training images,
+    every pair's data subject is its image (a samples deletion of one image's pairs); the test split is the shared
+    held-out set. Training images with no client are left out. Returns the federation (no planted scenarios) and the
+    client names, sorted."""
+    train = load_karpathy_split(json_path, image_root, train_split, captions_per_image=captions_per_image)
+    test = load_karpathy_split(json_path, image_root, test_split, max_images=max_test_images)
+    payload = json.loads(Path(json_path).read_text())
+    keys: dict[Path, set[str]] = {}
+    for entry in payload["images"]:
+        path = Path(image_root) / entry.get("filepath", "") / entry["filename"]
+        keys[path] = {str(entry.get("imgid", "")), entry["filename"]}
+    owner = [next((assignment[k] for k in keys.get(p, ()) if k in assignment), None) for p in train.image_paths]
+    names = sorted({o for o in owner if o is not None})
+    if not names:
+        raise ValueError("no training image is assigned to a client")
+    full = karpathy_to_dataset(train, preprocess)
+    subjects = [train.image_paths[i].name for i in train.image_index]
+    full = CaptionDataset(full.images, full.captions, full.ids, subjects=subjects)
+    clients = [full.subset([r for r, i in enumerate(train.image_index) if owner[i] == name]) for name in names]
+    federation = SyntheticFederation(clients=clients, test=karpathy_to_dataset(test, preprocess), scenarios={}, seed=0)
+    return federation, names

@@ -35,10 +35,14 @@ The paper's body could not be read (ease-notes §0): every formula and threshold
 Defaults were chosen on the synthetic benchmark (bench/ease.py, seed 0), one setting at a time: δ = 65° (45° removed
 too much retained support, 70° too little forget knowledge), SGD excision with the ``"reference"`` objective (Adam
 and the unbounded objectives destroyed retained R@1), margin −0.75, one repair round (none left retained R@1
-several points low; two cost twice the bytes for no gain). The client penalty of the lock is off (α = 0): server
-projection alone held re-anchoring as well as projection + penalty (measured-findings §EASE, "the lock": mean gap
-+2.8 vs +3.3), and without it no retained client ever needs the lock basis — which otherwise costs rank × θ per
-client (issue 11 item 2: "drop the client penalty where the server projection alone does as well, and say which").
+several points low; two cost twice the bytes for no gain). With the strength searched, BKE only has to give the
+*direction* of E: 6 steps at lr 0.01 instead of 20 at 0.002 (seeds 0–1: critical path 0.46–0.86 → 0.27–0.36 of
+retrain's, forget gaps alike), and 2 replay points instead of 4 (class/samples bytes).
+
+The client penalty of the lock is off (α = 0): server projection alone held re-anchoring as well as projection +
+penalty (measured-findings §EASE, "the lock": mean gap +2.8 vs +3.3), and without it no retained client ever needs
+the lock basis — which otherwise costs rank × θ per client (issue 11 item 2: "drop the client penalty where the
+server projection alone does as well, and say which").
 
 Accounting (app/ml/federation/accounting.py): bytes of everything sent, by item; CPU seconds of all parties (total
 compute) and of the slowest party of each stage (critical path, clients in parallel); pair-gradient evaluations.
@@ -130,12 +134,12 @@ class EaseConfig:
     delta_deg: float = 65.0
     max_rank: int | None = None
     history_rounds: int | None = None
-    replay_points: int = 4
+    replay_points: int = 2
     replay_max_pairs: int | None = 64
     gsd: str = "exclusive"
     theta_ref: str = "init"
-    excision_steps: int = 20
-    excision_lr: float = 2e-3
+    excision_steps: int = 6
+    excision_lr: float = 1e-2
     excision_batch: int = 64
     excision_objective: str = "reference"
     excision_optimizer: str = "sgd"
