@@ -50,8 +50,21 @@ def _free_port() -> int:
 def _serve(app: str, port: int, env: dict) -> subprocess.Popen:
     server = subprocess.Popen(
         [
-            sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
-            "--loop", "uvloop", "--http", "httptools", "--log-level", "warning", "--no-access-log",
+            sys.executable,
+            "-m",
+            "uvicorn",
+            app,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--loop",
+            "uvloop",
+            "--http",
+            "httptools",
+            "--log-level",
+            "warning",
+            "--no-access-log",
         ],
         cwd=ROOT,
         env=env,
@@ -69,8 +82,23 @@ def _serve(app: str, port: int, env: dict) -> subprocess.Popen:
 def _wrk(port, *, seconds, connections, model_id, api_key, tag, first_row, id_file="") -> dict:
     """One wrk run (one thread: the API, PostgreSQL and wrk share 2 cores). Returns wrk's summary plus statuses."""
     command = [
-        "wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s", "-s", str(LUA),
-        f"http://127.0.0.1:{port}", "--", PATH, model_id, api_key, tag, str(first_row), id_file, "1",
+        "wrk",
+        "-t1",
+        f"-c{connections}",
+        f"-d{seconds}s",
+        "--timeout",
+        "10s",
+        "-s",
+        str(LUA),
+        f"http://127.0.0.1:{port}",
+        "--",
+        PATH,
+        model_id,
+        api_key,
+        tag,
+        str(first_row),
+        id_file,
+        "1",
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60)
     match = re.search(r"^WRK_RESULT (\{.*\})$", done.stdout, re.M)
@@ -106,7 +134,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=None, help="seconds per wrk run (default 20; quick 6)")
     parser.add_argument("--rounds", type=int, default=None, help="trivial + real pairs (default 3; quick 1)")
     parser.add_argument("--connections", type=int, default=32, help="wrk connections (requests in flight)")
-    parser.add_argument("--rows", type=int, default=None, help="table rows = fresh sample ids (default 250k; quick 40k)")
+    parser.add_argument(
+        "--rows", type=int, default=None, help="table rows = fresh sample ids (default 250k; quick 40k)"
+    )
+    parser.add_argument("--py-spy", default=None, help="record the API with py-spy (raw, --idle off) during round 1")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "intake.json"))
     args = parser.parse_args()
     seconds = args.seconds or (6 if args.quick else 20)
@@ -157,7 +188,11 @@ def main() -> None:
             headers={"authorization": f"Bearer {api_key}"},
             json={
                 "name": "bench",
-                "dataset": {"path": str(home / "data" / "table.csv"), "row_id_column": "row_id", "label_column": "label"},
+                "dataset": {
+                    "path": str(home / "data" / "table.csv"),
+                    "row_id_column": "row_id",
+                    "label_column": "label",
+                },
             },
             timeout=300,
         )
@@ -177,16 +212,27 @@ def main() -> None:
             id_file = home / f"ids-{tag}.txt"
             id_files.append(id_file)
             point = _wrk(
-                port, seconds=secs, connections=args.connections, model_id=model_id, api_key=api_key, tag=tag,
-                first_row=next_row, id_file=str(id_file),
+                port,
+                seconds=secs,
+                connections=args.connections,
+                model_id=model_id,
+                api_key=api_key,
+                tag=tag,
+                first_row=next_row,
+                id_file=str(id_file),
             )
             next_row += point["responses"] + args.connections  # requests still in flight at the end used ids too
             return point
 
         def ceiling(tag: str, secs: int) -> dict:
             return _wrk(
-                ceiling_port, seconds=secs, connections=args.connections, model_id=model_id, api_key=api_key,
-                tag=tag, first_row=0,
+                ceiling_port,
+                seconds=secs,
+                connections=args.connections,
+                model_id=model_id,
+                api_key=api_key,
+                tag=tag,
+                first_row=0,
             )
 
         ceiling("warm-ceiling", warm_seconds)
@@ -194,8 +240,33 @@ def main() -> None:
         pairs = []
         for r in range(rounds):
             top = ceiling(f"ceiling{r}", seconds)
+            spy = None
+            if args.py_spy and r == 0:
+                spy = subprocess.Popen(
+                    [
+                        str(Path(sys.executable).parent / "py-spy"),
+                        "record",
+                        "--pid",
+                        str(servers[0].pid),
+                        "--format",
+                        "raw",
+                        "--rate",
+                        "200",
+                        "--duration",
+                        str(seconds),
+                        "-o",
+                        args.py_spy,
+                        "--threads",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
             point = real(f"run{r}", seconds)
-            pairs.append({"ceiling": top, "real": point, "ratio": round(point["requests_per_s"] / top["requests_per_s"], 3)})
+            if spy is not None:
+                spy.wait()
+            pairs.append(
+                {"ceiling": top, "real": point, "ratio": round(point["requests_per_s"] / top["requests_per_s"], 3)}
+            )
             print(
                 f"round {r + 1}/{rounds}: trivial {top['requests_per_s']:.0f} req/s (p99 {top['p99_ms']:.1f} ms)  "
                 f"real {point['requests_per_s']:.0f} req/s (p50 {point['p50_ms']:.1f} ms, p99 {point['p99_ms']:.1f} ms)"
