@@ -4,8 +4,10 @@ Every accepted request must be durable before its 202, and the audit chain must 
 transaction ends with an fsync'd commit while holding the audit log's append lock. One request per transaction
 therefore caps intake at 1 / (commit latency) — about 290 requests/s on a disk with 3.5 ms fsyncs, whatever the
 number of API threads. The batcher instead takes up to ``intake_batch_max`` waiting requests and commits them
-together: one fsync and one lock hold per batch. Its fast path looks every Idempotency-Key of the batch up in one
-query, validates each request (a bad one fails alone: nothing is written before validation passes), and inserts the
+together: one fsync and one lock hold per batch. It authenticates the batch's API keys in one query (the route only
+checks that a key is present), and its fast path looks every Idempotency-Key of the batch up in one query, reads every
+sample id the batch names in one query per data set (no autoflush in between, so the batch is inserted in one flush),
+validates each request (a bad one fails alone: nothing is written before validation passes), and inserts the
 requests, jobs and audit events with one multi-row INSERT per table. If another API process commits a twin of one of
 its keys in between (the unique constraint fires), or any other error strikes the batch (a database error caused by
 one request), the batch is redone one request per SAVEPOINT, so one bad request never fails the others. A request
