@@ -137,6 +137,7 @@ def main() -> None:
     parser.add_argument(
         "--rows", type=int, default=None, help="table rows = fresh sample ids (default 250k; quick 40k)"
     )
+    parser.add_argument("--py-spy", default=None, help="record the API with py-spy (raw, --idle off) during round 1")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "intake.json"))
     args = parser.parse_args()
     seconds = args.seconds or (6 if args.quick else 20)
@@ -239,7 +240,30 @@ def main() -> None:
         pairs = []
         for r in range(rounds):
             top = ceiling(f"ceiling{r}", seconds)
+            spy = None
+            if args.py_spy and r == 0:
+                spy = subprocess.Popen(
+                    [
+                        str(Path(sys.executable).parent / "py-spy"),
+                        "record",
+                        "--pid",
+                        str(servers[0].pid),
+                        "--format",
+                        "raw",
+                        "--rate",
+                        "200",
+                        "--duration",
+                        str(seconds),
+                        "-o",
+                        args.py_spy,
+                        "--threads",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
             point = real(f"run{r}", seconds)
+            if spy is not None:
+                spy.wait()
             pairs.append(
                 {"ceiling": top, "real": point, "ratio": round(point["requests_per_s"] / top["requests_per_s"], 3)}
             )

@@ -134,7 +134,52 @@ def _lookup(key_hash: str) -> Principal | None:
         ).scalar_one_or_none()
         if row is None or (row.expires_at is not None and row.expires_at <= utcnow()):
             return None
-        return Principal(row.id, row.name, frozenset(row.scopes), row.model_id, row.client_id, row.expires_at)
+        return _principal(row)
+
+
+def _principal(row: ApiKey) -> Principal:
+    return Principal(row.id, row.name, frozenset(row.scopes), row.model_id, row.client_id, row.expires_at)
+
+
+def principals_for(session: Session, key_hashes: list[str]) -> dict[str, Principal]:
+    """The live (not revoked, not expired) keys among ``key_hashes``, in one query: the intake batcher authenticates a
+    whole batch at once, so a request costs no read of its own and a revoked key is still refused at once."""
+    now = utcnow()
+    rows = session.execute(select(ApiKey).where(ApiKey.key_hash.in_(key_hashes), ApiKey.revoked_at.is_(None))).scalars()
+    return {row.key_hash: _principal(row) for row in rows if row.expires_at is None or row.expires_at > now}
+
+
+def unknown_key_problem() -> Problem:
+    problem = Problem(401, "unauthorized", "Unknown, expired or revoked API key")
+    problem.headers = {"WWW-Authenticate": 'Bearer realm="lethe", error="invalid_token"'}
+    return problem
+
+
+def scope_problem(principal: Principal, scope: str, *alternatives: str, model_id: str | None = None) -> Problem | None:
+    """What ``require_scope`` refuses (403 lacking scope, 403/404 for a key bound to another model), or None."""
+    accepted = (scope, *alternatives)
+    if not any(principal.has(s) for s in accepted):
+        needed = " or ".join(f"`{s}`" for s in accepted)
+        return Problem(
+            403, "forbidden", "The API key lacks a scope", f"This needs the scope {needed}.", required_scope=scope
+        )
+    if principal.model_id is not None:
+        if model_id is None:
+            return Problem(403, "forbidden", "The API key is bound to one model", "It can reach only that model.")
+        if model_id != principal.model_id:
+            return Problem(404, "model-not-found", "No such model", model_id)
+    return None
+
+
+def presented_key(request: Request) -> str:
+    """FastAPI dependency for routes that authenticate later, in a batch (deletion-request intake): the key must be
+    there (401 otherwise, no database read); it is looked up with the rest of its batch."""
+    key = _presented_key(request)
+    if not key:
+        problem = Problem(401, "unauthorized", "Missing API key", "Send `Authorization: Bearer <key>`.")
+        problem.headers = {"WWW-Authenticate": 'Bearer realm="lethe"'}
+        raise problem
+    return key
 
 
 def _presented_key(request: Request) -> str | None:
@@ -154,9 +199,7 @@ def authenticate(request: Request) -> Principal:
         raise problem
     principal = _lookup(hash_key(key))
     if principal is None:
-        problem = Problem(401, "unauthorized", "Unknown, expired or revoked API key")
-        problem.headers = {"WWW-Authenticate": 'Bearer realm="lethe", error="invalid_token"'}
-        raise problem
+        raise unknown_key_problem()
     return principal
 
 
@@ -166,20 +209,11 @@ def require_scope(scope: str, *alternatives: str):
     A key bound to a model reaches only routes about that model (a ``model_id`` path parameter): another model is
     404 (as if it did not exist), a route about no model 403.
     """
-    accepted = (scope, *alternatives)
 
     async def _check(request: Request, principal: Principal = Depends(authenticate)) -> Principal:
-        if not any(principal.has(s) for s in accepted):
-            needed = " or ".join(f"`{s}`" for s in accepted)
-            raise Problem(
-                403, "forbidden", "The API key lacks a scope", f"This needs the scope {needed}.", required_scope=scope
-            )
-        if principal.model_id is not None:
-            model_id = request.path_params.get("model_id")
-            if model_id is None:
-                raise Problem(403, "forbidden", "The API key is bound to one model", "It can reach only that model.")
-            if model_id != principal.model_id:
-                raise Problem(404, "model-not-found", "No such model", model_id)
+        problem = scope_problem(principal, scope, *alternatives, model_id=request.path_params.get("model_id"))
+        if problem is not None:
+            raise problem
         return principal
 
     return _check
