@@ -376,8 +376,9 @@ def verify_federated(work: DeletionWork, unlearned: Unlearned) -> Verification:
     clip, data = problem.get_model(), data_for(work.model)
     forget = problem.forget_data()
     thetas = {"original": problem.theta, "unlearned": unlearned.theta}
+    # both groups are scored over the same gallery (forget ∪ test pairs), so their statistics are comparable
     members = {name: _pair_phi(clip, th, forget, data.test) for name, th in thetas.items()}
-    nonmembers = {name: _pair_phi(clip, th, data.test, data.test) for name, th in thetas.items()}
+    nonmembers = {name: _pair_phi(clip, th, data.test, forget) for name, th in thetas.items()}
     models = {name: {"population_mia": attack_summary(members[name], nonmembers[name])} for name in members}
     before, after = unlearned.metrics["before"], unlearned.metrics["after"]
     drop = before.get("retain_r1", 0.0) - after.get("retain_r1", 0.0)
