@@ -41,7 +41,7 @@ from app.requests.tables import DeletionRequest
 from app.storage import get_store
 
 MAX_RETAIN_R1_DROP_POINTS = 5.0
-"""[INFERENCE] The most retain R@1 (points) a federated deletion may cost before its verdict fails; EASE's measured
+"""[INFERENCE] The most retain R@1 (points) a federated deletion may cost before its verdict fails; the measured
 retain drops are 1–2.5 points (README), retraining's own noise about 2."""
 EVAL_RETAIN_PAIRS = 500
 """Retained pairs (a fixed random sample) on which a deletion's before/after retain R@1 is measured."""
@@ -309,7 +309,7 @@ class Deletion:
         state_update: dict[str, Any] = {}
         if "forget_lock" in result.artifacts:
             # merged with the lock earlier deletions published: what they locked stays locked (an orthonormal union;
-            # EASE merges it already, and merging the same span again changes nothing)
+            # a method may merge it already, and merging the same span again changes nothing)
             previous = problem.forget_lock
             lock = merge_locks(previous, ForgetLock.from_bytes(result.artifacts["forget_lock"]))
             state_update["forget_lock"] = {

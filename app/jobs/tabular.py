@@ -265,7 +265,7 @@ def train(job: Job, ctx: JobContext) -> None:
         theta, solver = tabular.fit(recipe, data.X[~holdout], data.y[~holdout], data.encoder.n_classes)
         metrics = _evaluate(recipe, theta, data, data.encoder.n_classes, {"train": ~holdout, "holdout": holdout})
         metrics["train_seconds"] = round(time.perf_counter() - started, 4)
-        metrics["solver"] = solver  # converged or not: a retrain of an unconverged recipe is no stable target
+        metrics["solver"] = solver  # converged or not: retraining an unconverged recipe is no stable target
         metrics["recipe"] = recipe.to_dict()
         draft = registry.VersionDraft(
             model_id=model.id,
@@ -443,7 +443,7 @@ def _chaotic_reason(probe: dict[str, Any]) -> str:
         f"{shifts} (||theta|| = {probe['theta_norm']:.3g}) and an exact Newton step missed that move by {ratios} of "
         f"its length (threshold {probe['threshold']:g}), so retraining is chaotic here or the objective too flat "
         "around theta; no approximation of such a target is meaningful. Register the model with a larger l2 trained "
-        "to convergence (the MLP default is 1e-2), or use retrain"
+        "to convergence (the MLP default is 1e-2), or use exact retraining"
     )
 
 
@@ -462,7 +462,7 @@ def _refuse(ctx: JobContext, model: Model, name: str, reason: str, info: dict[st
 
 
 def _json_safe(value: Any) -> Any:
-    """NaN and infinities (a ratio over a retrain that did not move) as None: model state is JSON."""
+    """NaN and infinities (a ratio over a retraining that did not move) as None: model state is JSON."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
@@ -702,7 +702,7 @@ def verify_deletion(work: DeletionWork, unlearned: Unlearned) -> Verification:
 
 def _proven_distance(recipe, theta, data: TabularData, retain: np.ndarray) -> dict[str, Any] | None:
     """‖∇L_retained(θ′)‖ and, for L2-regularised LR, the proven bound on ‖θ′ − θ_retrain‖ (bounds.py); None for an
-    ensemble (SISA), whose parameters are not one model's."""
+    ensemble (e.g. sharded training), whose parameters are not one model's."""
     if tabular.ensemble_size(recipe, theta, data.X.shape[1], data.encoder.n_classes) > 1:
         return None
     return gradient_norm_bound(recipe, theta, data.X, data.y, data.encoder.n_classes, retain)
