@@ -397,7 +397,7 @@ def _ease_story(client: httpx.Client) -> None:
         job = clients.round(rounds + r, use_lock=True)
         after_curve.append(forget_r1())
     print(
-        f"   5 more rounds with the lock (server projection + client penalty): forget R@1 "
+        f"   5 more rounds with the lock (server projection; client penalty α = {lock['alpha']}): forget R@1 "
         f"{' → '.join(f'{v:.1f}' for v in after_curve)}"
     )
     figure = HOME / "ease_forget_r1.png"
