@@ -90,6 +90,9 @@ class Settings(BaseSettings):
     model_busy_retry_seconds: float = Field(
         2.0, gt=0, description="When another job holds the model, a job waits this long (not counted as an attempt)."
     )
+    bulk_max_requests: int = Field(
+        500, ge=1, le=10_000, description="Most deletion requests one bulk operator action may select."
+    )
     audit_checkpoint_every: int = Field(
         100, ge=1, description="Write a keyed checkpoint of the audit chain's head every N events."
     )

@@ -8,6 +8,7 @@ from app.jobs.tables import Job
 from app.registry.tables import Dataset, DatasetRow, ErasedRow, Model, ModelVersion, ShredItem
 from app.reports.tables import Report
 from app.requests.tables import DeletionRequest, InflightRow
+from app.subjects.tables import SubjectErasure, SubjectErasureChild, SubjectRow
 from app.webhooks.tables import WebhookDelivery
 
 __all__ = [
@@ -27,4 +28,7 @@ __all__ = [
     "Model",
     "ModelVersion",
     "ShredItem",
+    "SubjectErasure",
+    "SubjectErasureChild",
+    "SubjectRow",
 ]

@@ -16,7 +16,7 @@ from app.config import get_settings
 from app.db import get_session
 from app.problems import Problem
 from app.registry import service
-from app.registry.schemas import ClipModelCreate, ForgetLockOut, ModelCreate, ModelOut, VersionOut
+from app.registry.schemas import ClipModelCreate, ForgetLockOut, ModelCreate, ModelOut, ModelPatch, VersionOut
 from app.storage import get_store
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
@@ -141,6 +141,21 @@ def get_model(
     session: Session = Depends(get_session),
 ):
     return service.model_out(session, service.get_model_or_404(session, model_id))
+
+
+@router.patch("/{model_id}", response_model=ModelOut)
+def patch_model(
+    model_id: str,
+    body: ModelPatch,
+    principal: Principal = Depends(require_scope("admin")),
+    session: Session = Depends(get_session),
+):
+    """Change a model's settings an admin owns: ``requires_approval`` (audited)."""
+    model = service.set_requires_approval(
+        session, principal, service.get_model_or_404(session, model_id), body.requires_approval
+    )
+    session.commit()
+    return service.model_out(session, model)
 
 
 @router.get("/{model_id}/versions", response_model=list[VersionOut])

@@ -27,6 +27,13 @@ class DatasetRef(BaseModel):
     format: Literal["csv", "parquet"] | None = None
     row_id_column: str = Field(..., min_length=1, max_length=200)
     label_column: str = Field(..., min_length=1, max_length=200)
+    subject_column: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="The column naming the data subject each row is about (per-person erasure across models). It "
+        "is indexed only as keyed hashes and is never a feature.",
+    )
 
 
 class VerificationIn(NoNulModel):
@@ -55,6 +62,14 @@ class ModelCreate(NoNulModel):
     method_settings: TabularMethodSettings = Field(default_factory=dict, description="Per method: bounded settings.")
     holdout_fraction: float = Field(0.2, ge=0.0, lt=0.9, description="Rows kept out of training, for test accuracy.")
     verification: VerificationIn = Field(default_factory=VerificationIn)
+    requires_approval: bool = Field(False, description="Every deletion request waits for an admin's approval.")
+
+
+class ModelPatch(NoNulModel):
+    """What an admin may change on a registered model."""
+
+    model_config = ConfigDict(extra="forbid")
+    requires_approval: bool
 
 
 class VersionOut(BaseModel):
@@ -83,6 +98,8 @@ class ModelOut(BaseModel):
     created_at: datetime
     links: dict[str, str]
     federation: dict[str, Any] | None = None
+    requires_approval: bool = False
+    subject_column: str | None = None
 
 
 class ClipSpecIn(BaseModel):
@@ -129,6 +146,7 @@ class ClipModelCreate(NoNulModel):
     )
     unlearning: list[str] = Field(default_factory=lambda: ["ease"], max_length=16)
     method_settings: FederatedMethodSettings = Field(default_factory=dict, description="Per method: bounded settings.")
+    requires_approval: bool = Field(False, description="Every deletion request waits for an admin's approval.")
 
 
 class ForgetLockOut(BaseModel):

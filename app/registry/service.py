@@ -174,7 +174,18 @@ def register_model(
     fmt = detect_format(filename, body.dataset.format, data)
     from_path = bool(body.dataset.path)  # a server-side file: never echo what is in it
     columns = read_columns(data, fmt, from_path=from_path)
-    for role, column in (("row-id", body.dataset.row_id_column), ("label", body.dataset.label_column)):
+    roles = [("row-id", body.dataset.row_id_column), ("label", body.dataset.label_column)]
+    if body.dataset.subject_column is not None:
+        roles.append(("subject", body.dataset.subject_column))
+        if body.dataset.subject_column in (body.dataset.row_id_column, body.dataset.label_column):
+            raise Problem(
+                422,
+                "invalid-subject-column",
+                "The subject column must be a column of its own",
+                "it may be neither the row-id column nor the label column",
+                column=body.dataset.subject_column,
+            )
+    for role, column in roles:
         if column not in columns:
             if from_path:
                 raise Problem(422, "unknown-column", f"The {role} column is not in the data set", column=column)
@@ -207,7 +218,16 @@ def register_model(
         "holdout_fraction": body.holdout_fraction,
         "verification": body.verification.model_dump(),
     }
-    model = Model(name=body.name, kind=body.kind, dataset_id=dataset.id, spec=spec, state={})
+    if body.dataset.subject_column is not None:
+        spec["subject_column"] = body.dataset.subject_column
+    model = Model(
+        name=body.name,
+        kind=body.kind,
+        dataset_id=dataset.id,
+        spec=spec,
+        state={},
+        requires_approval=body.requires_approval,
+    )
     _add_with_training_job(
         session,
         principal,
@@ -219,6 +239,8 @@ def register_model(
             "job_id": job_id,
             "family": body.family,
             "unlearning": spec["unlearning"],
+            "requires_approval": body.requires_approval,
+            **({"subject_column": spec["subject_column"]} if "subject_column" in spec else {}),
         },
     )
     return model
@@ -300,6 +322,8 @@ def model_out(session: Session, model: Model) -> ModelOut:
         created_at=model.created_at,
         links=links,
         federation=federation,
+        requires_approval=bool(model.requires_approval),
+        subject_column=model.spec.get("subject_column"),
     )
 
 
@@ -347,7 +371,7 @@ def register_clip_model(session: Session, principal: Principal, body: ClipModelC
         "unlearning": list(dict.fromkeys(body.unlearning)),
         "method_settings": body.method_settings,
     }
-    model = Model(name=body.name, kind=body.kind, spec=spec_json, state={})
+    model = Model(name=body.name, kind=body.kind, spec=spec_json, state={}, requires_approval=body.requires_approval)
     _add_with_training_job(
         session,
         principal,
@@ -427,3 +451,19 @@ def submit_round(session: Session, principal: Principal, model: Model, data: byt
         payload={"digest": digest, "job_id": job.id},
     )
     return job
+
+
+def set_requires_approval(session: Session, principal: Principal, model: Model, required: bool) -> Model:
+    """Turn approval on or off for a model's future deletion requests (audited). Requests already waiting stay
+    waiting until approved or rejected; the intake's model snapshot sees the change within a second."""
+    if bool(model.requires_approval) != required:
+        model.requires_approval = required
+        append_event(
+            session,
+            actor=principal.actor,
+            action="model.updated",
+            entity_type="model",
+            entity_id=model.id,
+            payload={"requires_approval": required},
+        )
+    return model

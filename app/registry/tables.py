@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String, UniqueConstraint
+from sqlalchemy import BigInteger, Boolean, ForeignKey, Index, Integer, String, UniqueConstraint, false
 from sqlalchemy.orm import Mapped, mapped_column, validates
 
 from app.db import Base, JSONType, UTCDateTime, new_id, utcnow
@@ -57,6 +57,8 @@ class Model(Base):
     spec: Mapped[dict[str, Any]] = mapped_column(JSONType)  # family, recipe, label column, unlearning methods
     state: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)  # encoder, classes, method artifacts
     current_version_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
+    requires_approval: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # an admin approves each deletion request before any work starts (its job is created at approval)
     error: Mapped[str | None] = mapped_column(String(4000), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, onupdate=utcnow)

@@ -13,7 +13,7 @@ from app.auth.service import Principal, hash_key, presented_key, require_scope
 from app.config import get_settings
 from app.db import get_session
 from app.problems import Problem
-from app.requests import service
+from app.requests import bulk, service
 from app.requests.intake import get_batcher
 from app.requests.policy import check_request_settings
 from app.requests.schemas import DeletionRequestCreate, DeletionRequestOut, DeletionRequestPage
@@ -133,3 +133,54 @@ def retry_deletion_request(
             409, "deletion-in-progress", "Another unfinished request now holds some of these rows", request_id
         ) from None
     return service.to_out(request)
+
+
+class ApprovalIn(NoNulModel):
+    model_config = ConfigDict(extra="forbid")
+    note: str | None = Field(None, max_length=2000, description="Recorded in the audit log.")
+
+
+class RejectionIn(NoNulModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str = Field(..., min_length=3, max_length=2000, description="Told to the data subject and audited.")
+
+
+@router.post("/{request_id}/approve", response_model=DeletionRequestOut, status_code=202)
+def approve_deletion_request(
+    request_id: str,
+    body: ApprovalIn | None = None,
+    principal: Principal = Depends(require_scope("admin")),
+    session: Session = Depends(get_session),
+):
+    """Approve a request waiting for approval (its model ``requires_approval``): only now is its job created, so no
+    worker can have started it before (audited)."""
+    request = service.approve_request(session, principal, request_id, body.note if body else None)
+    session.commit()
+    return service.to_out(request)
+
+
+@router.post("/{request_id}/reject", response_model=DeletionRequestOut)
+def reject_deletion_request(
+    request_id: str,
+    body: RejectionIn,
+    principal: Principal = Depends(require_scope("admin")),
+    session: Session = Depends(get_session),
+):
+    """Refuse a request waiting for approval, with a reason (audited; its callback gets ``deletion.rejected``)."""
+    request = service.reject_request(session, principal, request_id, body.reason)
+    session.commit()
+    return service.to_out(request)
+
+
+@router.post("/bulk", response_model=bulk.BulkOut, dependencies=[Depends(require_json)])
+def bulk_action(
+    body: bulk.BulkIn,
+    principal: Principal = Depends(require_scope("admin")),
+    session: Session = Depends(get_session),
+):
+    """One operator action (cancel, retry, approve, reject, extend) over explicit ``ids`` or the list endpoint's
+    ``filter``. Each request is acted on and audited on its own; one that cannot take the action is skipped with the
+    reason. An empty selection, or one larger than ``LETHE_BULK_MAX_REQUESTS``, is refused as a whole (422)."""
+    out = bulk.run(session, principal, body)
+    session.commit()
+    return out

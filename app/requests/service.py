@@ -30,6 +30,9 @@ from app.requests.tables import TERMINAL_STATUSES, DeletionRequest, InflightRow
 from app.webhooks import service as webhooks
 
 META_METHODS = {AUTO}
+APPROVAL_STATUS = "pending-approval"
+"""A request on a model that ``requires_approval`` waits here, with no job, until an admin approves it (its deadline
+keeps running); approval creates its job and moves it to ``received``."""
 
 
 def body_fingerprint(body: DeletionRequestCreate) -> str:
@@ -284,6 +287,7 @@ def add_request(
 ) -> DeletionRequest:
     """Add request + job + audit event to the session (validated already; nothing is flushed here)."""
     received = body.received_at.astimezone(UTC) if body.received_at else utcnow()
+    held = bool(model.requires_approval)  # no job until an admin approves: nothing can be dispatched or claimed
     request = DeletionRequest(
         id=new_id(),
         model_id=model.id,
@@ -295,14 +299,16 @@ def add_request(
         api_key_id=principal.key_id,
         idempotency_key=idempotency_key,
         body_hash=fingerprint,
-        status="received",
+        status=APPROVAL_STATUS if held else "received",
         received_at=received,
         due_at=add_months(received, get_settings().deadline_months),
     )
-    job = new_job(
-        session, kind="deletion", model_id=model.id, model_kind=model.kind, request_id=request.id, flush=False
-    )
-    request.job_id = job.id
+    job = None
+    if not held:
+        job = new_job(
+            session, kind="deletion", model_id=model.id, model_kind=model.kind, request_id=request.id, flush=False
+        )
+        request.job_id = job.id
     session.add(request)
     if "sample_ids" in request.scope:  # hold the rows: a second request for one of them is answered with this one
         session.add_all(
@@ -323,7 +329,8 @@ def add_request(
             "subject_hash": request.subject_hash,
             "scope": scope_summary,
             "method": body.method,
-            "job_id": job.id,
+            "job_id": job.id if job else None,
+            **({"awaiting_approval": True} if held else {}),
         },
         flush=False,
     )
@@ -671,10 +678,27 @@ def extend_deadline(session: Session, principal: Principal, request_id: str, mon
     return request
 
 
+def _leave_approval(session: Session, request: DeletionRequest, status: str) -> bool:
+    """Compare-and-set out of ``pending-approval`` (two admins acting at once: exactly one wins)."""
+    now = utcnow()
+    moved = session.execute(
+        update(DeletionRequest)
+        .where(DeletionRequest.id == request.id, DeletionRequest.status == APPROVAL_STATUS)
+        .values(status=status, updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    if moved.rowcount != 1:
+        return False
+    request.status, request.updated_at = status, now
+    return True
+
+
 def cancel_request(session: Session, principal: Principal, request_id: str):
-    """Cancel a request no worker has started; its rows are released."""
+    """Cancel a request no worker has started (or one still waiting for approval); its rows are released."""
     request = get_request_or_404(session, request_id)
-    if request.status not in WAITING_STATUSES or not request.job_id or not cancel_job(session, request.job_id):
+    if request.status == APPROVAL_STATUS and _leave_approval(session, request, "cancelled"):
+        pass
+    elif request.status not in WAITING_STATUSES or not request.job_id or not cancel_job(session, request.job_id):
         raise Problem(
             409, "request-started", "Only a request no worker has started can be cancelled",
             f"status is {request.status!r}",
@@ -714,4 +738,52 @@ def retry_request(session: Session, principal: Principal, request_id: str):
         entity_id=request.id,
         payload={"job_id": job.id, "previous_job_id": previous},
     )
+    return request
+
+
+def approve_request(session: Session, principal: Principal, request_id: str, note: str | None = None):
+    """Approve a request waiting for approval: its job is created now, so the dispatcher can hand it to a worker."""
+    request = get_request_or_404(session, request_id)
+    if not _leave_approval(session, request, "received"):
+        raise Problem(
+            409, "not-awaiting-approval", "Only a request waiting for approval can be approved",
+            f"status is {request.status!r}",
+        )  # fmt: skip
+    model = session.get(Model, request.model_id)
+    job = new_job(session, kind="deletion", model_id=model.id, model_kind=model.kind, request_id=request.id)
+    request.job_id = job.id
+    append_event(
+        session,
+        actor=principal.actor,
+        action="deletion_request.approved",
+        entity_type="deletion_request",
+        entity_id=request.id,
+        payload={"job_id": job.id, **({"note": note} if note else {})},
+    )
+    return request
+
+
+def reject_request(session: Session, principal: Principal, request_id: str, reason: str):
+    """Refuse a request waiting for approval (``rejected``, with the reason; its rows are released, its callback
+    told). Nothing was run, so nothing is erased."""
+    request = get_request_or_404(session, request_id)
+    if not _leave_approval(session, request, "rejected"):
+        raise Problem(
+            409, "not-awaiting-approval", "Only a request waiting for approval can be rejected",
+            f"status is {request.status!r}",
+        )  # fmt: skip
+    now = utcnow()
+    request.completed_at = now
+    request.error = {"type": "https://lethe.dev/problems/rejected-by-operator", "detail": reason, "attempts": 0}
+    _hash_sample_ids(request)
+    release_rows(session, request.id)
+    append_event(
+        session,
+        actor=principal.actor,
+        action="deletion_request.rejected",
+        entity_type="deletion_request",
+        entity_id=request.id,
+        payload={"reason": reason},
+    )
+    _queue_callback(session, request, "deletion.rejected")
     return request

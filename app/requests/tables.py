@@ -8,7 +8,17 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db import Base, JSONType, UTCDateTime, new_id, utcnow
 
-REQUEST_STATUSES = ("received", "queued", "running", "verifying", "certified", "failed", "rejected", "cancelled")
+REQUEST_STATUSES = (
+    "pending-approval",  # on a model that requires approval: no job yet, waiting for an admin
+    "received",
+    "queued",
+    "running",
+    "verifying",
+    "certified",
+    "failed",
+    "rejected",
+    "cancelled",
+)
 TERMINAL_STATUSES = ("certified", "failed", "rejected", "cancelled")
 
 
