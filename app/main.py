@@ -21,6 +21,7 @@ from app.registry.router import router as registry_router
 from app.reports.router import router as reports_router
 from app.requests.intake import reset_batcher
 from app.requests.router import router as requests_router
+from app.subjects.router import router as subjects_router
 from app.webhooks.router import router as webhooks_router
 
 log = logging.getLogger("lethe")
@@ -128,6 +129,7 @@ def create_app(run_background: bool | None = None) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware)
     app.include_router(registry_router)
     app.include_router(requests_router)
+    app.include_router(subjects_router)
     app.include_router(audit_router)
     app.include_router(jobs_router)
     app.include_router(reports_router)

@@ -7,9 +7,15 @@ import hashlib
 import json
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.certificates.signing import build_deletion_predicate, issue_certificate
+from app.certificates.signing import (
+    build_deletion_predicate,
+    build_subject_erasure_predicate,
+    issue_certificate,
+    issue_subject_erasure_certificate,
+)
 from app.certificates.tables import Certificate
 from app.problems import Problem
 
@@ -70,3 +76,40 @@ def get_certificate_or_404(session: Session, certificate_id: str) -> Certificate
     if certificate is None:
         raise Problem(404, "certificate-not-found", "No such certificate", certificate_id)
     return certificate
+
+
+def by_ids(session: Session, certificate_ids: list[str]) -> dict[str, Certificate]:
+    rows = session.execute(select(Certificate).where(Certificate.id.in_(certificate_ids))).scalars()
+    return {c.id: c for c in rows}
+
+
+def sign_subject_erasure(
+    *,
+    erasure_id: str,
+    subject_hash: str,
+    children: list[tuple[str, str, Certificate]],
+    audit_head: dict[str, Any],
+    requested_at: Any,
+    completed_at: Any,
+) -> tuple[dict[str, Any], str]:
+    """The combined certificate of a per-person erasure, over its children's certificates ``(request id, model id,
+    certificate)``: returns the DSSE envelope and its digest (the subjects domain stores it with the erasure)."""
+    predicate = build_subject_erasure_predicate(
+        erasure_id=erasure_id,
+        subject_hash=subject_hash,
+        children=[
+            {
+                "request_id": request_id,
+                "model_id": model_id,
+                "certificate_id": certificate.id,
+                "certificate_digest": certificate.digest,
+                "new_version_digest": certificate.subject_digest,
+            }
+            for request_id, model_id, certificate in children
+        ],
+        audit_chain_head=audit_head,
+        requested_at=requested_at,
+        completed_at=completed_at,
+    )
+    envelope = issue_subject_erasure_certificate(predicate)
+    return envelope, envelope_digest(envelope)

@@ -65,6 +65,11 @@ log = logging.getLogger("lethe.certificates")
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://lethe.dev/deletion-certificate/v1"
+SUBJECT_ERASURE_PREDICATE_TYPE = "https://lethe.dev/subject-erasure-certificate/v1"
+"""A per-person erasure's combined certificate: the Statement's subjects are the child deletion certificates (each
+named ``deletion-certificate:<id>``, digest: the sha256 of its envelope as JSON with sorted keys and no spaces, the
+digest the service records for it), the predicate lists each child."""
+PREDICATE_TYPES = (PREDICATE_TYPE, SUBJECT_ERASURE_PREDICATE_TYPE)
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 DSSE_PAE_PREFIX = b"DSSEv1"
 ALGORITHM = "Ed25519"
@@ -570,6 +575,74 @@ def issue_certificate(
     return sign_envelope(statement, signer=signer)
 
 
+def build_subject_erasure_predicate(
+    *,
+    erasure_id: str,
+    subject_hash: str,
+    children: list[Mapping[str, Any]],
+    audit_chain_head: Mapping[str, Any],
+    requested_at: datetime | str,
+    completed_at: datetime | str,
+    issued_at: datetime | str | None = None,
+) -> dict[str, Any]:
+    """The combined certificate's predicate: ``children`` holds, per model, ``request_id``, ``model_id``,
+    ``certificate_id``, ``certificate_digest`` (sha256 of the child's envelope) and ``new_version_digest``."""
+    listed = []
+    for child in children:
+        listed.append(
+            {
+                "request_id": str(child["request_id"]),
+                "model_id": str(child["model_id"]),
+                "certificate_id": str(child["certificate_id"]),
+                "certificate_digest": _check_digest(child["certificate_digest"], "certificate_digest"),
+                "new_version_digest": _check_digest(child["new_version_digest"], "new_version_digest"),
+            }
+        )
+    return {
+        "erasure_id": str(erasure_id),
+        "subject_hash": subject_hash,
+        "children": listed,
+        "audit_chain_head": dict(audit_chain_head),
+        "timestamps": {
+            "requested_at": utc_timestamp(requested_at),
+            "completed_at": utc_timestamp(completed_at),
+            "issued_at": utc_timestamp(issued_at),
+        },
+    }
+
+
+def issue_subject_erasure_certificate(
+    predicate: Mapping[str, Any], *, keystore: KeyStore | None = None
+) -> dict[str, Any]:
+    """Sign a combined certificate whose subjects are the child certificates (by the digest of each envelope)."""
+    signer = (keystore or default_keystore()).active_signer()
+    subjects = [
+        {"name": f"deletion-certificate:{c['certificate_id']}", "digest": {"sha256": c["certificate_digest"]}}
+        for c in predicate["children"]
+    ]
+    if not subjects:
+        raise ValueError("a combined certificate lists at least one child certificate")
+    statement = {
+        "_type": STATEMENT_TYPE,
+        "subject": subjects,
+        "predicateType": SUBJECT_ERASURE_PREDICATE_TYPE,
+        "predicate": {**predicate, "key_id": signer.key_id},
+    }
+    _canonical_json(statement)
+    return sign_envelope(statement, signer=signer)
+
+
+def _check_children(statement: Mapping[str, Any]) -> None:
+    """A combined certificate's subjects and its predicate's children must name the same child certificates."""
+    children = statement["predicate"].get("children")
+    if not isinstance(children, list) or not children or not all(isinstance(c, dict) for c in children):
+        raise InvalidCertificate("inconsistent", "the combined certificate lists no child certificates")
+    listed = sorted(str(c.get("certificate_digest")) for c in children)
+    subjects = sorted(s["digest"]["sha256"] for s in statement["subject"])
+    if listed != subjects:
+        raise InvalidCertificate("inconsistent", "the children's certificate digests are not the statement's subjects")
+
+
 # --------------------------------------------------------------------------------------------------- verification
 
 
@@ -644,7 +717,7 @@ def _check_signatures(
     )
 
 
-def _parse_statement(payload: bytes, predicate_type: str | None) -> dict[str, Any]:
+def _parse_statement(payload: bytes, predicate_type: str | tuple[str, ...] | None) -> dict[str, Any]:
     try:
         statement = parse_strict_json(payload)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -663,9 +736,11 @@ def _parse_statement(payload: bytes, predicate_type: str | None) -> dict[str, An
             raise InvalidCertificate("not-a-statement", "a subject lacks a sha256 digest (64 lowercase hex)")
     if not isinstance(statement.get("predicateType"), str) or not isinstance(statement.get("predicate"), dict):
         raise InvalidCertificate("not-a-statement", "the statement lacks predicateType or an object predicate")
-    if predicate_type is not None and statement["predicateType"] != predicate_type:
+    accepted = (predicate_type,) if isinstance(predicate_type, str) else predicate_type
+    if accepted is not None and statement["predicateType"] not in accepted:
         raise InvalidCertificate(
-            "wrong-predicate-type", f"predicateType is {statement['predicateType']!r}, expected {predicate_type!r}"
+            "wrong-predicate-type",
+            f"predicateType is {statement['predicateType']!r}, expected {' or '.join(map(repr, accepted))}",
         )
     return statement
 
@@ -674,7 +749,7 @@ def verify_envelope(
     envelope: Mapping[str, Any] | str | bytes,
     keys: Mapping[str, Any],
     *,
-    predicate_type: str | None = PREDICATE_TYPE,
+    predicate_type: str | tuple[str, ...] | None = PREDICATE_TYPE,
 ) -> VerifiedCertificate:
     """Check a certificate offline, the DSSE way: signature over PAE first, then parse only authenticated bytes.
 
@@ -700,7 +775,9 @@ def verify_envelope(
         raise InvalidCertificate(
             "inconsistent", f"the predicate names key {predicate['key_id']!r} but key {signed_by} signed it"
         )
-    if "new_version_digest" in predicate and predicate["new_version_digest"] != subject["digest"]["sha256"]:
+    if statement["predicateType"] == SUBJECT_ERASURE_PREDICATE_TYPE:
+        _check_children(statement)
+    elif "new_version_digest" in predicate and predicate["new_version_digest"] != subject["digest"]["sha256"]:
         raise InvalidCertificate("inconsistent", "the predicate's new_version_digest is not the subject's digest")
     return VerifiedCertificate(
         key_id=signed_by,

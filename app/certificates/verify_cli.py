@@ -14,6 +14,8 @@ from typing import Any
 import httpx
 
 from app.certificates.signing import (
+    PREDICATE_TYPES,
+    SUBJECT_ERASURE_PREDICATE_TYPE,
     InvalidCertificate,
     InvalidKeys,
     VerifiedCertificate,
@@ -104,6 +106,20 @@ def load_keys(source: str, *, timeout: float = KEYS_TIMEOUT_SECONDS) -> dict[str
 def describe(certificate: VerifiedCertificate) -> str:
     """One human-readable summary of a valid certificate."""
     predicate = certificate.predicate
+    if certificate.predicate_type == SUBJECT_ERASURE_PREDICATE_TYPE:
+        children = predicate.get("children") or []
+        timestamps = predicate.get("timestamps") if isinstance(predicate.get("timestamps"), dict) else {}
+        lines = [
+            f"VALID: combined erasure certificate {predicate.get('erasure_id')} for subject hash "
+            f"{predicate.get('subject_hash')}: {len(children)} model(s), each with its own certificate"
+        ]
+        lines += [
+            f"  model {c.get('model_id')}: request {c.get('request_id')}, certificate {c.get('certificate_id')} "
+            f"sha256:{c.get('certificate_digest')}"
+            for c in children
+        ]
+        lines.append(f"  issued {timestamps.get('issued_at')}, signed by key {certificate.key_id}")
+        return "\n".join(lines)
     method = predicate.get("method") if isinstance(predicate.get("method"), dict) else {}
     verification = predicate.get("verification") if isinstance(predicate.get("verification"), dict) else {}
     timestamps = predicate.get("timestamps") if isinstance(predicate.get("timestamps"), dict) else {}
@@ -123,7 +139,7 @@ def verify_file(path: Path | str, keys_source: str) -> tuple[bool, str]:
     data = _read_file(Path(path), MAX_CERTIFICATE_BYTES, "certificate")
     keys = load_keys(keys_source)
     try:
-        certificate = verify_envelope(data, keys)
+        certificate = verify_envelope(data, keys, predicate_type=PREDICATE_TYPES)
     except InvalidCertificate as exc:
         return False, f"INVALID ({exc.code}): {exc.reason}"
     return True, describe(certificate)

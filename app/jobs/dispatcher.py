@@ -21,6 +21,7 @@ from app.jobs.outbox import mark_dispatched
 from app.jobs.tables import Job
 from app.registry.versions import shred_due
 from app.requests.service import flag_overdue, mark_queued
+from app.subjects.service import settle_due
 from app.webhooks.sender import WebhookSender
 
 log = logging.getLogger("lethe.dispatcher")
@@ -100,6 +101,11 @@ class Dispatcher:
             for job in jobs:
                 if job.request_id:
                     mark_queued(session, job.request_id, job.id, job.queue)
+        try:
+            with session_scope() as session:  # its own transaction: a failure here never holds up dispatching
+                settle_due(session)  # per-person erasures whose last children were certified at the same moment
+        except Exception:
+            log.exception("settling subject erasures failed; retrying next tick")
         sent = 0
         for job in jobs:
             try:

@@ -13,6 +13,7 @@ from app.jobs.work import Attempt, DeletionWork, ErasurePlan
 from app.registry import versions as registry
 from app.reports import service as reports_service
 from app.requests import service as requests
+from app.subjects import service as subjects
 
 
 def _record_reports(session, work: DeletionWork, attempts: list[Attempt]) -> list:
@@ -101,5 +102,6 @@ def publish(
             certificate.id,
             certificate.digest,
         )
+        subjects.on_request_certified(session, request_id)  # a per-person erasure's last child: combined certificate
         outbox.finish(session, job_row, {"version_id": version.id, "digest": version.digest})
     release_freed_pages()

@@ -43,6 +43,7 @@ from app.ml.verification.shadows import (
 from app.registry import versions as registry
 from app.registry.tables import Dataset, Model
 from app.storage import get_store
+from app.subjects import service as subjects
 
 DEFAULT_SHADOWS = 64
 """LiRA shadows per model unless the registration says otherwise (Carlini et al. use 64 for per-example variance)."""
@@ -122,15 +123,22 @@ def _encoded_key(digest: str, encoder: dict | None, label_column: str, row_id_co
 
 
 def _load_encoded(
-    dataset_digest: str, encoder_json: str | None, label_column: str, row_id_column: str, n_positions: int | None
+    dataset_digest: str,
+    encoder_json: str | None,
+    label_column: str,
+    row_id_column: str,
+    n_positions: int | None,
+    exclude: tuple[str, ...] = (),
 ) -> TabularData:
-    key = (dataset_digest, encoder_json, label_column, row_id_column, n_positions)
+    """``exclude``: further columns that are no feature (the subject column), for the first fit only (a stored
+    encoder already names its feature columns)."""
+    key = (dataset_digest, encoder_json, label_column, row_id_column, n_positions) + ((exclude,) if exclude else ())
     cached = ENCODED.get(key)
     if cached is not None:
         return cached
     df = _frame(dataset_digest)
     if encoder_json is None:
-        encoder = TableEncoder.fit(df, label_column, exclude=[row_id_column, POSITION_COLUMN])
+        encoder = TableEncoder.fit(df, label_column, exclude=[row_id_column, POSITION_COLUMN, *exclude])
     else:
         encoder = TableEncoder.from_dict(json.loads(encoder_json))
     X, y, ids = encoder.transform(df), encoder.encode_labels(df[label_column]), df[row_id_column].astype(str).to_numpy()
@@ -149,7 +157,8 @@ def load_tabular(dataset: Dataset, model: Model) -> TabularData:
     key = _encoded_key(
         dataset.digest, model.state.get("encoder"), dataset.label_column, dataset.row_id_column, dataset.n_positions
     )
-    return _load_encoded(*key)
+    subject_column = (getattr(model, "spec", None) or {}).get("subject_column")
+    return _load_encoded(*key, exclude=(subject_column,) if subject_column and not model.state.get("encoder") else ())
 
 
 def remember_erased(
@@ -278,6 +287,11 @@ def train(job: Job, ctx: JobContext) -> None:
         with session_scope() as session:
             ctx.assert_lease(session)
             registry.index_rows(session, dataset.id, data.row_ids.tolist(), data.encoder.decode_labels(data.y))
+            if model.spec.get("subject_column"):  # per-person erasure: the subject of each row, as keyed hashes only
+                frame = _frame(dataset.digest)
+                positions = frame[POSITION_COLUMN] if POSITION_COLUMN in frame.columns else range(len(frame))
+                values = frame[model.spec["subject_column"]].tolist()
+                subjects.index_rows(session, dataset.id, zip(positions, values, strict=True))
             version = registry.add_version(
                 session,
                 draft,

@@ -1,0 +1,104 @@
+"""Per-person erasure across models: ``POST /v1/subjects/erasures`` and the subject's requests by keyed hash."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Query
+from fastapi.responses import JSONResponse
+from sqlalchemy.orm import Session
+
+from app.auth.service import Principal, require_scope
+from app.config import get_settings
+from app.db import get_session
+from app.problems import Problem
+from app.requests.router import require_json
+from app.requests.service import to_out
+from app.subjects import service
+from app.subjects.schemas import ErasureCreate, ErasureOut, SubjectRequestsOut
+
+router = APIRouter(prefix="/v1/subjects", tags=["subjects"])
+
+
+@router.post(
+    "/erasures",
+    status_code=202,
+    response_model=ErasureOut,
+    dependencies=[Depends(require_json)],
+    responses={
+        202: {"description": "One deletion request per model holding the subject's rows; poll the Location."},
+        404: {"description": "No model holds rows of this subject (problem+json, type subject-not-found)."},
+    },
+)
+def create_erasure(
+    body: ErasureCreate,
+    principal: Principal = Depends(require_scope("requests:write")),
+    session: Session = Depends(get_session),
+):
+    """Erase one data subject from every model registered with a ``subject_column`` that holds rows of theirs. The
+    subject reference is used only to compute its keyed hash; each child is a normal deletion request (validated,
+    audited, approval-gated like any other). The parent is ``certified`` once every child is, with one combined
+    certificate listing each child's."""
+    erasure = service.create_erasure(session, principal, body)
+    session.commit()
+    out = service.erasure_out(session, erasure)
+    return JSONResponse(
+        out.model_dump(mode="json"),
+        status_code=202,
+        headers={
+            "Location": f"/v1/subjects/erasures/{erasure.id}",
+            "Retry-After": str(get_settings().retry_after_seconds),
+        },
+    )
+
+
+@router.get("/erasures/{erasure_id}", response_model=ErasureOut)
+def get_erasure(
+    erasure_id: str, _: Principal = Depends(require_scope("requests:read")), session: Session = Depends(get_session)
+):
+    return service.erasure_out(session, service.get_erasure_or_404(session, erasure_id))
+
+
+@router.get("/erasures/{erasure_id}/certificate", summary="The combined certificate (DSSE envelope)")
+def get_erasure_certificate(
+    erasure_id: str, _: Principal = Depends(require_scope("requests:read")), session: Session = Depends(get_session)
+) -> JSONResponse:
+    """The combined certificate as signed; check it offline with ``lethe verify-certificate FILE --keys ...``."""
+    erasure = service.get_erasure_or_404(session, erasure_id)
+    if erasure.certificate is None:
+        raise Problem(
+            404,
+            "certificate-not-issued",
+            "The combined certificate is not issued yet",
+            "It is issued once every child deletion request is certified.",
+        )
+    return JSONResponse(
+        erasure.certificate,
+        headers={
+            "ETag": f'"{erasure.certificate_digest}"',
+            "Content-Disposition": f'inline; filename="erasure-{erasure.id}.json"',
+        },
+    )
+
+
+@router.get("/{subject_hash}/requests", response_model=SubjectRequestsOut)
+def subject_requests(
+    subject_hash: str,
+    _: Principal = Depends(require_scope("requests:read")),
+    session: Session = Depends(get_session),
+    limit: int = Query(100, ge=1, le=500),
+):
+    """A data subject's deletion requests and erasures, by the keyed hash every request reports as
+    ``subject_hash`` (the raw reference is never stored, so it cannot be searched for)."""
+    found, erasures = service.requests_of(session, subject_hash, limit)
+    return SubjectRequestsOut(
+        subject_hash=subject_hash,
+        requests=[to_out(r) for r in found],
+        erasures=[
+            {
+                "id": e.id,
+                "created_at": e.created_at.isoformat(),
+                "certificate_digest": e.certificate_digest,
+                "links": {"self": f"/v1/subjects/erasures/{e.id}"},
+            }
+            for e in erasures
+        ],
+    )

@@ -1,0 +1,218 @@
+"""Per-person erasure across models (item 4): a subject column indexed as keyed hashes only, one erasure fanning out
+to one deletion request per model, one combined certificate that verifies offline (embedded default, SQLite)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select, update
+
+from app.certificates import signing
+from app.certificates.service import envelope_digest
+from app.certificates.verify_cli import verify_file
+from app.config import get_settings
+from app.db import session_scope
+from app.main import create_app
+from app.registry.tables import Model
+from app.subjects.service import settle_due, subject_hash
+from app.subjects.tables import SubjectErasure, SubjectRow
+from tests.helpers import configure, make_key, wait_for, write_table
+
+SCOPES = ["models:write", "requests:write", "requests:read", "audit:read", "admin"]
+ALICE = "alice.subject-7f3a9c@example.org"  # a value that appears nowhere else
+BOB = "bob.subject-2b8d1e@example.org"
+
+
+def _table(path: Path, n: int, seed: int, prefix: str, people: dict[str, list[int]]) -> None:
+    frame = write_table(path, n=n, seed=seed)
+    frame["row_id"] = [f"{prefix}{i}" for i in range(n)]
+    frame["person"] = [f"other-{i % 17}" for i in range(n)]
+    for person, rows in people.items():
+        frame.loc[rows, "person"] = person
+    frame.to_csv(path, index=False)
+
+
+def _register(client, path: Path, name: str, subject_column: str | None = "person") -> str:
+    metadata = {
+        "name": name,
+        "verification": {"shadows": 8},
+        "dataset": {"row_id_column": "row_id", "label_column": "label", "subject_column": subject_column},
+    }
+    with path.open("rb") as handle:
+        response = client.post(
+            "/v1/models", data={"metadata": json.dumps(metadata)}, files={"file": (path.name, handle, "text/csv")}
+        )
+    assert response.status_code == 202, response.text
+    return response.json()["id"]
+
+
+@pytest.fixture
+def two_models(tmp_path):
+    configure(tmp_path / "home", poll_seconds="0.05")
+    headers = {"authorization": f"Bearer {make_key(SCOPES)}"}
+    _table(tmp_path / "a.csv", 150, 1, "a", {ALICE: [3, 40, 77], BOB: [5]})
+    _table(tmp_path / "b.csv", 140, 2, "b", {ALICE: [11, 90]})
+    _table(tmp_path / "c.csv", 120, 3, "c", {BOB: [8]})
+    with TestClient(create_app(run_background=True), headers=headers) as client:
+        ids = [_register(client, tmp_path / f"{n}.csv", n) for n in ("a", "b", "c")]
+        for model_id in ids:
+            wait_for(lambda m=model_id: client.get(f"/v1/models/{m}").json()["status"] == "ready", 180, what="ready")
+    return headers, ids
+
+
+def _database_bytes() -> bytes:
+    path = get_settings().local_database_path
+    return b"".join(p.read_bytes() for p in path.parent.glob(path.name + "*"))
+
+
+def _wait_erasure(client, erasure_id: str) -> dict:
+    return wait_for(
+        lambda: (b := client.get(f"/v1/subjects/erasures/{erasure_id}").json())["status"] != "in-progress" and b,
+        timeout=300,
+        interval=0.3,
+        what=f"erasure {erasure_id}",
+    )
+
+
+def test_the_subject_column_is_indexed_as_keyed_hashes_and_is_no_feature(two_models):
+    headers, (a, b, c) = two_models
+    with session_scope() as session:
+        hashed = subject_hash(ALICE)
+        assert session.execute(select(func.count()).where(SubjectRow.subject_hash == hashed)).scalar() == 5
+        encoder = session.get(Model, a).state["encoder"]
+    assert "colour" in json.dumps(encoder) and "person" not in json.dumps(
+        encoder
+    )  # never a feature: the model cannot have learnt who is who
+    assert ALICE.encode() not in _database_bytes()  # the raw value lives only in the data set's own rows
+    with TestClient(create_app(run_background=False), headers=headers) as client:
+        model = client.get(f"/v1/models/{a}").json()
+        assert model["subject_column"] == "person"
+        bad = {"name": "x", "dataset": {"row_id_column": "row_id", "label_column": "label", "subject_column": "nope"}}
+        refused = client.post(
+            "/v1/models", data={"metadata": json.dumps(bad)}, files={"file": ("t.csv", b"row_id,label\n1,a\n")}
+        )
+        assert refused.status_code == 422 and refused.json()["type"].endswith("/unknown-column")
+
+
+def test_an_erasure_across_two_models_ends_with_one_combined_certificate(two_models, tmp_path):
+    headers, (a, b, c) = two_models
+    with TestClient(create_app(run_background=True), headers=headers) as client:
+        missing = client.post("/v1/subjects/erasures", json={"subject_ref": "nobody@example.org"})
+        assert missing.status_code == 404 and missing.json()["type"].endswith("/subject-not-found")
+        assert missing.headers["content-type"].startswith("application/problem+json")
+
+        created = client.post("/v1/subjects/erasures", json={"subject_ref": ALICE, "method": "retrain"})
+        assert created.status_code == 202, created.text
+        erasure = created.json()
+        assert created.headers["location"] == f"/v1/subjects/erasures/{erasure['id']}"
+        assert erasure["subject_hash"] == subject_hash(ALICE)
+        assert {ch["model_id"]: ch["n_samples"] for ch in erasure["children"]} == {a: 3, b: 2}  # not c: no rows
+        first = client.get(erasure["children"][0]["links"]["self"]).json()
+        assert sorted(first["scope"]["sample_ids"]) in (["a3", "a40", "a77"], ["b11", "b90"])
+        assert first["subject_hash"] == erasure["subject_hash"]
+
+        done = _wait_erasure(client, erasure["id"])
+        assert done["status"] == "certified", done
+        assert done["children_by_status"] == {"certified": 2}
+        envelope = client.get(done["links"]["certificate"]).json()
+        statement = json.loads(base64.b64decode(envelope["payload"]))
+        assert statement["predicateType"] == signing.SUBJECT_ERASURE_PREDICATE_TYPE
+        predicate = statement["predicate"]
+        assert predicate["erasure_id"] == erasure["id"] and predicate["subject_hash"] == erasure["subject_hash"]
+        for child in done["children"]:
+            child_envelope = client.get(child["links"]["certificate"]).json()
+            listed = next(x for x in predicate["children"] if x["request_id"] == child["request_id"])
+            assert listed["certificate_digest"] == envelope_digest(child_envelope) == child["certificate_digest"]
+        assert sorted(s["digest"]["sha256"] for s in statement["subject"]) == sorted(
+            x["certificate_digest"] for x in predicate["children"]
+        )
+        keys = client.get("/.well-known/lethe-keys.json").json()
+        cert_path, keys_path = tmp_path / "combined.json", tmp_path / "keys.json"
+        cert_path.write_text(json.dumps(envelope))
+        keys_path.write_text(json.dumps(keys))
+        ok, message = verify_file(cert_path, str(keys_path))
+        assert ok and "combined erasure certificate" in message and "2 model(s)" in message, message
+        tampered = dict(envelope, payload=base64.b64encode(base64.b64decode(envelope["payload"]) + b" ").decode())
+        cert_path.write_text(json.dumps(tampered))
+        ok, message = verify_file(cert_path, str(keys_path))
+        assert not ok and "bad-signature" in message
+
+        found = client.get(f"/v1/subjects/{erasure['subject_hash']}/requests").json()
+        assert {r["id"] for r in found["requests"]} == {ch["request_id"] for ch in erasure["children"]}
+        assert [e["id"] for e in found["erasures"]] == [erasure["id"]]
+        assert client.get("/v1/subjects/not-a-hash/requests").status_code == 422
+        events = [e["action"] for e in client.get("/v1/audit", params={"entity_id": erasure["id"]}).json()["items"]]
+        assert events == ["subject_erasure.received", "subject_erasure.certified"]
+
+        with session_scope() as session:  # erased rows took their subject index entries with them
+            assert (
+                session.execute(select(func.count()).where(SubjectRow.subject_hash == subject_hash(ALICE))).scalar()
+                == 0
+            )
+            assert (
+                session.execute(select(func.count()).where(SubjectRow.subject_hash == subject_hash(BOB))).scalar() == 2
+            )
+        again = client.post("/v1/subjects/erasures", json={"subject_ref": ALICE})
+        assert again.status_code == 404
+    assert ALICE.encode() not in _database_bytes()
+
+    with session_scope() as session:  # the sweep issues a certificate the publishing transaction could not
+        session.execute(update(SubjectErasure).values(certificate=None, certificate_digest=None, completed_at=None))
+    with session_scope() as session:
+        assert settle_due(session) == 1
+    with session_scope() as session:
+        assert settle_due(session) == 0  # once
+
+
+def test_a_child_refused_refuses_the_whole_erasure(two_models):
+    headers, (a, b, c) = two_models
+    with TestClient(create_app(run_background=False), headers=headers) as client:
+        held = client.post(
+            "/v1/deletion-requests",
+            json={"subject_ref": "x", "model_id": c, "scope": {"kind": "samples", "sample_ids": ["c8"]}},
+        )
+        assert held.status_code == 202
+        refused = client.post("/v1/subjects/erasures", json={"subject_ref": BOB})
+        assert refused.status_code == 409 and refused.json()["type"].endswith("/deletion-in-progress")
+        assert refused.json()["model_id"] == c
+        unknown = client.post("/v1/subjects/erasures", json={"subject_ref": BOB, "method": "no-such-method"})
+        assert unknown.status_code == 422 and unknown.json()["type"].endswith("/unknown-method")
+        with session_scope() as session:
+            assert session.execute(select(func.count()).select_from(SubjectErasure)).scalar() == 0
+        reader = make_key(["requests:read"], name="reader")
+        forbidden = client.post(
+            "/v1/subjects/erasures", json={"subject_ref": BOB}, headers={"authorization": f"Bearer {reader}"}
+        )
+        assert forbidden.status_code == 403
+
+
+def test_an_inconsistent_combined_certificate_is_refused(tmp_path):
+    configure(tmp_path / "home")
+    child = {"request_id": "r", "model_id": "m", "certificate_id": "c", "certificate_digest": "ab" * 32,
+             "new_version_digest": "cd" * 32}  # fmt: skip
+    predicate = signing.build_subject_erasure_predicate(
+        erasure_id="e", subject_hash="f" * 64, children=[child], audit_chain_head={}, requested_at=None,
+        completed_at=None,
+    )  # fmt: skip
+    keys = signing.public_keys()
+    verified = signing.verify_envelope(
+        signing.issue_subject_erasure_certificate(predicate), keys, predicate_type=signing.PREDICATE_TYPES
+    )
+    assert verified.predicate["children"][0]["certificate_digest"] == "ab" * 32
+    with pytest.raises(signing.InvalidCertificate) as refused:  # only deletion certificates by default
+        signing.verify_envelope(signing.issue_subject_erasure_certificate(predicate), keys)
+    assert refused.value.code == "wrong-predicate-type"
+    signer = signing.default_keystore().active_signer()
+    forged = {
+        "_type": signing.STATEMENT_TYPE,
+        "subject": [{"name": "deletion-certificate:c", "digest": {"sha256": "ee" * 32}}],
+        "predicateType": signing.SUBJECT_ERASURE_PREDICATE_TYPE,
+        "predicate": {**predicate, "key_id": signer.key_id},
+    }
+    with pytest.raises(signing.InvalidCertificate) as inconsistent:
+        signing.verify_envelope(signing.sign_envelope(forged), keys, predicate_type=signing.PREDICATE_TYPES)
+    assert inconsistent.value.code == "inconsistent"
