@@ -76,6 +76,7 @@ def test_nothing_runs_before_approval(setup):
         assert sent == [] and client.get(f"/v1/deletion-requests/{body['id']}").json()["status"] == "pending-approval"
         listed = client.get("/v1/deletion-requests", params={"status": "pending-approval"}).json()["items"]
         assert [r["id"] for r in listed] == [body["id"]]
+        assert 'lethe_deletion_requests{status="pending-approval"} 1.0' in client.get("/metrics").text
 
         reader = make_key(["requests:read", "requests:write"], name="no-admin")
         refused = client.post(
