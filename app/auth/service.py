@@ -216,4 +216,5 @@ def require_scope(scope: str, *alternatives: str):
             raise problem
         return principal
 
+    _check.scopes = (scope, *alternatives)  # read by app/openapi.py: the operation's documented security
     return _check
