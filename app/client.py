@@ -238,9 +238,9 @@ class Readiness(_Out):
 
 
 class LetheClient:
-    """Lethe's API. ``base_url`` and ``api_key`` default to ``LETHE_URL`` and ``LETHE_API_KEY``; ``transport`` (an
-    httpx transport, e.g. ``httpx.ASGITransport``) or ``http`` (a ready ``httpx.Client`` such as FastAPI's
-    TestClient) point it at an app in the same process."""
+    """Lethe's API. ``base_url`` and ``api_key`` default to ``LETHE_URL`` and ``LETHE_API_KEY``. ``transport`` (an
+    httpx transport) or ``http`` (a ready ``httpx.Client``, such as FastAPI's TestClient, used as it is) point it at
+    an app in the same process."""
 
     def __init__(
         self,
@@ -251,12 +251,12 @@ class LetheClient:
         transport: httpx.BaseTransport | None = None,
         http: httpx.Client | None = None,
     ):
-        self.api_key = api_key if api_key is not None else os.environ.get("LETHE_API_KEY")
-        if http is not None:
-            self.http, self._owned = http, False
-            if self.api_key and "authorization" not in http.headers:
-                http.headers["authorization"] = f"Bearer {self.api_key}"
+        if http is not None:  # its headers are the caller's: only an explicit api_key is added
+            self.api_key, self.http, self._owned = api_key, http, False
+            if api_key:
+                http.headers["authorization"] = f"Bearer {api_key}"
             return
+        self.api_key = api_key if api_key is not None else os.environ.get("LETHE_API_KEY")
         headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         self.http = httpx.Client(
             base_url=base_url or os.environ.get("LETHE_URL", DEFAULT_URL),
