@@ -313,7 +313,11 @@ def _print_request(request, console) -> None:
         ("attempts", str(request.attempts)),
         ("message", request.message or "—"),
         ("received", _short(request.received_at)),
-        ("due", _short(request.due_at) + (f"  ({request.days_left:.1f} days left)" if request.days_left else "")),
+        (
+            "due",
+            _short(request.due_at)
+            + (f"  ({request.days_left:.1f} days left)" if not request.done and request.days_left is not None else ""),
+        ),
         ("completed", _short(request.completed_at)),
         ("new version", request.result_version_id or "—"),
     ]
@@ -467,11 +471,12 @@ def list_requests(
             typer.echo(row.model_dump_json())
         return
     table = Table(title=f"deletion requests ({len(rows)})")
-    for column in ("id", "model", "method", "status", "progress", "received", "due", "days left"):
+    table.add_column("id", no_wrap=True, min_width=36)  # whole: it is what the other commands take
+    for column in ("model", "method", "status", "progress", "received", "due", "days left"):
         table.add_column(column, justify="right" if column in ("progress", "days left") else "left")
     for row in rows:
         style = _STATUS_STYLE.get(row.status, "white")
-        days = f"{row.days_left:.1f}" if row.days_left is not None and row.status not in ("certified",) else "—"
+        days = f"{row.days_left:.1f}" if row.days_left is not None and not row.done else "—"
         table.add_row(
             row.id,
             row.model_id[:8] + "…",
@@ -506,7 +511,8 @@ def list_models(
             typer.echo(row.model_dump_json())
         return
     table = Table(title=f"models ({len(rows)})")
-    for column in ("id", "name", "kind", "status", "version", "methods", "created"):
+    table.add_column("id", no_wrap=True, min_width=36)
+    for column in ("name", "kind", "status", "version", "methods", "created"):
         table.add_column(column)
     for row in rows:
         version = row.current_version.number if row.current_version else "—"
