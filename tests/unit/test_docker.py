@@ -5,7 +5,10 @@ offers the Python the project installs."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -87,3 +90,24 @@ def test_the_readme_scaling_out_section_names_every_service():
     section = readme.split("## Scaling out", 1)[1].split("\n## ", 1)[0]
     for name in SERVICES:
         assert f"`{name}`" in section, name
+
+
+def _compose_cli() -> list[str] | None:
+    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+        return ["docker", "compose"]
+    return ["docker-compose"] if shutil.which("docker-compose") else None
+
+
+def test_docker_compose_config_accepts_the_file():
+    """`docker compose config` (or docker-compose v1), offline: the file as Compose itself reads it. Skipped where
+    neither is installed; the checks above still run."""
+    command = _compose_cli()
+    if command is None:
+        pytest.skip("no docker compose here")
+    path = str(ROOT / "docker" / "compose.yaml")
+    env = {**os.environ, "LETHE_SECRET_KEY": "compose-config-check-0123456789abcdef"}
+    done = subprocess.run([*command, "-f", path, "config", "-q"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    missing = {k: v for k, v in env.items() if k != "LETHE_SECRET_KEY"}
+    refused = subprocess.run([*command, "-f", path, "config", "-q"], capture_output=True, text=True, env=missing)
+    assert refused.returncode != 0 and "LETHE_SECRET_KEY" in refused.stderr  # no stack without a master secret
