@@ -344,7 +344,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
         }
     }
     routes = _api_routes(app)
-    names = [r.name for r in routes.values()]
+    names = [r.name for r in routes.values() if r.include_in_schema]
     for path, operations in spec["paths"].items():
         for method, operation in operations.items():
             route = routes.get((method, path))
