@@ -19,7 +19,7 @@ import pytest
 from app.auth.service import revoke_key
 from app.dashboard import router as dashboard
 from app.db import session_scope
-from tests.dashboard_stack import CHROMIUM, CHROMIUM_ARGS, Stack, log_in
+from tests.dashboard_stack import CHROMIUM, CHROMIUM_ARGS, Stack, free_port, log_in
 from tests.helpers import make_key
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="the dev extra installs playwright")
@@ -64,6 +64,10 @@ def _audit_actions(stack: Stack, request_id: str) -> list[tuple[str, str]]:
     return [(e["action"], e["actor"]) for e in items]
 
 
+def _listed(page) -> set[str]:
+    return set(page.eval_on_selector_all("tr[data-request-id]", "rows => rows.map(r => r.dataset.requestId)"))
+
+
 def test_no_key_no_data(stack, page):
     base = stack.serve(background=False)
     request = stack.delete(stack.model_id, ["r40"])
@@ -106,7 +110,8 @@ def test_no_key_no_data(stack, page):
 
 def test_request_runs_to_certified_without_reload_with_report_and_certificate(stack, page):
     base = stack.serve(background=False)  # no executor yet: the request waits while the page opens
-    request = stack.delete(stack.model_id, ["r1", "r2", "r3"])
+    hook = f"http://127.0.0.1:{free_port()}/hook"  # nobody listens: the delivery fails and can be sent again
+    request = stack.delete(stack.model_id, ["r1", "r2", "r3"], callback_url=hook)
     log_in(page, base, stack.admin_key)
     page.goto(f"{base}/dashboard/requests/{request['id']}")
     assert page.inner_text("#status") == "received" and page.is_visible("#progress")
@@ -152,6 +157,12 @@ def test_request_runs_to_certified_without_reload_with_report_and_certificate(st
     download = page.request.get(base + page.get_attribute("#download", "href"))
     assert download.status == 200 and download.json()["payloadType"] == "application/vnd.in-toto+json"
 
+    # the certified event's webhook delivery is listed; an admin sends it again
+    assert "deletion.certified" in page.inner_text("#webhooks") and hook in page.inner_text("#webhooks")
+    page.click("#webhooks button:has-text('Redeliver')")
+    page.wait_for_selector("#notice")
+    assert "sent again" in page.inner_text("#notice")
+
     # the model page draws its lineage as inline SVG: v1 retired by this request, v2 current
     page.goto(f"{base}/dashboard/models/{stack.model_id}")
     assert page.locator("svg.lineage g.version").count() >= 2
@@ -177,8 +188,16 @@ def test_overdue_flagged_and_waiting_request_cancelled(stack, page, browser):
     page.check("input[name=overdue]")
     page.click("form.filters button[type=submit]")
     page.wait_for_url(re.compile(r"overdue=true"))
-    shown = page.eval_on_selector_all("tr[data-request-id]", "rows => rows.map(r => r.dataset.requestId)")
-    assert late["id"] in shown and fresh["id"] not in shown
+    assert _listed(page) == {late["id"]}
+
+    # the date filter counts the day the request reached Lethe; the model filter its model
+    today, yesterday = datetime.now(UTC).date(), datetime.now(UTC).date() - timedelta(days=1)
+    page.goto(f"{base}/dashboard/requests?since={today}&model_id={stack.model_id}")
+    assert {late["id"], fresh["id"]} <= _listed(page)
+    page.goto(f"{base}/dashboard/requests?until={yesterday}")
+    assert _listed(page) == set()
+    page.goto(f"{base}/dashboard/requests?model_id=no-such-model")
+    assert _listed(page) == set()
 
     # a read-only officer sees no actions, and a POST with a valid form token of its session is still refused
     officer = browser.new_context()

@@ -90,3 +90,41 @@ def test_views_wording_and_lineage():
     assert carried_deletions(versions) == {"a": [], "b": ["r1"], "c": ["r1", "r2"]}
     svg = str(lineage_svg(versions))
     assert svg.startswith("<svg") and svg.count('<g class="version') == 3 and "retired" in svg and "marker-end" in svg
+
+
+def test_federated_model_pages_show_clients_methods_and_the_forget_lock():
+    from starlette.requests import Request
+
+    from app.dashboard.router import templates
+
+    model = {
+        "id": "m1", "name": "fed-clip", "kind": "clip_federated", "status": "ready", "family": None,
+        "current_version": {"number": 3, "method": "ease"},
+        "unlearning": {"ease": {"status": "ready", "info": {"validation": {"forget_r1": 0.02, "curve": [1, 2]},
+                                                          "rank": 8, "alpha": 0.5}},
+                       "l2ul": {"status": "refused", "reason": "too few rows", "info": {}}},
+        "federation": {"clients": ["c0", "c1", "c2"], "removed_clients": ["c2"], "rounds": 4},
+    }  # fmt: skip
+    lock = {"request_id": "req-12345678", "version_id": "v3", "alpha": 0.5, "rank": 8, "n_params": 4096,
+            "digest": "ab" * 32}  # fmt: skip
+    versions = [
+        {"id": "v1", "number": 1, "parent_id": None, "digest": "0" * 64, "method": "init", "request_id": None,
+         "metrics": {}, "created_at": None, "retired_at": None, "retired_by": None, "current": False},
+        {"id": "v3", "number": 3, "parent_id": "v1", "digest": "1" * 64, "method": "ease", "request_id": "req-12345678",
+         "metrics": {}, "created_at": None, "retired_at": None, "retired_by": None, "current": True},
+    ]  # fmt: skip
+    request = Request(
+        {"type": "http", "method": "GET", "path": "/dashboard/models", "headers": [], "query_string": b""}
+    )
+    common = {"request": request, "principal": None, "poll_ms": 1000}
+    listing = templates.get_template("models.html").render(
+        **common, models=[{"m": model, "versions": versions, "lock": lock}], page="models"
+    )
+    assert "3 clients (1 removed), 4 rounds" in listing
+    assert 'id="forget-lock"' in listing and "rank 8" in listing and "req-1234" in listing
+    assert "validation.forget_r1" in listing and "too few rows" in listing and "curve" not in listing
+    page = templates.get_template("model.html").render(
+        **common, m=model, versions=versions, carried={"v1": [], "v3": ["req-12345678"]},
+        lineage=lineage_svg(versions), lock=lock, page="models",
+    )  # fmt: skip
+    assert "<svg" in page and "v3 · ease" in page and 'id="forget-lock"' in page
