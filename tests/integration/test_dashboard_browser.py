@@ -19,6 +19,8 @@ import pytest
 from app.auth.service import revoke_key
 from app.dashboard import router as dashboard
 from app.db import session_scope
+from app.jobs import outbox
+from app.requests import service as requests_service
 from tests.dashboard_stack import CHROMIUM, CHROMIUM_ARGS, Stack, free_port, log_in
 from tests.helpers import make_key
 
@@ -233,6 +235,21 @@ def test_overdue_flagged_and_waiting_request_cancelled(stack, page, browser):
         form={"csrf": page.get_attribute("form[action='/dashboard/logout'] input[name=csrf]", "value")},
     )
     assert again.status == 409 and "Only a request no worker has started" in again.text()
+
+    # retry a failed one (its failure written as the worker writes one: the job failed for good, then the request)
+    broken = stack.delete(stack.model_id, ["r52"])
+    with session_scope() as session:
+        job_id = requests_service.get_request_or_404(session, broken["id"]).job_id
+        error = "simulated worker failure"
+        assert outbox.fail(session, job_id, None, error, permanent=True) is not None
+        requests_service.mark_failed(session, broken["id"], job_id, 1, error, "failed", "job-failed")
+    page.goto(f"{base}/dashboard/requests/{broken['id']}")
+    assert page.inner_text("#status") == "failed" and "simulated worker failure" in page.inner_text("#attempts")
+    page.click("#retry")
+    page.wait_for_selector("#notice")
+    assert "queued again" in page.inner_text("#notice") and page.inner_text("#status") == "received"
+    retried = [actor for action, actor in _audit_actions(stack, broken["id"]) if action == "deletion_request.retried"]
+    assert retried == cancelled  # the same key, recorded as the API records it
 
     # extend the overdue one: audited as the API's extension, no longer overdue
     page.goto(f"{base}/dashboard/requests/{late['id']}")
