@@ -66,7 +66,6 @@ DONE = {
     "redeliver": "The webhook event will be sent again.",
 }
 
-router = APIRouter(prefix="/dashboard", include_in_schema=False)
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 templates.env.globals.update(
     flat_info=flat_info, time_left=time_left, active_statuses=ACTIVE_STATUSES, statuses=STATUSES
@@ -90,7 +89,7 @@ def _render(request: Request, name: str, context: dict[str, Any], status_code: i
 def _login_page(request: Request, message: str | None, status_code: int) -> HTMLResponse:
     nonce, token = cookies.login_token()
     response = _render(request, "login.html", {"message": message, "login_token": token}, status_code)
-    cookies.set_login_cookie(request, response, nonce)
+    cookies.set_login_cookie(response, nonce)
     return response
 
 
@@ -138,7 +137,7 @@ class DashboardRoute(APIRoute):
         return answer
 
 
-router.route_class = DashboardRoute
+router = APIRouter(prefix="/dashboard", include_in_schema=False, route_class=DashboardRoute)
 
 
 # ------------------------------------------------------------------------------------------------ login and assets
@@ -164,7 +163,7 @@ def login(request: Request, api_key: str = Form("", max_length=200), csrf: str =
     if not principal.has("requests:read") or principal.model_id is not None:
         return _login_page(request, "This key lacks the scope `requests:read`.", 403)
     response = RedirectResponse("/dashboard/requests", status_code=303, headers=SECURITY_HEADERS)
-    cookies.start_session(request, response, api_key.strip())
+    cookies.start_session(response, api_key.strip())
     return response
 
 

@@ -33,7 +33,7 @@ def _serializer(purpose: str, salt: str) -> URLSafeTimedSerializer:
     return URLSafeTimedSerializer(get_settings().derived_key(purpose), salt=salt)
 
 
-def _set_cookie(request: Request, response: Response, name: str, value: str, max_age: int) -> None:
+def _set_cookie(response: Response, name: str, value: str, max_age: int) -> None:
     response.set_cookie(
         name,
         value,
@@ -45,9 +45,9 @@ def _set_cookie(request: Request, response: Response, name: str, value: str, max
     )
 
 
-def start_session(request: Request, response: Response, api_key: str) -> None:
+def start_session(response: Response, api_key: str) -> None:
     value = _serializer("dashboard-session", "session").dumps(api_key)
-    _set_cookie(request, response, SESSION_COOKIE, value, SESSION_SECONDS)
+    _set_cookie(response, SESSION_COOKIE, value, SESSION_SECONDS)
     response.delete_cookie(LOGIN_COOKIE, path=COOKIE_PATH)
 
 
@@ -93,8 +93,8 @@ def login_token() -> tuple[str, str]:
     return nonce, _serializer("dashboard-csrf", "login").dumps(_binding(nonce))
 
 
-def set_login_cookie(request: Request, response: Response, nonce: str) -> None:
-    _set_cookie(request, response, LOGIN_COOKIE, nonce, LOGIN_SECONDS)
+def set_login_cookie(response: Response, nonce: str) -> None:
+    _set_cookie(response, LOGIN_COOKIE, nonce, LOGIN_SECONDS)
 
 
 def login_token_ok(request: Request, token: str | None) -> bool:
