@@ -364,6 +364,11 @@ def list_versions(session: Session, model_id: str) -> list[ModelVersion]:
     )
 
 
+def models_overview(session: Session, limit: int = 200) -> list[Model]:
+    """Every model, newest first (the dashboard's model page; the API pages through them)."""
+    return list(session.execute(select(Model).order_by(Model.created_at.desc()).limit(limit)).scalars())
+
+
 def register_clip_model(session: Session, principal: Principal, body: ClipModelCreate) -> Model:
     """A federated CLIP + LoRA model: version 1 is the LoRA initialisation (built by a job); rounds come later."""
     if body.clip.checkpoint_path:

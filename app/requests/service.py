@@ -386,9 +386,15 @@ def list_requests(
     cursor: str | None,
     stuck: bool = False,
     overdue: bool = False,
+    created_from: datetime | None = None,
+    created_before: datetime | None = None,
 ) -> tuple[list[DeletionRequest], str | None]:
     """Newest first, keyset-paged on (created_at, id) so pages stay stable while requests arrive."""
     query = select(DeletionRequest)
+    if created_from is not None:
+        query = query.where(DeletionRequest.created_at >= created_from)
+    if created_before is not None:
+        query = query.where(DeletionRequest.created_at < created_before)
     if status:
         query = query.where(DeletionRequest.status == status)
     if overdue:
