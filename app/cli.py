@@ -1,11 +1,17 @@
-"""`lethe`: serve, worker, dispatcher, migrate, keys, demo, submit, status, verify-certificate."""
+"""`lethe`: the operator's command line.
+
+Server side: serve, worker, dispatcher, webhook-sender, migrate, keys (create, list, revoke: straight on the
+database), demo. Client side, over the API (app/client.py): submit, status [--watch], list, models, report, cancel,
+retry, extend, export, audit-verify; and verify-certificate (offline). Exit codes: 0 done, 1 failed, 2 usage error,
+3 not found or unauthorised.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
-import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -14,6 +20,7 @@ import typer
 app = typer.Typer(help="Lethe: unlearning as a service.", no_args_is_help=True)
 keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
 
 
 def _logging(level: str = "INFO") -> None:
@@ -65,12 +72,17 @@ def keys_create(
 @keys_app.command("list")
 def keys_list(as_json: Annotated[bool, typer.Option("--json", help="One JSON object per key.")] = False) -> None:
     """List API keys: id, prefix, name, scopes, binding, expiry, revocation (never the key or its hash)."""
+    from rich.table import Table
+
     from app.auth.service import list_keys
     from app.db import migrate as run_migrations
     from app.db import session_scope, utcnow
 
     run_migrations()
     now = utcnow()
+    table = Table(title="API keys")
+    for column in ("id", "prefix", "state", "name", "scopes", "bound to", "expires"):
+        table.add_column(column)
     with session_scope() as session:
         for row in list_keys(session):
             state = (
@@ -92,13 +104,23 @@ def keys_list(as_json: Annotated[bool, typer.Option("--json", help="One JSON obj
             }
             if as_json:
                 typer.echo(json.dumps(entry))
-            else:
-                binding = f" model={row.model_id}" + (f" client={row.client_id}" if row.client_id else "")
-                typer.echo(
-                    f"{row.id}  lethe_{row.prefix}_…  {state:<8} {row.name!r} {','.join(row.scopes)}"
-                    f"{binding if row.model_id else ''}"
-                    f"{'  expires ' + entry['expires_at'] if row.expires_at else ''}"
-                )
+                continue
+            binding = (
+                (f"model {row.model_id}" + (f" client {row.client_id}" if row.client_id else ""))
+                if row.model_id
+                else ""
+            )
+            table.add_row(
+                row.id,
+                f"lethe_{row.prefix}_…",
+                state,
+                row.name,
+                ", ".join(row.scopes),
+                binding,
+                entry["expires_at"] or "",
+            )
+    if not as_json:
+        _console().print(table)
 
 
 @keys_app.command("revoke")
@@ -113,8 +135,9 @@ def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key's id (or its
         with session_scope() as session:
             row = revoke_key(session, key_id)
             typer.echo(f"revoked {row.id} ({row.name!r}) at {row.revoked_at.isoformat(timespec='seconds')}")
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
+    except ValueError as exc:  # the only refusal: no such key
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_NOT_FOUND) from None
 
 
 @keys_app.command("webhook-secret")
@@ -160,12 +183,37 @@ def worker(queues: str = "gpu,cpu", concurrency: int = 1, loglevel: str = "INFO"
 
 
 @app.command()
-def dispatcher() -> None:
-    """Run the dispatcher and reconciler loop on its own (when the API runs with LETHE_RUN_DISPATCHER=false)."""
+def dispatcher(
+    webhooks: Annotated[
+        bool, typer.Option("--webhooks/--no-webhooks", help="Also run the webhook sender loop in this process.")
+    ] = True,
+) -> None:
+    """Run the dispatcher and reconciler loop on its own (when the API runs with LETHE_RUN_DISPATCHER=false); with
+    the webhook sender beside it unless --no-webhooks (then run `lethe webhook-sender`). Several may run at once."""
+    from app.config import get_settings
     from app.jobs.dispatcher import Dispatcher, celery_sender
+    from app.webhooks.sender import WebhookSender
 
     _logging()
-    Dispatcher(celery_sender()).run_forever()
+    loop = Dispatcher(celery_sender())
+    if webhooks:
+        sender = WebhookSender(get_settings().poll_seconds)
+        sender.start()
+        loop.companions.append(sender)
+    try:
+        loop.run_forever()
+    finally:
+        loop.stop()
+
+
+@app.command("webhook-sender")
+def webhook_sender() -> None:
+    """Run the webhook sender loop on its own (delivers the webhook outbox; several may run at once)."""
+    from app.config import get_settings
+    from app.webhooks.sender import WebhookSender
+
+    _logging()
+    WebhookSender(get_settings().poll_seconds).run_forever()
 
 
 @app.command()
@@ -176,52 +224,446 @@ def demo(keep: bool = typer.Option(False, help="Keep the demo's folder (var/demo
     run_demo(keep=keep)
 
 
-def _client():
+# ------------------------------------------------------------------------------------------- API commands (client)
+# They talk to the API through app.client, with LETHE_URL and LETHE_API_KEY (or --url / --api-key). Exit codes:
+# 0 done (certified, or the operation succeeded), 1 failed, rejected or cancelled (or the operation failed),
+# 2 usage error, 3 not found or not authorised.
+_NOT_FOUND_STATUSES = (401, 403, 404, 410)
+_STATUS_STYLE = {
+    "certified": "green",
+    "failed": "red",
+    "rejected": "red",
+    "cancelled": "yellow",
+    "running": "cyan",
+    "verifying": "cyan",
+}
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+
+
+def _client(ctx: typer.Context):
+    from app.client import LetheClient
+
+    options = ctx.find_root().obj or {}
+    key = options.get("api_key") or os.environ.get("LETHE_API_KEY")
+    if not key:
+        raise typer.BadParameter("set LETHE_API_KEY or pass --api-key (create a key with `lethe keys create`)")
+    return LetheClient(options.get("url") or os.environ.get("LETHE_URL"), key)
+
+
+@contextmanager
+def _api(ctx: typer.Context):
+    """A client, with API errors turned into exit codes: 3 for 401/403/404/410, 1 for any other problem or an
+    unreachable API."""
     import httpx
 
-    base = os.environ.get("LETHE_URL", "http://127.0.0.1:8000")
-    key = os.environ.get("LETHE_API_KEY")
-    if not key:
-        raise typer.BadParameter("set LETHE_API_KEY (create one with `lethe keys create`)")
-    return httpx.Client(base_url=base, headers={"authorization": f"Bearer {key}"}, timeout=30)
+    from app.client import LetheProblem
+
+    try:
+        with _client(ctx) as client:
+            yield client
+    except LetheProblem as problem:
+        extra = {k: v for k, v in problem.extensions.items() if k != "errors"}
+        _console(stderr=True).print(
+            f"[red]error:[/red] {problem.status} {problem.slug}: {problem.detail or problem.title}"
+            + (f" {json.dumps(extra)}" if extra else ""),
+            markup=True,
+        )
+        for error in problem.extensions.get("errors") or []:
+            _console(stderr=True).print(f"  {'.'.join(error.get('location', []))}: {error.get('message')}")
+        raise typer.Exit(EXIT_NOT_FOUND if problem.status in _NOT_FOUND_STATUSES else EXIT_FAILED) from None
+    except httpx.TransportError as exc:
+        _console(stderr=True).print(f"error: cannot reach the API: {exc}")
+        raise typer.Exit(EXIT_FAILED) from None
+
+
+@app.callback()
+def main(
+    ctx: typer.Context,
+    url: Annotated[str | None, typer.Option("--url", envvar="LETHE_URL", help="The API's base URL.")] = None,
+    api_key: Annotated[
+        str | None, typer.Option("--api-key", envvar="LETHE_API_KEY", help="An API key.", show_default=False)
+    ] = None,
+) -> None:
+    """Lethe: unlearning as a service. Exit codes: 0 done, 1 failed, 2 usage error, 3 not found or unauthorised."""
+    ctx.obj = {"url": url, "api_key": api_key}
+
+
+def _exit_for(status: str) -> int:
+    return EXIT_FAILED if status in ("failed", "rejected", "cancelled") else EXIT_OK
+
+
+def _short(moment) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%S") if moment else "—"
+
+
+def _print_request(request, console) -> None:
+    style = _STATUS_STYLE.get(request.status, "white")
+    console.print(
+        f"[bold]{request.id}[/bold]  [{style}]{request.status}[/{style}]  {request.progress:.0%}", markup=True
+    )
+    rows = [
+        ("model", request.model_id),
+        ("method", request.method),
+        ("scope", json.dumps(request.scope)),
+        ("attempts", str(request.attempts)),
+        ("message", request.message or "—"),
+        ("received", _short(request.received_at)),
+        (
+            "due",
+            _short(request.due_at)
+            + (f"  ({request.days_left:.1f} days left)" if not request.done and request.days_left is not None else ""),
+        ),
+        ("completed", _short(request.completed_at)),
+        ("new version", request.result_version_id or "—"),
+    ]
+    if request.overdue:
+        rows.append(("overdue", "yes"))
+    if request.error:
+        rows.append(("error", f"{request.error.get('type', '')} {request.error.get('detail', '')}".strip()))
+    for label, value in rows:
+        console.print(f"  {label:<12} {value}", markup=False)
+
+
+def _print_verdict(client, request, console) -> None:
+    """The request's verdict and its checks (from its verification reports)."""
+    reports = client.reports(request.id) if request.links.get("reports") else []
+    for report in reports:
+        style = "green" if report.verdict == "pass" else "red"
+        console.print(f"verdict on {report.method or request.method}: [{style}]{report.verdict.upper()}[/{style}]")
+        for check in report.checks:
+            mark = {True: "[green]✓[/green]", False: "[red]✗[/red]", None: "·"}[check.passed]
+            console.print(f"  {mark} {check.message or check.name}")
+        if report.informative is not None:
+            power = "informative" if report.informative else "UNINFORMATIVE"
+            console.print(f"  audit power: {power}" + (f" — {report.informative_detail}" if report.informative_detail
+                                                        else ""))  # fmt: skip
+    if "certificate" in request.links:
+        console.print(f"certificate: {request.links['certificate']}")
+    style = _STATUS_STYLE.get(request.status, "white")
+    console.print(
+        f"[{style}]{request.status}[/{style}]" + (f": {request.error.get('detail')}" if request.error else "")
+    )
+
+
+def _watch(client, request_id: str, interval: float, timeout: float, console):
+    """A live progress bar fed by the request's progress and message, until the request ends."""
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+    columns = (
+        TextColumn("[bold]{task.fields[status]:<10}"),
+        BarColumn(bar_width=40),
+        TaskProgressColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[note]}"),
+    )
+    with Progress(*columns, console=console, auto_refresh=False, transient=False) as progress:
+        task = progress.add_task("deletion", total=1.0, status="…", note="")
+
+        def show(request) -> None:
+            progress.update(task, completed=request.progress, status=request.status, note=request.message or "")
+            progress.refresh()
+            if not console.is_terminal:  # a log or a pipe: one line per change instead of a redrawn bar
+                console.print(f"{request.status:>10}  {request.progress:>4.0%}  {request.message or ''}", markup=False)
+
+        return client.wait(request_id, interval=interval, timeout=timeout, on_progress=show)
 
 
 @app.command()
 def submit(
-    model_id: str,
-    sample_id: Annotated[list[str], typer.Option("--sample-id")],
-    subject: str,
-    method: str = "retrain",
-    wait: bool = True,
+    ctx: typer.Context,
+    model_id: Annotated[str, typer.Argument(help="The model to delete from.")],
+    subject: Annotated[str, typer.Option("--subject", help="The data subject (stored only as a keyed hash).")],
+    sample_id: Annotated[list[str] | None, typer.Option("--sample-id", help="A row id; repeat for several.")] = None,
+    label: Annotated[str | None, typer.Option("--label", help="Delete a whole class.")] = None,
+    client_id: Annotated[str | None, typer.Option("--client-id", help="Federated: a client, or its samples.")] = None,
+    method: Annotated[str, typer.Option(help="retrain | newton | influence | l2ul | ease | auto ...")] = "retrain",
+    callback_url: Annotated[str | None, typer.Option("--callback-url")] = None,
+    idempotency_key: Annotated[str | None, typer.Option("--idempotency-key")] = None,
+    received_at: Annotated[
+        str | None, typer.Option("--received-at", help="ISO 8601 with offset: when the subject asked.")
+    ] = None,
+    wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Follow the request with a progress bar.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the request as JSON.")] = False,
 ) -> None:
-    """Submit a deletion request for some rows, and follow it to the end."""
-    with _client() as client:
-        response = client.post(
-            "/v1/deletion-requests",
-            json={
-                "subject_ref": subject,
-                "model_id": model_id,
-                "method": method,
-                "scope": {"kind": "samples", "sample_ids": sample_id},
-            },
+    """Submit a deletion request: --sample-id (repeat), --label, or --client-id alone (a whole client)."""
+    if sample_id:
+        scope = {"kind": "samples", "sample_ids": sample_id} | ({"client_id": client_id} if client_id else {})
+    elif label is not None:
+        scope = {"kind": "class", "label": label}
+    elif client_id:
+        scope = {"kind": "client", "client_id": client_id}
+    else:
+        raise typer.BadParameter("give --sample-id (repeatable), --label or --client-id")
+    console = _console()
+    with _api(ctx) as client:
+        request = client.submit_deletion(
+            model_id,
+            scope,
+            subject,
+            method=method,
+            callback_url=callback_url,
+            received_at=received_at,
+            idempotency_key=idempotency_key,
         )
-        typer.echo(json.dumps(response.json(), indent=2))
-        if response.status_code != 202 or not wait:
-            raise typer.Exit(0 if response.status_code == 202 else 1)
-        location = response.headers["location"]
-        while True:
-            body = client.get(location).json()
-            typer.echo(f"{body['status']:>10}  {body['progress']:.0%}  {body.get('message') or ''}")
-            if body["status"] in ("certified", "failed", "rejected"):
-                break
-            time.sleep(1)
+        if as_json and not wait:
+            typer.echo(request.model_dump_json(indent=2))
+            return
+        console.print(f"accepted {request.id} ({request.status}); follow it with `lethe status {request.id} --watch`")
+        if wait:
+            done = _watch(client, request.id, 0.5, 24 * 3600, console)
+            _print_verdict(client, done, console)
+            raise typer.Exit(_exit_for(done.status))
 
 
 @app.command()
-def status(request_id: str) -> None:
-    """Show a deletion request."""
-    with _client() as client:
-        typer.echo(json.dumps(client.get(f"/v1/deletion-requests/{request_id}").json(), indent=2))
+def status(
+    ctx: typer.Context,
+    request_id: str,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="A live progress bar until the request ends.")] = False,
+    interval: Annotated[float, typer.Option(help="Seconds between polls with --watch.", min=0.05)] = 1.0,
+    timeout: Annotated[float, typer.Option(help="Give up watching after this many seconds (exit 1).")] = 24 * 3600,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the request as JSON.")] = False,
+) -> None:
+    """Show a deletion request; with --watch follow it to the end, then print the verdict and its checks.
+    Exit 0 certified or still in progress (without --watch), 1 failed/rejected/cancelled, 3 not found/unauthorised."""
+    console = _console()
+    with _api(ctx) as client:
+        if watch:
+            try:
+                request = _watch(client, request_id, interval, timeout, console)
+            except TimeoutError as exc:
+                console.print(f"error: {exc}")
+                raise typer.Exit(EXIT_FAILED) from None
+            _print_verdict(client, request, console)
+        else:
+            request = client.get_deletion(request_id)
+            if as_json:
+                typer.echo(request.model_dump_json(indent=2))
+            else:
+                _print_request(request, console)
+    raise typer.Exit(_exit_for(request.status))
+
+
+@app.command("list")
+def list_requests(
+    ctx: typer.Context,
+    status_: Annotated[str | None, typer.Option("--status", help="received, queued, running, certified...")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Only this model's requests.")] = None,
+    overdue: Annotated[bool, typer.Option("--overdue", help="Only unanswered requests past their deadline.")] = False,
+    stuck: Annotated[bool, typer.Option("--stuck", help="Only requests no worker has taken.")] = False,
+    limit: Annotated[int, typer.Option(help="At most this many (newest first).", min=1)] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+) -> None:
+    """Deletion requests, newest first, as a table."""
+    from itertools import islice
+
+    from rich.table import Table
+
+    with _api(ctx) as client:
+        rows = list(islice(client.iter_deletions(status=status_, model_id=model, overdue=overdue, stuck=stuck), limit))
+    if as_json:
+        for row in rows:
+            typer.echo(row.model_dump_json())
+        return
+    table = Table(title=f"deletion requests ({len(rows)})")
+    table.add_column("id", no_wrap=True, min_width=36)  # whole: it is what the other commands take
+    for column in ("model", "method", "status", "progress", "received", "due", "days left"):
+        table.add_column(column, justify="right" if column in ("progress", "days left") else "left")
+    for row in rows:
+        style = _STATUS_STYLE.get(row.status, "white")
+        days = f"{row.days_left:.1f}" if row.days_left is not None and not row.done else "—"
+        table.add_row(
+            row.id,
+            row.model_id[:8] + "…",
+            row.method,
+            f"[{style}]{row.status}[/{style}]" + (" [red]overdue[/red]" if row.overdue else ""),
+            f"{row.progress:.0%}",
+            _short(row.received_at or row.created_at),
+            _short(row.due_at),
+            days,
+        )
+    _console().print(table)
+
+
+@app.command("models")
+def list_models(
+    ctx: typer.Context,
+    name: Annotated[str | None, typer.Option("--name", help="Exact name.")] = None,
+    name_contains: Annotated[str | None, typer.Option("--name-contains")] = None,
+    kind: Annotated[str | None, typer.Option("--kind", help="tabular | clip_federated")] = None,
+    limit: Annotated[int, typer.Option(min=1)] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+) -> None:
+    """Registered models, newest first."""
+    from itertools import islice
+
+    from rich.table import Table
+
+    with _api(ctx) as client:
+        rows = list(islice(client.iter_models(name=name, name_contains=name_contains, kind=kind), limit))
+    if as_json:
+        for row in rows:
+            typer.echo(row.model_dump_json())
+        return
+    table = Table(title=f"models ({len(rows)})")
+    table.add_column("id", no_wrap=True, min_width=36)
+    for column in ("name", "kind", "status", "version", "methods", "created"):
+        table.add_column(column)
+    for row in rows:
+        version = row.current_version.number if row.current_version else "—"
+        methods = ", ".join(f"{k}:{v.get('status')}" for k, v in row.unlearning.items()) or "—"
+        table.add_row(row.id, row.name, row.kind, row.status, str(version), methods, _short(row.created_at))
+    _console().print(table)
+
+
+def _scalar_figures(report) -> list[tuple[str, str]]:
+    """The report's top-level numbers and flags (nested figures stay in --json)."""
+    skip = {"id", "request_id", "model_id", "verdict", "created_at", "method", "checks", "reasons", "notes", "plots"}
+    out = []
+    for key, value in report.model_dump(mode="json").items():
+        if key in skip or isinstance(value, dict | list) or value is None:
+            continue
+        out.append((key, f"{value:.4g}" if isinstance(value, float) else str(value)))
+    return out
+
+
+@app.command()
+def report(
+    ctx: typer.Context,
+    request_id: str,
+    as_json: Annotated[bool, typer.Option("--json", help="The reports as JSON.")] = False,
+) -> None:
+    """A deletion's verification report(s): the checks (figure, threshold, outcome) and the figures, as tables.
+    Exit 0 every verdict passed, 1 a verdict failed or there is no report yet, 3 not found/unauthorised."""
+    from rich.table import Table
+
+    console = _console()
+    with _api(ctx) as client:
+        client.get_deletion(request_id)  # 404 → exit 3 for an unknown request, not "no report yet"
+        reports = client.reports(request_id)
+    if as_json:
+        typer.echo(json.dumps([r.model_dump(mode="json") for r in reports], indent=2))
+    if not reports:
+        console.print(f"no verification report for {request_id} yet")
+        raise typer.Exit(EXIT_FAILED)
+    if not as_json:
+        for item in reports:
+            style = "green" if item.verdict == "pass" else "red"
+            checks = Table(title=f"report {item.id} — {item.method or ''} — verdict [{style}]{item.verdict}[/{style}]")
+            for column in ("check", "figure", "threshold", "passed", "message"):
+                checks.add_column(column, justify="right" if column in ("figure", "threshold") else "left")
+            for check in item.checks:
+                checks.add_row(
+                    check.name or "",
+                    "—" if check.figure is None else f"{check.figure:.4g}",
+                    "—" if check.threshold is None else f"{check.threshold:.4g}",
+                    {True: "[green]yes[/green]", False: "[red]no[/red]", None: "not evaluated"}[check.passed],
+                    check.message or "",
+                )
+            console.print(checks)
+            figures = Table(title="figures")
+            figures.add_column("figure")
+            figures.add_column("value", justify="right")
+            for key, value in _scalar_figures(item):
+                figures.add_row(key, value)
+            console.print(figures)
+            for name, link in item.plots.items():
+                console.print(f"plot {name}: {link}")
+    raise typer.Exit(EXIT_OK if all(r.verdict == "pass" for r in reports) else EXIT_FAILED)
+
+
+@app.command()
+def cancel(ctx: typer.Context, request_id: str) -> None:
+    """Cancel a request no worker has started (admin)."""
+    with _api(ctx) as client:
+        request = client.cancel(request_id)
+    _console().print(f"{request.id} {request.status}")
+
+
+@app.command()
+def retry(ctx: typer.Context, request_id: str) -> None:
+    """Run a failed request again (admin)."""
+    with _api(ctx) as client:
+        request = client.retry(request_id)
+    _console().print(f"{request.id} {request.status} (attempt {request.attempts + 1} queued)")
+
+
+@app.command()
+def extend(
+    ctx: typer.Context,
+    request_id: str,
+    months: Annotated[int, typer.Option(min=1, max=2)],
+    reason: Annotated[str, typer.Option(help="Told to the data subject (GDPR Art. 12(3)).")],
+) -> None:
+    """Extend a request's deadline by one or two months in all, with a reason (admin)."""
+    with _api(ctx) as client:
+        request = client.extend(request_id, months, reason)
+    _console().print(f"{request.id} due {_short(request.due_at)}")
+
+
+REQUEST_COLUMNS = [
+    "id", "model_id", "subject_hash", "method", "status", "progress", "attempts", "scope", "received_at", "due_at",
+    "overdue", "extensions", "created_at", "started_at", "completed_at", "result_version_id", "error",
+]  # fmt: skip
+AUDIT_COLUMNS = ["seq", "at", "actor", "action", "entity_type", "entity_id", "payload", "prev_hash", "hash"]
+
+
+@app.command()
+def export(
+    ctx: typer.Context,
+    what: Annotated[str, typer.Argument(help="requests | audit")],
+    fmt: Annotated[str, typer.Option("--format", "-f", help="csv | json")] = "csv",
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="A file (default: stdout).")] = None,
+    status_: Annotated[str | None, typer.Option("--status", help="requests: only this status.")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="requests: only this model's.")] = None,
+    entity: Annotated[str | None, typer.Option("--entity", help="audit: only events about this id.")] = None,
+) -> None:
+    """Export deletion requests or the audit log as CSV or JSON, for record keeping (every page, in full)."""
+    import csv
+    import io
+
+    if what not in ("requests", "audit"):
+        raise typer.BadParameter("export requests or audit")
+    if fmt not in ("csv", "json"):
+        raise typer.BadParameter("--format csv or json")
+    with _api(ctx) as client:
+        if what == "requests":
+            rows = [r.model_dump(mode="json") for r in client.iter_deletions(status=status_, model_id=model)]
+            columns = REQUEST_COLUMNS
+        else:
+            rows = [e.model_dump(mode="json") for e in client.iter_audit(entity_id=entity)]
+            columns = AUDIT_COLUMNS
+    if fmt == "json":
+        text = json.dumps(rows, indent=1, ensure_ascii=False) + "\n"
+    else:
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: json.dumps(v) if isinstance(v, dict | list) else v for k, v in row.items()})
+        text = buffer.getvalue()
+    if output is None:
+        typer.echo(text, nl=False)
+    else:
+        output.write_text(text, encoding="utf-8")
+        _console(stderr=True).print(f"{len(rows)} {what} rows written to {output}")
+
+
+@app.command("audit-verify")
+def audit_verify(ctx: typer.Context) -> None:
+    """Recompute the audit log's hash chain on the server. Exit 0 intact, 1 broken."""
+    with _api(ctx) as client:
+        verdict = client.verify_audit()
+    if verdict.ok:
+        _console().print(f"audit chain intact: {verdict.checked} events, head {str(verdict.head.get('hash'))[:16]}…")
+        return
+    _console().print(f"audit chain BROKEN at row {verdict.first_broken_seq}: {verdict.reason}")
+    raise typer.Exit(EXIT_FAILED)
 
 
 @app.command("verify-certificate")

@@ -22,7 +22,17 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MIN_SECRET_BYTES = 32
 
-KEY_PURPOSES = frozenset({"api-key", "subject-hash", "request-fingerprint", "webhook-signing", "audit-checkpoint"})
+KEY_PURPOSES = frozenset(
+    {
+        "api-key",
+        "subject-hash",
+        "request-fingerprint",
+        "webhook-signing",
+        "audit-checkpoint",
+        "dashboard-session",
+        "dashboard-csrf",
+    }
+)
 """Every use of the master secret; ``derived_key`` refuses any other name (a typo must not yield a working key)."""
 
 

@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
+from app.client import DeletionRequest, LetheClient, LetheProblem, Model
 
 HOME = Path("var/demo")
 
@@ -40,21 +40,24 @@ def _write_dataset(path: Path) -> int:
     return len(frame)
 
 
-def _wait(client: httpx.Client, url: str, done, label: str, timeout: float = 600) -> dict:
-    started, last = time.monotonic(), None
-    while True:
-        body = client.get(url).json()
-        line = f"  {label}: {body['status']}" + (
-            f"  {body.get('progress', 0):.0%} {body.get('message') or ''}" if "progress" in body else ""
+def _printer(label: str):
+    """A progress callback for the client's waits: one line per change of status (and progress, for requests)."""
+    last = None
+
+    def show(item: Model | DeletionRequest) -> None:
+        nonlocal last
+        line = f"  {label}: {item.status}" + (
+            f"  {item.progress:.0%} {item.message or ''}" if isinstance(item, DeletionRequest) else ""
         )
         if line != last:
             print(line, flush=True)
             last = line
-        if done(body):
-            return body
-        if time.monotonic() - started > timeout:
-            raise TimeoutError(f"{label} did not finish in {timeout} s")
-        time.sleep(0.25)
+
+    return show
+
+
+def _wait_model(client: LetheClient, model_id: str, until=None, timeout: float = 600) -> Model:
+    return client.wait_model(model_id, until, timeout=timeout, on_progress=_printer("model"))
 
 
 def run_demo(keep: bool = False) -> None:
@@ -88,22 +91,20 @@ def run_demo(keep: bool = False) -> None:
     while not server.started:
         time.sleep(0.05)
     try:
-        with httpx.Client(
-            base_url=f"http://127.0.0.1:{port}", headers={"authorization": f"Bearer {key}"}, timeout=60
-        ) as client:
+        with LetheClient(f"http://127.0.0.1:{port}", key, timeout=60) as client:
             model_id = _tabular_story(client)
             _l2ul_story(client, model_id)
             _ease_story(client)
-            verdict = client.get("/v1/audit/verify").json()
-            state = "intact" if verdict["ok"] else f"BROKEN at row {verdict['first_broken_seq']}"
-            print(f"\nAudit chain: {state}, {verdict['checked']} events, head {verdict['head']['hash'][:16]}…")
+            verdict = client.verify_audit()
+            state = "intact" if verdict.ok else f"BROKEN at row {verdict.first_broken_seq}"
+            print(f"\nAudit chain: {state}, {verdict.checked} events, head {verdict.head['hash'][:16]}…")
             print(f"Everything is in {HOME}/ (database, artifacts, figures).")
     finally:
         server.should_exit = True
         thread.join(timeout=10)
 
 
-def _tabular_story(client: httpx.Client) -> str:
+def _tabular_story(client: LetheClient) -> str:
     data_path = HOME / "breast_cancer.csv"
     n_rows = _write_dataset(data_path)
     print("━━ Part 1: exact retraining ━━")
@@ -113,119 +114,101 @@ def _tabular_story(client: httpx.Client) -> str:
         "family": "logistic_regression",
         "dataset": {"row_id_column": "patient_id", "label_column": "target"},
     }
-    with data_path.open("rb") as handle:
-        response = client.post(
-            "/v1/models",
-            data={"metadata": __import__("json").dumps(metadata)},
-            files={"file": ("breast_cancer.csv", handle, "text/csv")},
-        )
-    response.raise_for_status()
-    model = response.json()
-    model = _wait(client, f"/v1/models/{model['id']}", lambda b: b["status"] in ("ready", "failed"), "model")
-    v1 = model["current_version"]
+    model = client.register_model(metadata, data_path)
+    model = _wait_model(client, model.id)
+    v1 = model.current_version
     print(
-        f"   version 1 {v1['digest'][:12]}…  train acc {v1['metrics']['accuracy_train']:.3f}  "
-        f"holdout acc {v1['metrics']['accuracy_holdout']:.3f}\n"
+        f"   version 1 {v1.digest[:12]}…  train acc {v1.metrics['accuracy_train']:.3f}  "
+        f"holdout acc {v1.metrics['accuracy_holdout']:.3f}\n"
     )
 
     subject = ["P0003", "P0010", "P0042", "P0100", "P0321"]
     print(f"2. A data subject asks to be forgotten: rows {subject}")
-    bad = client.post(
-        "/v1/deletion-requests",
-        json={
-            "subject_ref": "alice@example.org",
-            "model_id": model["id"],
-            "scope": {"kind": "samples", "sample_ids": ["P9999"]},
-        },
+    try:
+        client.submit_deletion(model.id, {"kind": "samples", "sample_ids": ["P9999"]}, "alice@example.org")
+    except LetheProblem as bad:
+        print(f"   (a typo first: {bad.status} {bad.slug} {bad.extensions.get('unknown_sample_ids')})")
+    request = client.submit_deletion(
+        model.id,
+        {"kind": "samples", "sample_ids": subject},
+        "alice@example.org",
+        method="retrain",
+        idempotency_key="demo-request-1",
     )
-    print(
-        f"   (a typo first: {bad.status_code} {bad.json()['type'].rsplit('/', 1)[-1]} "
-        f"{bad.json().get('unknown_sample_ids')})"
-    )
-    response = client.post(
-        "/v1/deletion-requests",
-        headers={"Idempotency-Key": "demo-request-1"},
-        json={
-            "subject_ref": "alice@example.org",
-            "model_id": model["id"],
-            "method": "retrain",
-            "scope": {"kind": "samples", "sample_ids": subject},
-        },
-    )
-    print(f"   POST /v1/deletion-requests → {response.status_code}, Location {response.headers['location']}")
-    request = _wait(
-        client, response.headers["location"], lambda b: b["status"] in ("certified", "failed", "rejected"), "request"
-    )
-    if request["status"] != "certified":
-        raise SystemExit(f"the deletion did not complete: {request['error']}")
+    print(f"   POST /v1/deletion-requests → 202, Location {request.location}")
+    request = client.wait(request.id, timeout=600, on_progress=_printer("request"))
+    if request.status != "certified":
+        raise SystemExit(f"the deletion did not complete: {request.error}")
 
-    versions = client.get(f"/v1/models/{model['id']}/versions").json()
-    new = versions[-1]
-    before, after = new["metrics"]["before"], new["metrics"]["after"]
+    versions = client.versions(model.id)
+    old, new = versions[-2], versions[-1]
+    before, after = new.metrics["before"], new.metrics["after"]
     print("\n3. The request's journey (audit log):")
-    events = client.get("/v1/audit", params={"entity_id": request["id"]}).json()["items"]
-    for event in events:
-        print(f"   #{event['seq']:<3} {event['at'][11:23]}  {event['action']:<28} by {event['actor']}")
+    for event in client.audit_events(entity_id=request.id).items:
+        print(f"   #{event.seq:<3} {event.at.isoformat()[11:23]}  {event.action:<28} by {event.actor}")
     print(
-        f"   received {request['created_at'][11:23]} → started {request['started_at'][11:23]} → "
-        f"certified {request['completed_at'][11:23]}  (attempts: {request['attempts']})"
+        f"   received {_clock(request.created_at)} → started {_clock(request.started_at)} → "
+        f"certified {_clock(request.completed_at)}  (attempts: {request.attempts})"
     )
     print("\n4. Old and new version:")
     print(f"   {'':<12}{'version':>8}{'retain acc':>12}{'forget acc':>12}{'holdout acc':>13}")
-    for label, number, m in (("original", versions[-2]["number"], before), ("retrained", new["number"], after)):
+    for label, number, m in (("original", old.number, before), ("retrained", new.number, after)):
         print(
             f"   {label:<12}{number:>8}{m['accuracy_retain']:>12.4f}{m['accuracy_forget']:>12.4f}"
             f"{m['accuracy_holdout']:>13.4f}"
         )
     print(
-        f"   lineage: v{versions[-2]['number']} {versions[-2]['digest'][:12]}… → v{new['number']} "
-        f"{new['digest'][:12]}… ({new['method']}, {new['metrics']['unlearn_seconds']:.3f} s)"
+        f"   lineage: v{old.number} {old.digest[:12]}… → v{new.number} "
+        f"{new.digest[:12]}… ({new.method}, {new.metrics['unlearn_seconds']:.3f} s)"
     )
     print("\n5. Evidence:")
     _evidence(client, request, "retrain")
-    return model["id"]
+    return model.id
 
 
-def _evidence(client: httpx.Client, request: dict, label: str) -> None:
+def _clock(moment) -> str:
+    """HH:MM:SS.mmm, as the demo prints times."""
+    return moment.isoformat()[11:23] if moment else "—"
+
+
+def _evidence(client: LetheClient, request: DeletionRequest, label: str) -> None:
     """What a compliance officer gets: the verdict and why, the audit's power, the erasure, the certificate — checked
     offline here against the published keys, as a third party would."""
     from app.certificates.verify_cli import verify_file
 
-    reports = client.get(request["links"]["reports"]).json()["items"]
-    for report in reports:
-        print(f"   verdict on {report['method']}: {report['verdict'].upper()}")
-        for check in report["checks"]:
-            mark = {True: "✓", False: "✗", None: "·"}[check["passed"]]
-            print(f"     {mark} {check['message']}")
-        print(f"     audit power: {'informative' if report.get('informative') else 'UNINFORMATIVE'} — "
-              f"{report.get('informative_detail', '')}")  # fmt: skip
-    manifest = request.get("erasure") or {}
+    for report in client.reports(request.id):
+        print(f"   verdict on {report.method}: {report.verdict.upper()}")
+        for check in report.checks:
+            mark = {True: "✓", False: "✗", None: "·"}[check.passed]
+            print(f"     {mark} {check.message}")
+        print(f"     audit power: {'informative' if report.informative else 'UNINFORMATIVE'} — "
+              f"{report.informative_detail or ''}")  # fmt: skip
+    manifest = request.erasure or {}
     if manifest:
         methods = ", ".join(f"{k}: {v['action']}" for k, v in manifest.get("method_state", {}).items()) or "none"
         print(
             f"   erased: {manifest.get('index', {}).get('rows_deleted', 0)} rows from the stored table and index; "
             f"{len(manifest.get('versions_retired', []))} earlier versions retired (410); method state: {methods}"
         )
-    if "certificate" not in request["links"]:
+    if "certificate" not in request.links:
         print(f"   {label}: no certificate (the verdict did not pass)")
         return
-    envelope = client.get(request["links"]["certificate"]).json()
-    cert = HOME / f"certificate-{request['id'][:8]}.json"
+    envelope = client.certificate(request.links["certificate"])
+    cert = HOME / f"certificate-{request.id[:8]}.json"
     keys = HOME / "lethe-keys.json"
     cert.write_text(json.dumps(envelope, indent=1))
-    keys.write_text(json.dumps(client.get("/.well-known/lethe-keys.json").json()))
+    keys.write_text(json.dumps(client.signing_keys()))
     ok, message = verify_file(str(cert), str(keys))
     print(f"   certificate {cert.name}: {'VERIFIED offline' if ok else 'INVALID'} — {message}")
 
 
-def _finished(client: httpx.Client, location: str, label: str) -> dict:
-    return _wait(client, location, lambda b: b["status"] in ("certified", "failed", "rejected"), label, timeout=900)
+def _finished(client: LetheClient, request: DeletionRequest, label: str) -> DeletionRequest:
+    return client.wait(request.id, timeout=900, on_progress=_printer(label))
 
 
-def _l2ul_story(client: httpx.Client, tabular_model_id: str) -> None:
+def _l2ul_story(client: LetheClient, tabular_model_id: str) -> None:
     """The same table with fast methods prepared (Newton, influence, L2UL): each measured on real deletions at
     preparation, then one deletion per method and one by ``auto``, side by side with retraining."""
-    import json
 
     print("\n━━ Part 2: fast unlearning, measured before it is trusted ━━")
     settings = {"m": 300, "subset_size": 300, "epochs": 150, "units": 4}
@@ -242,29 +225,21 @@ def _l2ul_story(client: httpx.Client, tabular_model_id: str) -> None:
         f"learned unlearner (L2UL, m={settings['m']} simulated deletions in {settings['units']} units); then each is "
         "checked on real deletions against exact retrains"
     )
-    with (HOME / "breast_cancer.csv").open("rb") as handle:
-        response = client.post(
-            "/v1/models",
-            data={"metadata": json.dumps(metadata)},
-            files={"file": ("breast_cancer.csv", handle, "text/csv")},
-        )
-    response.raise_for_status()
-    model_id = response.json()["id"]
-    model = _wait(
+    model_id = client.register_model(metadata, HOME / "breast_cancer.csv").id
+    model = _wait_model(
         client,
-        f"/v1/models/{model_id}",
+        model_id,
         lambda b: (
-            b["status"] == "failed"
-            or all(b["unlearning"].get(m, {}).get("status") in ("ready", "refused", "failed") for m in methods)
+            b.status == "failed"
+            or all(b.unlearning.get(m, {}).get("status") in ("ready", "refused", "failed") for m in methods)
         ),
-        "model",
         timeout=900,
     )
     print(
         f"   {'method':<10}{'status':<10}{'param_ratio':>12}{'acc gap':>9}{'step ms':>9}   (median of real deletions)"
     )
     for name in methods:
-        entry = model["unlearning"].get(name, {})
+        entry = model.unlearning.get(name, {})
         v = entry.get("info", {}).get("validation") or {}
         ratio, gap, step = v.get("param_ratio_median"), v.get("acc_gap_pts_median"), v.get("method_seconds_median")
         figures = f"{ratio:>12.4f}{gap:>+9.2f}{step * 1e3:>9.3f}" if ratio is not None else f"{'—':>12}{'':>18}"
@@ -279,26 +254,19 @@ def _l2ul_story(client: httpx.Client, tabular_model_id: str) -> None:
     }
     outcome = {}
     for method, ids in rows.items():
-        response = client.post(
-            "/v1/deletion-requests",
-            json={
-                "subject_ref": f"demo-{method}",
-                "model_id": model_id,
-                "method": method,
-                "scope": {"kind": "samples", "sample_ids": ids},
-            },
-        )
-        if response.status_code != 202:
-            problem = response.json()
-            print(f"   {method}: {response.status_code} {problem['type'].rsplit('/', 1)[-1]}: {problem['detail']}")
+        try:
+            submitted = client.submit_deletion(
+                model_id, {"kind": "samples", "sample_ids": ids}, f"demo-{method}", method=method
+            )
+        except LetheProblem as problem:
+            print(f"   {method}: {problem.status} {problem.slug}: {problem.detail}")
             continue
-        done = _finished(client, response.headers["location"], method)
+        done = _finished(client, submitted, method)
         _evidence(client, done, method)
-        if done["status"] != "certified":
-            print(f"   {method}: {done['status']} — {done['error']['detail']}")
+        if done.status != "certified":
+            print(f"   {method}: {done.status} — {done.error['detail']}")
             continue
-        version = client.get(f"/v1/models/{model_id}/versions").json()[-1]
-        outcome[method] = version["metrics"]
+        outcome[method] = client.versions(model_id)[-1].metrics
     if outcome:
         print(f"2. Four subjects, three rows each: {'':<6}{'ran':>9}{'unlearn s':>11}{'holdout acc':>13}")
         for method, m in outcome.items():
@@ -318,7 +286,7 @@ def _l2ul_story(client: httpx.Client, tabular_model_id: str) -> None:
             )
 
 
-def _ease_story(client: httpx.Client) -> None:
+def _ease_story(client: LetheClient) -> None:
     """A federated tiny CLIP + LoRA: clients train over HTTP, one client leaves, EASE removes it."""
     import matplotlib
 
@@ -330,19 +298,16 @@ def _ease_story(client: httpx.Client) -> None:
 
     print("\n━━ Part 3: EASE, federated CLIP + LoRA, a client leaves ━━")
     rounds = 20
-    response = client.post(
-        "/v1/models",
-        json={
+    model_id = client.register_model(
+        {
             "name": "federated-clip",
             "kind": "clip_federated",
             "data": {"kind": "synthetic", "seed": 0, "n_clients": 5, "pairs_per_client": 200, "n_test": 300},
             "fed_settings": {"rounds": rounds},
-        },
-    )
-    response.raise_for_status()
-    model_id = response.json()["id"]
+        }
+    ).id
     print("1. Register a tiny open_clip model with LoRA on both towers (the backbone pretrains once, then is cached)")
-    _wait(client, f"/v1/models/{model_id}", lambda b: b["status"] in ("ready", "failed"), "model", timeout=900)
+    _wait_model(client, model_id, timeout=900)
     clients = SimulatedClients(client, model_id)
     scenario = clients.data.scenarios["client"]
     leaving = f"c{scenario['client']}"
@@ -367,37 +332,30 @@ def _ease_story(client: httpx.Client) -> None:
         if (r + 1) % 5 == 0:
             print(f"   round {r + 1:>2}: forget-client R@1 {curve[-1]:5.1f}")
     print(f"3. Client {leaving} leaves: POST a deletion with scope client, method ease")
-    response = client.post(
-        "/v1/deletion-requests",
-        json={
-            "subject_ref": f"federated client {leaving}",
-            "model_id": model_id,
-            "method": "ease",
-            "scope": {"kind": "client", "client_id": leaving},
-        },
+    submitted = client.submit_deletion(
+        model_id, {"kind": "client", "client_id": leaving}, f"federated client {leaving}", method="ease"
     )
-    response.raise_for_status()
-    done = _finished(client, response.headers["location"], "request")
+    done = _finished(client, submitted, "request")
     _evidence(client, done, "ease")
-    if done["status"] != "certified":
-        raise SystemExit(f"EASE did not complete: {done['error']}")
-    version = client.get(f"/v1/models/{model_id}/versions").json()[-1]
-    before, after, info = version["metrics"]["before"], version["metrics"]["after"], version["metrics"]["method_info"]
+    if done.status != "certified":
+        raise SystemExit(f"EASE did not complete: {done.error}")
+    metrics = client.versions(model_id)[-1].metrics
+    before, after, info = metrics["before"], metrics["after"], metrics["method_info"]
     print(f"   {'R@1 (mean i→t, t→i)':<24}{'forget':>8}{'retain':>8}{'test':>8}")
     for label, m in (("before (original)", before), ("after EASE", after)):
         print(f"   {label:<24}{m['forget_r1']:>8.1f}{m['retain_r1']:>8.1f}{m['test_r1']:>8.1f}")
     print(
-        f"   EASE took {version['metrics']['unlearn_seconds']:.1f} s and {info.get('bytes_total', 0) / 1e6:.2f} MB "
+        f"   EASE took {metrics['unlearn_seconds']:.1f} s and {info.get('bytes_total', 0) / 1e6:.2f} MB "
         f"of traffic; forget lock rank {info.get('lock_rank')}, alpha {info.get('lock_alpha')}"
     )
-    lock = client.get(f"/v1/models/{model_id}/forget-lock").json()
-    print(f"4. GET /v1/models/…/forget-lock → rank {lock['rank']}, alpha {lock['alpha']}, for the remaining clients")
+    lock = client.forget_lock(model_id)
+    print(f"4. GET /v1/models/…/forget-lock → rank {lock.rank}, alpha {lock.alpha}, for the remaining clients")
     after_curve = [forget_r1()]
     for r in range(5):
         job = clients.round(rounds + r, use_lock=True)
         after_curve.append(forget_r1())
     print(
-        f"   5 more rounds with the lock (server projection; client penalty α = {lock['alpha']}): forget R@1 "
+        f"   5 more rounds with the lock (server projection; client penalty α = {lock.alpha}): forget R@1 "
         f"{' → '.join(f'{v:.1f}' for v in after_curve)}"
     )
     figure = HOME / "ease_forget_r1.png"

@@ -11,13 +11,12 @@ projection alone holds the lock). This is client-side code: it runs the ML itsel
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import torch
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
+from app.client import LetheClient
 from app.ml.clip import ClipLoRA, ClipSpec
 from app.ml.data.captions import CaptionDataset, make_synthetic_federation
 from app.ml.federation import Federation, FedSettings
@@ -37,8 +36,12 @@ def apply_tombstones(
 
 
 class SimulatedClients:
-    def __init__(self, client: httpx.Client, model_id: str):
-        self.http, self.model_id = client, model_id
+    """``client``: a :class:`~app.client.LetheClient`, or an httpx client (base URL and key set) that is wrapped in
+    one."""
+
+    def __init__(self, client: LetheClient | httpx.Client, model_id: str):
+        self.api = client if isinstance(client, LetheClient) else LetheClient(http=client)
+        self.model_id = model_id
         model = self._model()
         federation = model["federation"]
         data = {k: v for k, v in federation["data"].items() if k != "kind"}
@@ -50,36 +53,29 @@ class SimulatedClients:
         self._live: dict[str, list[str]] | None = None
 
     def _model(self) -> dict:
-        response = self.http.get(f"/v1/models/{self.model_id}")
-        response.raise_for_status()
-        return response.json()
+        return self.api.get_model(self.model_id).model_dump(mode="json")
 
     def current_theta(self) -> tuple[int, torch.Tensor]:
         number = self._model()["current_version"]["number"]
-        response = self.http.get(f"/v1/models/{self.model_id}/versions/{number}/weights")
-        response.raise_for_status()
-        return number, load_tensors(response.content)["theta"]
+        return number, load_tensors(self.api.version_weights(self.model_id, number))["theta"]
 
     def forget_lock(self) -> ForgetLock | None:
-        meta = self.http.get(f"/v1/models/{self.model_id}/forget-lock")
-        if meta.status_code != 200 or float(meta.json()["alpha"]) <= 0:
+        meta = self.api.forget_lock(self.model_id)
+        if meta is None or meta.alpha <= 0:
             return None  # no lock, or one the server's projection alone holds: the basis is not needed here
-        response = self.http.get(meta.json()["links"]["tensors"])
-        response.raise_for_status()
-        return ForgetLock.from_bytes(response.content)
+        return ForgetLock.from_bytes(self.api.forget_lock_tensors(self.model_id))
 
     def refresh_pairs(self) -> dict[str, list[str]]:
         """Drop the pairs deletions took (the service's published live pairs); rebuilds the local federation."""
-        response = self.http.get(f"/v1/models/{self.model_id}/pairs")
-        response.raise_for_status()
-        live = response.json()["clients"]
+        live = self.api.live_pairs(self.model_id)
         if live != self._live:
             self._live = live
             self.fed = Federation(self.clip, apply_tombstones(self.data.clients, self.client_ids, live), self.settings)
         return live
 
     def round(self, round_index: int, use_lock: bool = True, timeout: float = 600) -> dict:
-        """One round: local training on every remaining client, upload, wait for the aggregated version."""
+        """One round: local training on every remaining client, upload, wait for the aggregated version (the
+        aggregation job, as a dict)."""
         model = self._model()
         removed = set(model["federation"]["removed_clients"])
         self.refresh_pairs()
@@ -91,16 +87,8 @@ class SimulatedClients:
             if client_id not in removed and len(self.fed.clients[k]):
                 updates[k] = self.fed.local_update(theta, k, round_index=round_index, penalty=penalty)
         blob = save_tensors({"updates": updates.contiguous(), "weights": self.fed.weights().float().contiguous()})
-        response = self.http.post(
-            f"/v1/models/{self.model_id}/rounds", content=blob, headers={"content-type": "application/octet-stream"}
-        )
-        response.raise_for_status()
-        job_id = response.json()["job_id"]
-        deadline = time.monotonic() + timeout
-        while True:
-            job = self.http.get(f"/v1/jobs/{job_id}").json()
-            if job["status"] in ("succeeded", "failed"):
-                return job
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"round {round_index} was not aggregated in {timeout} s")
-            time.sleep(0.1)
+        job_id = self.api.submit_round(self.model_id, blob)
+        try:
+            return self.api.wait_job(job_id, timeout=timeout).model_dump(mode="json")
+        except TimeoutError:
+            raise TimeoutError(f"round {round_index} was not aggregated in {timeout} s") from None

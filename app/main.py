@@ -13,8 +13,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from app.audit.router import router as audit_router
 from app.certificates.router import router as certificates_router
 from app.config import get_settings
+from app.dashboard.router import router as dashboard_router
 from app.db import get_engine
 from app.jobs.router import router as jobs_router
+from app.openapi import install as install_openapi
 from app.ops.router import router as ops_router
 from app.problems import Problem, install_problem_handlers, problem_response
 from app.registry.router import router as registry_router
@@ -136,6 +138,8 @@ def create_app(run_background: bool | None = None) -> FastAPI:
     app.include_router(certificates_router)
     app.include_router(webhooks_router)
     app.include_router(ops_router)
+    app.include_router(dashboard_router)
+    install_openapi(app)  # bearer scheme, problem+json answers and request examples in /openapi.json
 
     @app.get("/healthz", tags=["health"])
     def healthz():

@@ -163,6 +163,17 @@ def chain_head(session: Session) -> dict[str, Any]:
     return {"seq": last.seq, "hash": last.hash} if last else {"seq": 0, "hash": GENESIS_HASH}
 
 
+def events_for(session: Session, entity_id: str, limit: int = 500) -> list[AuditEvent]:
+    """One entity's events in chain order (a deletion request's timeline)."""
+    query = select(AuditEvent).where(AuditEvent.entity_id == entity_id).order_by(AuditEvent.seq).limit(limit)
+    return list(session.execute(query).scalars())
+
+
+def latest_events(session: Session, limit: int = 50) -> list[AuditEvent]:
+    """The newest events, newest first."""
+    return list(session.execute(select(AuditEvent).order_by(AuditEvent.seq.desc()).limit(limit)).scalars())
+
+
 @dataclass
 class ChainVerdict:
     ok: bool

@@ -137,6 +137,13 @@ def _lookup(key_hash: str) -> Principal | None:
         return _principal(row)
 
 
+def principal_for_key(key: str) -> Principal | None:
+    """The live principal of a presented key, or None (unknown, revoked, expired): for callers that do not take the
+    key from an ``Authorization`` header (the dashboard keeps it in a cookie). Looked up on every call, like
+    ``authenticate``."""
+    return _lookup(hash_key(key)) if key else None
+
+
 def _principal(row: ApiKey) -> Principal:
     return Principal(row.id, row.name, frozenset(row.scopes), row.model_id, row.client_id, row.expires_at)
 
@@ -216,4 +223,5 @@ def require_scope(scope: str, *alternatives: str):
             raise problem
         return principal
 
+    _check.scopes = (scope, *alternatives)  # read by app/openapi.py: the operation's documented security
     return _check

@@ -3,8 +3,9 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Literal
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
@@ -16,7 +17,16 @@ from app.config import get_settings
 from app.db import get_session
 from app.problems import Problem
 from app.registry import service
-from app.registry.schemas import ClipModelCreate, ForgetLockOut, ModelCreate, ModelOut, ModelPatch, VersionOut
+from app.registry.schemas import (
+    MODEL_KINDS,
+    ClipModelCreate,
+    ForgetLockOut,
+    ModelCreate,
+    ModelOut,
+    ModelPage,
+    ModelPatch,
+    VersionOut,
+)
 from app.storage import get_store
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
@@ -132,6 +142,23 @@ async def register_model(
         status_code=202,
         headers={"Location": f"/v1/models/{model.id}", "Retry-After": str(get_settings().retry_after_seconds)},
     )
+
+
+@router.get("", response_model=ModelPage)
+def list_models(
+    _: Principal = Depends(require_scope("requests:read", "models:read")),
+    session: Session = Depends(get_session),
+    name: str | None = Query(None, max_length=200, description="Exact name."),
+    name_contains: str | None = Query(None, max_length=200, description="Case-insensitive part of the name."),
+    kind: Literal[MODEL_KINDS] | None = Query(None),  # type: ignore[valid-type]
+    status: Literal["registering", "ready", "failed"] | None = Query(None),
+    limit: int = Query(50, ge=1, le=500),
+    cursor: str | None = Query(None, max_length=1000, description="`next_cursor` from the previous page."),
+):
+    """Registered models, newest first, keyset-paged (the deletion-request list's cursor). Models have no tags, so
+    there is no tag filter: filter by name, kind or status."""
+    rows, next_cursor = service.list_models(session, name, name_contains, kind, status, limit, cursor)
+    return ModelPage(items=[service.model_out(session, m) for m in rows], next_cursor=next_cursor)
 
 
 @router.get("/{model_id}", response_model=ModelOut)

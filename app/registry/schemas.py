@@ -102,6 +102,13 @@ class ModelOut(BaseModel):
     subject_column: str | None = None
 
 
+class ModelPage(BaseModel):
+    """A page of ``GET /v1/models``, newest first; pass ``next_cursor`` back as ``cursor`` for the next one."""
+
+    items: list[ModelOut]
+    next_cursor: str | None
+
+
 class ClipSpecIn(BaseModel):
     """A frozen open_clip backbone: the tiny test architecture, or a real one (ViT-B-32...) from a local checkpoint.
 

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.audit.service import append_event
@@ -18,6 +18,7 @@ from app.config import get_settings
 from app.jobs.outbox import new_job
 from app.jobs.tables import Job
 from app.ml.unlearning.base import UnknownMethodError, get_method
+from app.paging import keyset_page
 from app.problems import Problem
 from app.registry.schemas import ClipModelCreate, ModelCreate, ModelOut, VersionOut
 from app.registry.tables import Dataset, DatasetRow, Model, ModelVersion, first_line
@@ -327,6 +328,34 @@ def model_out(session: Session, model: Model) -> ModelOut:
     )
 
 
+def list_models(
+    session: Session,
+    name: str | None = None,
+    name_contains: str | None = None,
+    kind: str | None = None,
+    status: str | None = None,
+    limit: int = 50,
+    cursor: str | None = None,
+) -> tuple[list[Model], str | None]:
+    """Models newest first, keyset-paged like the deletion-request list. Models carry no tags: the filters are the
+    name (exact, or a case-insensitive substring), the kind and the status."""
+    query = select(Model)
+    if name is not None:
+        query = query.where(Model.name == name)
+    if name_contains:
+        pattern = "%" + name_contains.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        query = query.where(func.lower(Model.name).like(pattern, escape="\\"))
+    if kind is not None:
+        query = query.where(Model.kind == kind)
+    if status is not None:
+        query = query.where(Model.status == status)
+    rows, next_cursor = keyset_page(session, query, Model, limit, cursor)
+    current = [m.current_version_id for m in rows if m.current_version_id]
+    if current:  # one query for the page's current versions (model_out finds them in the identity map)
+        session.execute(select(ModelVersion).where(ModelVersion.id.in_(current))).scalars().all()
+    return rows, next_cursor
+
+
 def get_model_or_404(session: Session, model_id: str) -> Model:
     model = session.get(Model, model_id)
     if model is None:
@@ -357,6 +386,11 @@ def list_versions(session: Session, model_id: str) -> list[ModelVersion]:
             select(ModelVersion).where(ModelVersion.model_id == model_id).order_by(ModelVersion.number)
         ).scalars()
     )
+
+
+def models_overview(session: Session, limit: int = 200) -> list[Model]:
+    """Every model, newest first (the dashboard's model page; the API pages through them)."""
+    return list(session.execute(select(Model).order_by(Model.created_at.desc()).limit(limit)).scalars())
 
 
 def register_clip_model(session: Session, principal: Principal, body: ClipModelCreate) -> Model:

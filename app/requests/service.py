@@ -3,7 +3,6 @@ outbox) and the audit event. Idempotency-Key: the same key and body answers the 
 
 from __future__ import annotations
 
-import base64
 import calendar
 import hashlib
 import hmac
@@ -21,6 +20,7 @@ from app.db import new_id, utcnow
 from app.jobs.outbox import cancel as cancel_job
 from app.jobs.outbox import new_job
 from app.ml.unlearning.base import AUTO, UnknownMethodError, get_method
+from app.paging import decode_cursor, encode_cursor
 from app.problems import Problem
 from app.registry.schemas import SCOPES_BY_KIND
 from app.registry.tables import DatasetRow, Model, ModelVersion
@@ -376,23 +376,6 @@ def get_request_or_404(session: Session, request_id: str) -> DeletionRequest:
     return request
 
 
-def encode_cursor(created_at: datetime, request_id: str) -> str:
-    return base64.urlsafe_b64encode(json.dumps([created_at.isoformat(), request_id]).encode()).decode()
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        created, request_id = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-        moment = datetime.fromisoformat(created)
-        if moment.tzinfo is None or not isinstance(request_id, str) or "\x00" in request_id:
-            raise ValueError("not a cursor this service wrote")
-        return moment, request_id
-    except (ValueError, TypeError, json.JSONDecodeError):
-        raise Problem(
-            400, "invalid-cursor", "The cursor is not valid", "Use `next_cursor` from a previous page."
-        ) from None
-
-
 WAITING_STATUSES = ("received", "queued")
 
 
@@ -410,9 +393,15 @@ def list_requests(
     cursor: str | None,
     stuck: bool = False,
     overdue: bool = False,
+    created_from: datetime | None = None,
+    created_before: datetime | None = None,
 ) -> tuple[list[DeletionRequest], str | None]:
     """Newest first, keyset-paged on (created_at, id) so pages stay stable while requests arrive."""
     query = select(DeletionRequest)
+    if created_from is not None:
+        query = query.where(DeletionRequest.created_at >= created_from)
+    if created_before is not None:
+        query = query.where(DeletionRequest.created_at < created_before)
     if status:
         query = query.where(DeletionRequest.status == status)
     if overdue:

@@ -1,0 +1,554 @@
+"""A typed Python client for Lethe's HTTP API (httpx, synchronous), used by the CLI, the demo and the simulated
+federation.
+
+It imports nothing of the server (an import-linter contract keeps it so): it can be copied into another code base
+with httpx and pydantic alone. Every error answer raises :class:`LetheProblem`, carrying the RFC 9457 fields
+(``type``, ``title``, ``status``, ``detail``, ``instance`` and the extensions); scripts switch on ``problem.slug``.
+
+    from app.client import LetheClient
+    with LetheClient("http://127.0.0.1:8000", api_key="lethe_...") as lethe:
+        request = lethe.submit_deletion(model_id, {"kind": "samples", "sample_ids": ["P0003"]}, subject_ref="alice")
+        done = lethe.wait(request.id, on_progress=lambda r: print(r.status, r.progress))
+
+The returned models accept fields a newer server adds (``extra="allow"``), so an older client keeps working.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+PROBLEM_BASE = "https://lethe.dev/problems/"
+TERMINAL_STATUSES = ("certified", "failed", "rejected", "cancelled")
+"""A deletion request in one of these states will not change again (unless an admin retries a failed one)."""
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+class LetheProblem(Exception):
+    """An error answer from the API: its problem document (RFC 9457), or one made up for a non-problem answer."""
+
+    def __init__(self, status: int, type: str, title: str, detail: str | None = None, instance: str | None = None,
+                 extensions: dict[str, Any] | None = None, headers: dict[str, str] | None = None):  # fmt: skip
+        self.status, self.type, self.title, self.detail, self.instance = status, type, title, detail, instance
+        self.extensions = extensions or {}
+        self.headers = headers or {}
+        super().__init__(f"{status} {self.slug}: {detail or title}")
+
+    @property
+    def slug(self) -> str:
+        """The last part of ``type`` (``model-not-found``, ``unauthorized``...): what scripts switch on."""
+        return self.type.removeprefix(PROBLEM_BASE).rsplit("/", 1)[-1] if self.type else "about:blank"
+
+    @classmethod
+    def from_response(cls, response: httpx.Response) -> LetheProblem:
+        body: Any = None
+        with contextlib.suppress(json.JSONDecodeError, UnicodeDecodeError):
+            body = response.json()
+        headers = dict(response.headers)
+        if isinstance(body, dict) and "type" in body and "status" in body:
+            known = {"type", "title", "status", "detail", "instance"}
+            return cls(
+                int(body["status"]),
+                str(body["type"]),
+                str(body.get("title") or ""),
+                body.get("detail"),
+                body.get("instance"),
+                {k: v for k, v in body.items() if k not in known},
+                headers,
+            )
+        text = response.text[:500] if response.content else None
+        return cls(response.status_code, "about:blank", response.reason_phrase or "HTTP error", text, None, {}, headers)
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ModelVersion(_Out):
+    id: str
+    number: int
+    parent_id: str | None = None
+    digest: str
+    method: str
+    request_id: str | None = None
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    created_at: datetime
+    retired_at: datetime | None = None
+    retired_by: str | None = None
+
+
+class Model(_Out):
+    id: str
+    name: str
+    kind: str
+    status: str
+    family: str | None = None
+    dataset_id: str | None = None
+    current_version: ModelVersion | None = None
+    unlearning: dict[str, Any] = Field(default_factory=dict)
+    error: str | None = None
+    created_at: datetime
+    links: dict[str, str] = Field(default_factory=dict)
+    federation: dict[str, Any] | None = None
+
+
+class ModelPage(_Out):
+    items: list[Model]
+    next_cursor: str | None = None
+
+
+class ForgetLock(_Out):
+    model_id: str
+    request_id: str
+    version_id: str
+    alpha: float
+    rank: int
+    n_params: int
+    digest: str
+    links: dict[str, str] = Field(default_factory=dict)
+
+
+class DeletionRequest(_Out):
+    id: str
+    model_id: str
+    subject_hash: str
+    scope: dict[str, Any]
+    method: str
+    status: str
+    progress: float = 0.0
+    message: str | None = None
+    attempts: int = 0
+    error: dict[str, Any] | None = None
+    received_at: datetime | None = None
+    due_at: datetime | None = None
+    days_left: float | None = None
+    overdue: bool = False
+    extensions: list[dict[str, Any]] = Field(default_factory=list)
+    stuck: bool = False
+    erasure: dict[str, Any] | None = None
+    result_version_id: str | None = None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+    links: dict[str, str] = Field(default_factory=dict)
+    location: str | None = Field(None, exclude=True, description="The Location header of a 202 (client side only).")
+
+    @property
+    def done(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+class DeletionRequestPage(_Out):
+    items: list[DeletionRequest]
+    next_cursor: str | None = None
+
+
+class Check(_Out):
+    name: str | None = None
+    figure: float | None = None
+    threshold: float | None = None
+    passed: bool | None = None
+    message: str | None = None
+
+
+class Report(_Out):
+    """A verification report: the verdict, its checks, the audit's power, every figure, the plots' links."""
+
+    id: str
+    request_id: str
+    model_id: str
+    verdict: str
+    created_at: datetime
+    method: str | None = None
+    checks: list[Check] = Field(default_factory=list)
+    reasons: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    informative: bool | None = None
+    informative_detail: str | None = None
+    plots: dict[str, str] = Field(default_factory=dict)
+
+
+class Job(_Out):
+    id: str
+    kind: str
+    queue: str
+    model_id: str
+    request_id: str | None = None
+    status: str
+    attempts: int = 0
+    progress: float = 0.0
+    message: str | None = None
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class AuditEvent(_Out):
+    seq: int
+    at: datetime
+    actor: str
+    action: str
+    entity_type: str
+    entity_id: str
+    payload: dict[str, Any] = Field(default_factory=dict)
+    prev_hash: str
+    hash: str
+
+
+class AuditPage(_Out):
+    items: list[AuditEvent]
+    next_after_seq: int | None = None
+
+
+class ChainVerdict(_Out):
+    ok: bool
+    checked: int
+    head: dict[str, Any] = Field(default_factory=dict)
+    first_broken_seq: int | None = None
+    reason: str | None = None
+    checkpoints: int = 0
+    last_checkpoint_seq: int | None = None
+
+
+class WebhookDelivery(_Out):
+    id: str
+    event: str
+    url: str
+    status: str
+    attempts: int = 0
+    last_status_code: int | None = None
+    last_error: str | None = None
+
+
+class Readiness(_Out):
+    ready: bool
+    checks: dict[str, Any] = Field(default_factory=dict)
+
+
+class LetheClient:
+    """Lethe's API. ``base_url`` and ``api_key`` default to ``LETHE_URL`` and ``LETHE_API_KEY``. ``transport`` (an
+    httpx transport) or ``http`` (a ready ``httpx.Client``, such as FastAPI's TestClient, used as it is) point it at
+    an app in the same process."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+        http: httpx.Client | None = None,
+    ):
+        if http is not None:  # its headers are the caller's: only an explicit api_key is added
+            self.api_key, self.http, self._owned = api_key, http, False
+            if api_key:
+                http.headers["authorization"] = f"Bearer {api_key}"
+            return
+        self.api_key = api_key if api_key is not None else os.environ.get("LETHE_API_KEY")
+        headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        self.http = httpx.Client(
+            base_url=base_url or os.environ.get("LETHE_URL", DEFAULT_URL),
+            headers=headers,
+            timeout=timeout,
+            transport=transport,
+        )
+        self._owned = True
+
+    def __enter__(self) -> LetheClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._owned:
+            self.http.close()
+
+    # ------------------------------------------------------------------------------------------------ plumbing
+    def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        """Any call; an answer of 400 or more raises :class:`LetheProblem` (304 is not an error)."""
+        response = self.http.request(method, url, **kwargs)
+        if response.status_code >= 400:
+            raise LetheProblem.from_response(response)
+        return response
+
+    def _json(self, method: str, url: str, **kwargs: Any) -> Any:
+        return self.request(method, url, **kwargs).json()
+
+    @staticmethod
+    def _params(**params: Any) -> dict[str, Any]:
+        return {k: (str(v).lower() if isinstance(v, bool) else v) for k, v in params.items() if v not in (None, False)}
+
+    # ------------------------------------------------------------------------------------------------ health
+    def healthz(self) -> dict[str, Any]:
+        return self._json("GET", "/healthz")
+
+    def readyz(self) -> Readiness:
+        """Readiness (a 503 is an answer here, not an error: ``ready`` is false and ``checks`` say why)."""
+        response = self.http.get("/readyz")
+        if response.status_code not in (200, 503):
+            raise LetheProblem.from_response(response)
+        return Readiness.model_validate(response.json())
+
+    # ------------------------------------------------------------------------------------------------ models
+    def list_models(
+        self,
+        *,
+        name: str | None = None,
+        name_contains: str | None = None,
+        kind: str | None = None,
+        status: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> ModelPage:
+        params = self._params(name=name, name_contains=name_contains, kind=kind, status=status, limit=limit,
+                              cursor=cursor)  # fmt: skip
+        return ModelPage.model_validate(self._json("GET", "/v1/models", params=params))
+
+    def iter_models(self, **filters: Any) -> Iterator[Model]:
+        """Every model matching the filters, following ``next_cursor``."""
+        cursor = None
+        while True:
+            page = self.list_models(cursor=cursor, **filters)
+            yield from page.items
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def get_model(self, model_id: str) -> Model:
+        return Model.model_validate(self._json("GET", f"/v1/models/{model_id}"))
+
+    def register_model(
+        self,
+        metadata: dict[str, Any],
+        file: str | Path | bytes | IO[bytes] | None = None,
+        filename: str | None = None,
+    ) -> Model:
+        """Register a model: with ``file`` (a path, bytes or a binary file) as multipart ``metadata`` + ``file``;
+        without, as JSON (a federated CLIP model, or a tabular one whose ``dataset.path`` the server may read)."""
+        if file is None:
+            return Model.model_validate(self._json("POST", "/v1/models", json=metadata))
+        if isinstance(file, str | Path):
+            path = Path(file)
+            with path.open("rb") as handle:
+                return self.register_model(metadata, handle.read(), filename or path.name)
+        content = file if isinstance(file, bytes) else file.read()
+        files = {"file": (filename or "data.csv", content, "application/octet-stream")}
+        return Model.model_validate(
+            self._json("POST", "/v1/models", data={"metadata": json.dumps(metadata)}, files=files)
+        )
+
+    def wait_model(
+        self,
+        model_id: str,
+        until: Callable[[Model], bool] | None = None,
+        *,
+        timeout: float = 900,
+        interval: float = 0.25,
+        on_progress: Callable[[Model], None] | None = None,
+    ) -> Model:
+        """Poll a model until ``until`` holds (default: it is no longer registering); ``on_progress`` sees each
+        changed state. TimeoutError after ``timeout`` seconds."""
+        until = until or (lambda m: m.status != "registering")
+        return _poll(lambda: self.get_model(model_id), until, timeout, interval, on_progress, f"model {model_id}")
+
+    def versions(self, model_id: str) -> list[ModelVersion]:
+        return [ModelVersion.model_validate(v) for v in self._json("GET", f"/v1/models/{model_id}/versions")]
+
+    def version_weights(self, model_id: str, number: int) -> bytes:
+        """A version's parameters (safetensors, key ``theta``; needs ``models:read``)."""
+        return self.request("GET", f"/v1/models/{model_id}/versions/{number}/weights").content
+
+    def forget_lock(self, model_id: str) -> ForgetLock | None:
+        """A federated model's forget lock after an EASE unlearning, or None when it has none."""
+        try:
+            return ForgetLock.model_validate(self._json("GET", f"/v1/models/{model_id}/forget-lock"))
+        except LetheProblem as problem:
+            if problem.slug == "no-forget-lock":
+                return None
+            raise
+
+    def forget_lock_tensors(self, model_id: str) -> bytes:
+        return self.request("GET", f"/v1/models/{model_id}/forget-lock.safetensors").content
+
+    def live_pairs(self, model_id: str) -> dict[str, list[str]]:
+        """A federated model's pairs each client may still train on: ``{client_id: [pair ids]}``."""
+        return self._json("GET", f"/v1/models/{model_id}/pairs")["clients"]
+
+    def submit_round(self, model_id: str, safetensors_blob: bytes) -> str:
+        """Upload one FedAvg round (safetensors ``updates`` and optional ``weights``); returns the aggregation job's
+        id."""
+        headers = {"content-type": "application/octet-stream"}
+        return self._json("POST", f"/v1/models/{model_id}/rounds", content=safetensors_blob, headers=headers)["job_id"]
+
+    def get_job(self, job_id: str) -> Job:
+        return Job.model_validate(self._json("GET", f"/v1/jobs/{job_id}"))
+
+    def wait_job(self, job_id: str, *, timeout: float = 600, interval: float = 0.1) -> Job:
+        return _poll(lambda: self.get_job(job_id), lambda j: j.status in ("succeeded", "failed", "cancelled"),
+                     timeout, interval, None, f"job {job_id}")  # fmt: skip
+
+    # ------------------------------------------------------------------------------------------- deletion requests
+    def submit_deletion(
+        self,
+        model_id: str,
+        scope: dict[str, Any],
+        subject_ref: str,
+        *,
+        method: str = "retrain",
+        method_settings: dict[str, Any] | None = None,
+        callback_url: str | None = None,
+        received_at: datetime | str | None = None,
+        idempotency_key: str | None = None,
+    ) -> DeletionRequest:
+        """``scope``: ``{"kind": "samples", "sample_ids": [...]}``, ``{"kind": "class", "label": ...}`` or
+        ``{"kind": "client", "client_id": ...}``. Answers once the request is durable (202)."""
+        body: dict[str, Any] = {"subject_ref": subject_ref, "model_id": model_id, "scope": scope, "method": method}
+        if method_settings:
+            body["method_settings"] = method_settings
+        if callback_url:
+            body["callback_url"] = callback_url
+        if received_at is not None:
+            body["received_at"] = received_at.isoformat() if isinstance(received_at, datetime) else received_at
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        response = self.request("POST", "/v1/deletion-requests", json=body, headers=headers)
+        out = DeletionRequest.model_validate(response.json())
+        out.location = response.headers.get("location")
+        return out
+
+    def get_deletion(self, request_id: str) -> DeletionRequest:
+        return DeletionRequest.model_validate(self._json("GET", f"/v1/deletion-requests/{request_id}"))
+
+    def list_deletions(
+        self,
+        *,
+        status: str | None = None,
+        model_id: str | None = None,
+        stuck: bool = False,
+        overdue: bool = False,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> DeletionRequestPage:
+        params = self._params(status=status, model_id=model_id, stuck=stuck, overdue=overdue, limit=limit,
+                              cursor=cursor)  # fmt: skip
+        return DeletionRequestPage.model_validate(self._json("GET", "/v1/deletion-requests", params=params))
+
+    def iter_deletions(self, **filters: Any) -> Iterator[DeletionRequest]:
+        cursor = None
+        while True:
+            page = self.list_deletions(cursor=cursor, **filters)
+            yield from page.items
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def wait(
+        self,
+        request_id: str,
+        *,
+        timeout: float = 900,
+        interval: float = 0.25,
+        on_progress: Callable[[DeletionRequest], None] | None = None,
+    ) -> DeletionRequest:
+        """Poll a deletion request until it ends (certified, failed, rejected or cancelled). ``on_progress`` is
+        called with each changed state (status, progress or message). TimeoutError after ``timeout`` seconds."""
+        return _poll(lambda: self.get_deletion(request_id), lambda r: r.done, timeout, interval, on_progress,
+                     f"deletion request {request_id}")  # fmt: skip
+
+    def cancel(self, request_id: str) -> DeletionRequest:
+        """Cancel a request no worker has started (admin)."""
+        return DeletionRequest.model_validate(self._json("POST", f"/v1/deletion-requests/{request_id}/cancel"))
+
+    def retry(self, request_id: str) -> DeletionRequest:
+        """Run a failed request again (admin)."""
+        return DeletionRequest.model_validate(self._json("POST", f"/v1/deletion-requests/{request_id}/retry"))
+
+    def extend(self, request_id: str, months: int, reason: str) -> DeletionRequest:
+        """Extend the deadline by one or two months in all, with the reason told to the data subject (admin)."""
+        body = {"months": months, "reason": reason}
+        return DeletionRequest.model_validate(
+            self._json("POST", f"/v1/deletion-requests/{request_id}/extend", json=body)
+        )
+
+    def webhook_deliveries(self, request_id: str) -> list[WebhookDelivery]:
+        items = self._json("GET", f"/v1/deletion-requests/{request_id}/webhooks")["items"]
+        return [WebhookDelivery.model_validate(d) for d in items]
+
+    def redeliver(self, request_id: str, delivery_id: str) -> WebhookDelivery:
+        url = f"/v1/deletion-requests/{request_id}/webhooks/{delivery_id}/redeliver"
+        return WebhookDelivery.model_validate(self._json("POST", url))
+
+    # ------------------------------------------------------------------------------------------------ evidence
+    def reports(self, request_id: str) -> list[Report]:
+        """A request's verification reports, in order (``auto`` may have escalated: two)."""
+        items = self._json("GET", "/v1/reports", params={"request_id": request_id})["items"]
+        return [Report.model_validate(r) for r in items]
+
+    def get_report(self, report_id: str) -> Report:
+        return Report.model_validate(self._json("GET", f"/v1/reports/{report_id}"))
+
+    def report_plot(self, report_id: str, name: str) -> bytes:
+        """A report's plot (PNG bytes)."""
+        return self.request("GET", f"/v1/reports/{report_id}/plots/{name}").content
+
+    def certificate(self, certificate_id_or_url: str) -> dict[str, Any]:
+        """A deletion certificate's DSSE envelope, as signed (save it as JSON and verify it offline). Takes the
+        certificate's id or the ``links.certificate`` path of a request."""
+        path = certificate_id_or_url
+        if not path.startswith("/"):
+            path = f"/v1/certificates/{path}"
+        return self._json("GET", path)
+
+    def signing_keys(self) -> dict[str, Any]:
+        """The public keys document (``/.well-known/lethe-keys.json``) that verifies certificates."""
+        return self._json("GET", "/.well-known/lethe-keys.json")
+
+    # ------------------------------------------------------------------------------------------------ audit
+    def audit_events(self, *, after_seq: int = 0, limit: int = 100, entity_id: str | None = None) -> AuditPage:
+        params = self._params(after_seq=after_seq, limit=limit, entity_id=entity_id)
+        return AuditPage.model_validate(self._json("GET", "/v1/audit", params=params))
+
+    def iter_audit(self, *, entity_id: str | None = None, page_size: int = 1000) -> Iterator[AuditEvent]:
+        after = 0
+        while True:
+            page = self.audit_events(after_seq=after, limit=page_size, entity_id=entity_id)
+            yield from page.items
+            if page.next_after_seq is None:
+                return
+            after = page.next_after_seq
+
+    def verify_audit(self) -> ChainVerdict:
+        """Recompute the audit log's hash chain on the server."""
+        return ChainVerdict.model_validate(self._json("GET", "/v1/audit/verify"))
+
+    def webhook_secret(self, url: str) -> str:
+        """The ``whsec_`` secret this callback URL's events are signed with (admin)."""
+        return self._json("POST", "/v1/webhooks/secret", json={"url": url})["secret"]
+
+
+def _poll(fetch, until, timeout: float, interval: float, on_progress, what: str):
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        value = fetch()
+        state = (getattr(value, "status", None), getattr(value, "progress", None), getattr(value, "message", None))
+        if on_progress is not None and state != last:
+            on_progress(value)
+        last = state
+        if until(value):
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not finish in {timeout:g} s")
+        time.sleep(interval)

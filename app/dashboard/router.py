@@ -1,0 +1,471 @@
+"""The operator's dashboard at ``/dashboard``: server-rendered pages (Jinja2) and one small script that polls.
+
+It reads through the domain services only and acts through the same service functions as the API (so an action
+is audited exactly as its API twin); it owns no table. Access: an API key with ``requests:read`` (given once in a
+login form, then kept in a signed HttpOnly, SameSite=Strict cookie, see ``session.py``); actions need ``admin``
+and a CSRF token. No key, no data: every page and fragment checks the key again.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, date, datetime, time, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Depends, Form, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+from fastapi.routing import APIRoute
+from fastapi.templating import Jinja2Templates
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.audit.service import events_for, latest_events, verify_chain
+from app.auth.service import Principal, principal_for_key
+from app.certificates.service import get_certificate_or_404
+from app.certificates.signing import InvalidCertificate, load_public_keys, public_keys, verify_envelope
+from app.certificates.verify_cli import describe
+from app.dashboard import session as cookies
+from app.dashboard.views import (
+    ACTIVE_STATUSES,
+    carried_deletions,
+    flat_info,
+    lineage_svg,
+    report_figures,
+    request_json,
+    time_left,
+)
+from app.db import get_session
+from app.problems import Problem
+from app.registry import service as registry
+from app.reports.service import get_report_or_404, report_out, reports_for
+from app.requests import service as requests
+from app.requests.service import TERMINAL_STATUSES, WAITING_STATUSES
+from app.storage import get_store
+from app.webhooks import service as webhooks
+
+HERE = Path(__file__).parent
+STATUSES = ("received", "queued", "running", "verifying", "certified", "failed", "rejected", "cancelled")
+STATIC = {"dashboard.css": "text/css; charset=utf-8", "dashboard.js": "text/javascript; charset=utf-8"}
+POLL_MS = 1000
+STALE_FORM = "Missing or stale form token: reload the page and try again."
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+    "frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-store",
+}
+DONE = {
+    "cancel": "The request was cancelled.",
+    "retry": "The request was queued again.",
+    "extend": "The deadline was extended.",
+    "redeliver": "The webhook event will be sent again.",
+}
+
+templates = Jinja2Templates(directory=str(HERE / "templates"))
+templates.env.globals.update(
+    flat_info=flat_info, time_left=time_left, active_statuses=ACTIVE_STATUSES, statuses=STATUSES
+)
+templates.env.filters["pretty"] = lambda value: json.dumps(value, indent=2, sort_keys=True, default=str)
+templates.env.filters["when"] = lambda value: value.strftime("%Y-%m-%d %H:%M:%S UTC") if value else "—"
+
+
+class _Refused(Exception):
+    def __init__(self, response: Response):
+        self.response = response
+
+
+def _render(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> HTMLResponse:
+    context = {"poll_ms": POLL_MS, **context}
+    if "principal" in context and context["principal"] is not None:
+        context.setdefault("csrf", cookies.csrf_token(request))
+    return templates.TemplateResponse(request, name, context, status_code=status_code, headers=SECURITY_HEADERS)
+
+
+def _login_page(request: Request, message: str | None, status_code: int) -> HTMLResponse:
+    nonce, token = cookies.login_token()
+    response = _render(request, "login.html", {"message": message, "login_token": token}, status_code)
+    cookies.set_login_cookie(response, nonce)
+    return response
+
+
+def _gate(request: Request, scope: str = "requests:read", *, fragment: bool = False) -> Principal:
+    """The session's principal holding ``scope``; otherwise raise a refusal: the login page (no or refused key) or
+    403 (the key lacks the scope). A fragment or JSON call gets a bare 401/403 with no data."""
+    key = cookies.session_key(request)
+    principal = principal_for_key(key) if key else None
+    if principal is None:
+        if fragment:
+            response: Response = JSONResponse({"error": "login required"}, status_code=401, headers=SECURITY_HEADERS)
+        elif key is None:
+            response = RedirectResponse("/dashboard/login", status_code=303, headers=SECURITY_HEADERS)
+        else:
+            response = _login_page(request, "Your API key was refused (unknown, expired or revoked).", 401)
+        if key is not None:
+            cookies.end_session(response)
+        raise _Refused(response)
+    if not principal.has(scope) or principal.model_id is not None:
+        message = f"This needs an API key with the scope `{scope}`."
+        if fragment:
+            raise _Refused(JSONResponse({"error": message}, status_code=403, headers=SECURITY_HEADERS))
+        raise _Refused(_render(request, "refused.html", {"principal": principal, "message": message}, 403))
+    return principal
+
+
+class DashboardRoute(APIRoute):
+    """Answers in HTML: a refusal is its page, a problem (404, 409, a bad filter) an error page with its status."""
+
+    def get_route_handler(self):
+        handler = super().get_route_handler()
+
+        async def answer(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except _Refused as refused:
+                return refused.response
+            except Problem as problem:
+                detail = f"{problem.title}: {problem.detail}" if problem.detail else problem.title
+                return _render(request, "refused.html", {"principal": None, "message": detail}, problem.status)
+            except RequestValidationError as exc:
+                fields = "; ".join(f"{'.'.join(map(str, e['loc'][1:]))}: {e['msg']}" for e in exc.errors())
+                return _render(request, "refused.html", {"principal": None, "message": f"Not valid: {fields}"}, 422)
+
+        return answer
+
+
+router = APIRouter(prefix="/dashboard", include_in_schema=False, route_class=DashboardRoute)
+
+
+# ------------------------------------------------------------------------------------------------ login and assets
+
+
+@router.get("")
+def home() -> RedirectResponse:
+    return RedirectResponse("/dashboard/requests", status_code=303)
+
+
+@router.get("/login")
+def login_form(request: Request) -> HTMLResponse:
+    return _login_page(request, None, 200)
+
+
+@router.post("/login")
+def login(request: Request, api_key: str = Form("", max_length=200), csrf: str = Form("", max_length=500)) -> Response:
+    if not cookies.login_token_ok(request, csrf):
+        return _login_page(request, "The form expired; please try again.", 403)
+    principal = principal_for_key(api_key.strip())
+    if principal is None:
+        return _login_page(request, "Unknown, expired or revoked API key.", 401)
+    if not principal.has("requests:read") or principal.model_id is not None:
+        return _login_page(request, "This key lacks the scope `requests:read`.", 403)
+    response = RedirectResponse("/dashboard/requests", status_code=303, headers=SECURITY_HEADERS)
+    cookies.start_session(response, api_key.strip())
+    return response
+
+
+@router.post("/logout")
+def logout(request: Request, csrf: str = Form("", max_length=500)) -> Response:
+    if not cookies.csrf_ok(request, csrf):
+        return _render(request, "refused.html", {"principal": None, "message": STALE_FORM}, 403)
+    response = RedirectResponse("/dashboard/login", status_code=303, headers=SECURITY_HEADERS)
+    cookies.end_session(response)
+    return response
+
+
+@router.get("/static/{name}")
+def static(name: str) -> Response:
+    if name not in STATIC:
+        raise Problem(404, "not-found", "No such file", name)
+    return Response((HERE / "static" / name).read_bytes(), media_type=STATIC[name],
+                    headers={"Cache-Control": "private, max-age=300", "X-Content-Type-Options": "nosniff"})  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------------- requests
+
+
+def _day(text: str | None, field: str) -> datetime | None:
+    if not text:
+        return None
+    try:
+        return datetime.combine(date.fromisoformat(text), time(), tzinfo=UTC)
+    except ValueError:
+        raise Problem(422, "validation-error", "Not a date", f"{field}: write it as YYYY-MM-DD") from None
+
+
+@router.get("/requests")
+def request_list(
+    request: Request,
+    session: Session = Depends(get_session),
+    status: str = Query("", max_length=20),
+    model_id: str = Query("", max_length=36),
+    since: str = Query("", max_length=10),
+    until: str = Query("", max_length=10),
+    overdue: bool = Query(False),
+    cursor: str | None = Query(None, max_length=500),
+) -> HTMLResponse:
+    principal = _gate(request)
+    if status and status not in STATUSES:
+        raise Problem(422, "validation-error", "The request is not valid", f"status: one of {list(STATUSES)}")
+    until_day = _day(until, "until")
+    rows, next_cursor = requests.list_requests(
+        session,
+        status or None,
+        model_id or None,
+        50,
+        cursor,
+        overdue=overdue,
+        created_from=_day(since, "since"),
+        created_before=until_day + timedelta(days=1) if until_day else None,
+    )
+    models = {m.id: m for m in registry.models_overview(session, limit=1000)}
+    filters = {"status": status, "model_id": model_id, "since": since, "until": until, "overdue": overdue}
+    next_link = None
+    if next_cursor:
+        query = {k: v for k, v in filters.items() if v} | {"cursor": next_cursor}
+        next_link = "/dashboard/requests?" + urlencode({k: ("1" if v is True else v) for k, v in query.items()})
+    return _render(
+        request,
+        "requests.html",
+        {
+            "principal": principal,
+            "rows": [requests.to_out(r) for r in rows],
+            "models": models,
+            "filters": filters,
+            "next_link": next_link,
+            "page": "requests",
+        },
+    )
+
+
+@router.get("/api/requests")
+def request_states(
+    request: Request, session: Session = Depends(get_session), ids: str = Query("", max_length=4000)
+) -> JSONResponse:
+    """What the polling script needs: the status, progress and deadline of the listed requests (at most 100)."""
+    _gate(request, fragment=True)
+    wanted = [i for i in dict.fromkeys(ids.split(",")) if i][:100]
+    items = []
+    for request_id in wanted:
+        try:
+            items.append(request_json(requests.to_out(requests.get_request_or_404(session, request_id))))
+        except Problem:
+            continue
+    return JSONResponse({"items": items}, headers=SECURITY_HEADERS)
+
+
+def _request_context(session: Session, principal: Principal, request_id: str) -> dict[str, Any]:
+    row = requests.get_request_or_404(session, request_id)
+    out = requests.to_out(row)
+    model = registry.get_model_or_404(session, row.model_id)
+    reports = [report_out(r) for r in reports_for(session, request_id)]
+    certificate = None
+    if row.certificate_id:
+        record = get_certificate_or_404(session, row.certificate_id)
+        valid, message = verify_certificate(record.envelope)
+        certificate = {
+            "id": record.id,
+            "digest": record.digest,
+            "key_id": record.key_id,
+            "subject": record.subject_digest,
+            "valid": valid,
+            "message": message,
+        }
+    timeline = [
+        {"seq": e.seq, "at": e.at, "actor": e.actor, "action": e.action, "payload": e.payload}
+        for e in events_for(session, request_id)
+    ] if principal.has("audit:read") else None  # fmt: skip
+    return {
+        "principal": principal,
+        "r": out,
+        "model": model,
+        "reports": [{**rep, "figures": report_figures(rep)} for rep in reports],
+        "certificate": certificate,
+        "timeline": timeline,
+        "deliveries": [webhooks.delivery_out(d) for d in webhooks.deliveries_for(session, request_id)],
+        "admin": principal.has("admin"),
+        "can_cancel": row.status in WAITING_STATUSES,
+        "can_retry": row.status == "failed",
+        "can_extend": row.status not in TERMINAL_STATUSES,
+        "page": "requests",
+    }
+
+
+@router.get("/requests/{request_id}")
+def request_page(
+    request_id: str, request: Request, session: Session = Depends(get_session), done: str = Query("", max_length=20)
+) -> HTMLResponse:
+    principal = _gate(request)
+    context = _request_context(session, principal, request_id)
+    return _render(request, "request.html", {**context, "notice": DONE.get(done)})
+
+
+@router.get("/requests/{request_id}/live")
+def request_fragment(request_id: str, request: Request, session: Session = Depends(get_session)) -> HTMLResponse:
+    """The request page's body (timeline, attempts, evidence, actions), fetched again when its status changes."""
+    principal = _gate(request, fragment=True)
+    return _render(request, "_request_body.html", _request_context(session, principal, request_id))
+
+
+def _action(request: Request, session: Session, request_id: str, csrf: str, name: str, run) -> Response:
+    principal = _gate(request, "admin")
+    if not cookies.csrf_ok(request, csrf):
+        return _render(request, "refused.html", {"principal": principal, "message": STALE_FORM}, 403)
+    try:
+        run(principal)
+        session.commit()
+    except (Problem, IntegrityError) as exc:
+        session.rollback()
+        problem = exc if isinstance(exc, Problem) else Problem(
+            409, "deletion-in-progress", "Another unfinished request now holds some of these rows", request_id
+        )  # fmt: skip
+        context = _request_context(session, principal, request_id)
+        error = f"{problem.title}: {problem.detail}" if problem.detail else problem.title
+        return _render(request, "request.html", {**context, "error": error}, problem.status)
+    return RedirectResponse(f"/dashboard/requests/{request_id}?done={name}", status_code=303, headers=SECURITY_HEADERS)
+
+
+@router.post("/requests/{request_id}/cancel")
+def cancel(request_id: str, request: Request, session: Session = Depends(get_session), csrf: str = Form("")):
+    return _action(request, session, request_id, csrf, "cancel",
+                   lambda p: requests.cancel_request(session, p, request_id))  # fmt: skip
+
+
+@router.post("/requests/{request_id}/retry")
+def retry(request_id: str, request: Request, session: Session = Depends(get_session), csrf: str = Form("")):
+    return _action(request, session, request_id, csrf, "retry",
+                   lambda p: requests.retry_request(session, p, request_id))  # fmt: skip
+
+
+@router.post("/requests/{request_id}/extend")
+def extend(
+    request_id: str,
+    request: Request,
+    session: Session = Depends(get_session),
+    csrf: str = Form(""),
+    months: int = Form(1, ge=1, le=2),
+    reason: str = Form("", max_length=2000),
+):
+    def run(principal: Principal) -> None:
+        if len(reason.strip()) < 3 or "\x00" in reason:
+            raise Problem(422, "validation-error", "The request is not valid", "reason: say why (3 characters or more)")
+        requests.extend_deadline(session, principal, request_id, months, reason.strip())
+
+    return _action(request, session, request_id, csrf, "extend", run)
+
+
+@router.post("/requests/{request_id}/webhooks/{delivery_id}/redeliver")
+def redeliver(
+    request_id: str, delivery_id: str, request: Request, session: Session = Depends(get_session), csrf: str = Form("")
+):
+    return _action(request, session, request_id, csrf, "redeliver",
+                   lambda p: webhooks.redeliver(session, request_id, delivery_id))  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------ evidence: plots, certificates
+
+
+@router.get("/reports/{report_id}/plots/{name}")
+def plot(report_id: str, name: str, request: Request, session: Session = Depends(get_session)) -> Response:
+    _gate(request, fragment=True)
+    digest = get_report_or_404(session, report_id).plots.get(name)
+    if digest is None:
+        raise Problem(404, "plot-not-found", "No such plot", name)
+    return Response(get_store().get_bytes(digest), media_type="image/png",
+                    headers={"Cache-Control": "private, max-age=86400", "ETag": f'"{digest}"'})  # fmt: skip
+
+
+def verify_certificate(envelope: dict[str, Any]) -> tuple[bool, str]:
+    """What ``lethe verify-certificate`` answers, against the keys ``/.well-known/lethe-keys.json`` publishes."""
+    keys = load_public_keys(public_keys())
+    try:
+        verified = verify_envelope(json.dumps(envelope).encode(), keys)
+    except InvalidCertificate as exc:
+        return False, f"INVALID ({exc.code}): {exc.reason}"
+    return True, describe(verified)
+
+
+@router.get("/certificates/{certificate_id}/verify")
+def verify(certificate_id: str, request: Request, session: Session = Depends(get_session)) -> JSONResponse:
+    _gate(request, fragment=True)
+    valid, message = verify_certificate(get_certificate_or_404(session, certificate_id).envelope)
+    checked = datetime.now(UTC).strftime("%H:%M:%S UTC")
+    return JSONResponse({"valid": valid, "message": message, "checked_at": checked}, headers=SECURITY_HEADERS)
+
+
+@router.get("/certificates/{certificate_id}/download")
+def download(certificate_id: str, request: Request, session: Session = Depends(get_session)) -> Response:
+    _gate(request, fragment=True)
+    record = get_certificate_or_404(session, certificate_id)
+    return Response(
+        json.dumps(record.envelope, indent=1),
+        media_type="application/json",
+        headers={**SECURITY_HEADERS, "Content-Disposition": f'attachment; filename="certificate-{record.id}.json"'},
+    )
+
+
+# ----------------------------------------------------------------------------------------------- models and audit
+
+
+def _version_dicts(session: Session, model) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": v.id,
+            "number": v.number,
+            "parent_id": v.parent_id,
+            "digest": v.digest,
+            "method": v.method,
+            "request_id": v.request_id,
+            "metrics": v.metrics,
+            "created_at": v.created_at,
+            "retired_at": v.retired_at,
+            "retired_by": v.retired_by,
+            "current": v.id == model.current_version_id,
+        }  # fmt: skip
+        for v in registry.list_versions(session, model.id)
+    ]
+
+
+@router.get("/models")
+def model_list(request: Request, session: Session = Depends(get_session)) -> HTMLResponse:
+    principal = _gate(request)
+    models = []
+    for model in registry.models_overview(session):
+        out = registry.model_out(session, model)
+        versions = _version_dicts(session, model)
+        models.append({"m": out, "versions": versions, "lock": model.state.get("forget_lock")})
+    return _render(request, "models.html", {"principal": principal, "models": models, "page": "models"})
+
+
+@router.get("/models/{model_id}")
+def model_page(model_id: str, request: Request, session: Session = Depends(get_session)) -> HTMLResponse:
+    principal = _gate(request)
+    model = registry.get_model_or_404(session, model_id)
+    versions = _version_dicts(session, model)
+    return _render(
+        request,
+        "model.html",
+        {
+            "principal": principal,
+            "m": registry.model_out(session, model),
+            "versions": versions,
+            "carried": carried_deletions(versions),
+            "lineage": lineage_svg(versions),
+            "lock": model.state.get("forget_lock"),
+            "page": "models",
+        },
+    )
+
+
+@router.get("/audit")
+def audit(request: Request, session: Session = Depends(get_session)) -> HTMLResponse:
+    principal = _gate(request, "audit:read")
+    verdict = verify_chain(session)
+    return _render(
+        request,
+        "audit.html",
+        {"principal": principal, "verdict": verdict, "events": latest_events(session, 50), "page": "audit"},
+    )

@@ -1,0 +1,117 @@
+"""The dashboard's session and CSRF tokens (itsdangerous, keys derived from the master secret).
+
+The session cookie holds the operator's API key, signed and time-stamped (``dashboard-session`` key): HttpOnly (no
+script reads it), SameSite=Strict (no other site's page sends it) and Secure (never sent over plain http; browsers
+treat http://127.0.0.1 and http://localhost as secure origins, so a local dashboard and the browser tests work with
+it on). The key is looked up again on every request, so a revoked key is refused at once, cookie or not.
+
+CSRF: every form carries a token signed with the ``dashboard-csrf`` key and bound to the session it was issued for
+(a hash of the session cookie), so a token is useless in another session and cannot be forged without the secret.
+The login form, which has no session yet, is bound to a random pre-session cookie instead (a signed double submit).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+from fastapi import Request, Response
+from itsdangerous import BadSignature, URLSafeTimedSerializer
+
+from app.config import get_settings
+
+SESSION_COOKIE = "lethe_dashboard"
+LOGIN_COOKIE = "lethe_dashboard_login"
+COOKIE_PATH = "/dashboard"
+SESSION_SECONDS = 8 * 3600
+"""A session lasts a working day; the key's own expiry or revocation ends it sooner."""
+LOGIN_SECONDS = 3600
+
+
+def _serializer(purpose: str, salt: str) -> URLSafeTimedSerializer:
+    return URLSafeTimedSerializer(get_settings().derived_key(purpose), salt=salt)
+
+
+def _set_cookie(response: Response, name: str, value: str, max_age: int) -> None:
+    response.set_cookie(
+        name,
+        value,
+        max_age=max_age,
+        path=COOKIE_PATH,
+        secure=True,
+        httponly=True,
+        samesite="strict",
+    )
+
+
+def start_session(response: Response, api_key: str) -> None:
+    value = _serializer("dashboard-session", "session").dumps(api_key)
+    _set_cookie(response, SESSION_COOKIE, value, SESSION_SECONDS)
+    response.delete_cookie(LOGIN_COOKIE, path=COOKIE_PATH)
+
+
+def end_session(response: Response) -> None:
+    response.delete_cookie(SESSION_COOKIE, path=COOKIE_PATH, secure=True, httponly=True, samesite="strict")
+
+
+def session_key(request: Request) -> str | None:
+    """The API key from a valid, unexpired session cookie, or None."""
+    cookie = request.cookies.get(SESSION_COOKIE)
+    if not cookie:
+        return None
+    try:
+        key = _serializer("dashboard-session", "session").loads(cookie, max_age=SESSION_SECONDS)
+    except BadSignature:
+        return None
+    return key if isinstance(key, str) else None
+
+
+def _binding(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()[:32]
+
+
+def csrf_token(request: Request) -> str:
+    """A token for the forms of this session."""
+    return _serializer("dashboard-csrf", "csrf").dumps(_binding(request.cookies.get(SESSION_COOKIE, "")))
+
+
+def csrf_ok(request: Request, token: str | None) -> bool:
+    session = request.cookies.get(SESSION_COOKIE)
+    if not token or not session or not _same_origin(request):
+        return False
+    try:
+        bound = _serializer("dashboard-csrf", "csrf").loads(token, max_age=SESSION_SECONDS)
+    except BadSignature:
+        return False
+    return isinstance(bound, str) and hmac.compare_digest(bound, _binding(session))
+
+
+def login_token() -> tuple[str, str]:
+    """A fresh (nonce, token) for the login form: the nonce goes in the pre-session cookie, the token in the form."""
+    nonce = secrets.token_urlsafe(24)
+    return nonce, _serializer("dashboard-csrf", "login").dumps(_binding(nonce))
+
+
+def set_login_cookie(response: Response, nonce: str) -> None:
+    _set_cookie(response, LOGIN_COOKIE, nonce, LOGIN_SECONDS)
+
+
+def login_token_ok(request: Request, token: str | None) -> bool:
+    nonce = request.cookies.get(LOGIN_COOKIE)
+    if not token or not nonce or not _same_origin(request):
+        return False
+    try:
+        bound = _serializer("dashboard-csrf", "login").loads(token, max_age=LOGIN_SECONDS)
+    except BadSignature:
+        return False
+    return isinstance(bound, str) and hmac.compare_digest(bound, _binding(nonce))
+
+
+def _same_origin(request: Request) -> bool:
+    """A browser sends ``Origin`` with every POST; when it is there it must name this host (defence in depth)."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return True
+    host = request.headers.get("host", "")
+    return origin.split("://", 1)[-1].rstrip("/") == host

@@ -1,0 +1,73 @@
+// Lethe dashboard: refresh unfinished requests in place (no full reload) and verify certificates on demand.
+// Polls /dashboard/api/requests for the rows still active; on the request page, a change of status re-fetches the
+// page body (report, certificate, timeline) from /dashboard/requests/<id>/live.
+(function () {
+  "use strict";
+  const interval = Number(document.body.dataset.pollMs || 1000);
+
+  function activeIds() {
+    const ids = new Set();
+    document.querySelectorAll('[data-request-id][data-active="true"]').forEach((el) => ids.add(el.dataset.requestId));
+    return Array.from(ids);
+  }
+
+  function setField(root, name, fn) {
+    root.querySelectorAll('[data-field="' + name + '"]').forEach(fn);
+  }
+
+  async function reloadBody(url) {
+    const target = document.getElementById("live");
+    if (!target) return;
+    const response = await fetch(url, { credentials: "same-origin" });
+    if (response.ok) target.innerHTML = await response.text();
+  }
+
+  function update(item) {
+    document.querySelectorAll('[data-request-id="' + item.id + '"]').forEach((el) => {
+      const before = el.dataset.status;
+      el.dataset.status = item.status;
+      el.dataset.active = item.active ? "true" : "false";
+      el.classList.toggle("overdue", item.overdue);
+      setField(el, "status", (s) => { s.textContent = item.status; s.className = "badge status-" + item.status; });
+      setField(el, "progress", (p) => { p.value = item.progress; p.hidden = !item.active; });
+      setField(el, "message", (m) => { m.textContent = item.message; });
+      setField(el, "time_left", (t) => { t.textContent = item.time_left; t.classList.toggle("flag-overdue", item.overdue); });
+      if (before !== item.status && el.dataset.live) reloadBody(el.dataset.live);
+    });
+  }
+
+  async function poll() {
+    const ids = activeIds();
+    if (ids.length) {
+      try {
+        const response = await fetch("/dashboard/api/requests?ids=" + encodeURIComponent(ids.join(",")), {
+          credentials: "same-origin", headers: { accept: "application/json" },
+        });
+        if (response.status === 401) { window.location.assign("/dashboard/login"); return; }
+        if (response.ok) (await response.json()).items.forEach(update);
+      } catch (err) { /* the next poll tries again */ }
+    }
+    window.setTimeout(poll, interval);
+  }
+
+  document.addEventListener("click", async (event) => {
+    const button = event.target.closest("[data-verify]");
+    if (!button) return;
+    const out = document.getElementById(button.dataset.target);
+    button.disabled = true;
+    out.textContent = "verifying…";
+    try {
+      const response = await fetch(button.dataset.verify, { credentials: "same-origin" });
+      const body = await response.json();
+      out.className = "verify " + (body.valid ? "valid" : "invalid");
+      out.textContent = response.ok ? body.message + "\n(checked " + body.checked_at + ")" : body.error;
+    } catch (err) {
+      out.className = "verify invalid";
+      out.textContent = "could not reach the service";
+    } finally {
+      button.disabled = false;
+    }
+  });
+
+  window.setTimeout(poll, interval);
+})();

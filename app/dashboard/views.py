@@ -1,0 +1,159 @@
+"""Pure helpers for the dashboard's templates: wording of deadlines, a report's key figures, the lineage drawing.
+
+Nothing here reads the database; the router hands in what the domain services returned.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from markupsafe import Markup, escape
+
+ACTIVE_STATUSES = ("received", "queued", "running", "verifying")
+
+
+def time_left(days_left: float | None, overdue: bool, status: str) -> str:
+    if days_left is None:
+        return "—"
+    if status not in ACTIVE_STATUSES:
+        return "answered"
+    if overdue:
+        return f"OVERDUE by {_span(-days_left)}"
+    return f"{_span(days_left)} left"
+
+
+def _span(days: float) -> str:
+    if days >= 1:
+        return f"{days:.0f} d" if days >= 10 else f"{days:.1f} d"
+    hours = days * 24
+    return f"{hours:.0f} h" if hours >= 1 else f"{max(hours * 60, 0):.0f} min"
+
+
+def request_json(out: Any) -> dict[str, Any]:
+    """What the polling script needs about one request."""
+    return {
+        "id": out.id,
+        "status": out.status,
+        "progress": round(float(out.progress or 0.0), 4),
+        "message": out.message or "",
+        "active": out.status in ACTIVE_STATUSES,
+        "overdue": bool(out.overdue),
+        "time_left": time_left(out.days_left, out.overdue, out.status),
+    }
+
+
+def report_figures(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """The handful of figures an officer reads first, as (label, value) rows."""
+    rows: list[tuple[str, str]] = []
+    attack = report.get("attack") or {}
+    if attack:
+        name, mode, shadows = attack.get("name", "?"), attack.get("mode", ""), attack.get("n_shadows")
+        rows.append(("attack", f"{name} ({mode}), {shadows} shadows"))
+    rows.append(("forget rows audited", str(report.get("n_forget", "—"))))
+    rows.append(("non-members", str(report.get("n_nonmembers", "—"))))
+    models = report.get("models") or {}
+    for name in ("original", "unlearned", "retrained"):
+        lira = (models.get(name) or {}).get("lira") or {}
+        if lira:
+            tprs = ", ".join(f"TPR@{k}={v:.3f}" for k, v in (lira.get("tpr_at_fpr") or {}).items())
+            auc = lira.get("auc")
+            rows.append((f"LiRA on {name}", f"{tprs}; AUC {auc:.3f}" if isinstance(auc, float) else tprs))
+    utility = report.get("utility") or {}
+    accuracy = utility.get("accuracy") or {}
+    if accuracy:
+        rows.append(("test accuracy", ", ".join(f"{k} {v:.3f}" for k, v in accuracy.items() if isinstance(v, float))))
+    if "informative" in report:
+        rows.append(("audit power", ("informative" if report["informative"] else "uninformative")
+                     + (f" — {report['informative_detail']}" if report.get("informative_detail") else "")))  # fmt: skip
+    return rows
+
+
+def lineage_svg(versions: list[dict[str, Any]]) -> Markup:
+    """The version tree as inline SVG, drawn here (no script, no external library): one box per version, an arrow
+    from each parent; retired versions are struck grey."""
+    if not versions:
+        return Markup("")
+    by_id = {v["id"]: v for v in versions}
+    depth: dict[str, int] = {}
+    for v in versions:  # versions come in number order: a parent precedes its children
+        depth[v["id"]] = depth.get(v["parent_id"], -1) + 1 if v["parent_id"] in by_id else 0
+    rows: dict[int, int] = {}
+    place: dict[str, tuple[int, int]] = {}
+    for v in versions:
+        d = depth[v["id"]]
+        place[v["id"]] = (d, rows.get(d, 0))
+        rows[d] = rows.get(d, 0) + 1
+    box_w, box_h, gap_x, gap_y = 150, 46, 40, 14
+    width = (max(depth.values()) + 1) * (box_w + gap_x)
+    height = max(rows.values()) * (box_h + gap_y) + gap_y
+    parts = [
+        f'<svg class="lineage" role="img" aria-label="version lineage" xmlns="http://www.w3.org/2000/svg" '
+        f'width="{width}" height="{height}" viewBox="0 0 {width} {height}">',
+        '<defs><marker id="arrow" markerWidth="8" markerHeight="8" refX="7" refY="4" orient="auto">'
+        '<path d="M0,0 L8,4 L0,8 z" fill="#667"/></marker></defs>',
+    ]
+
+    def corner(version_id: str) -> tuple[int, int]:
+        col, row = place[version_id]
+        return col * (box_w + gap_x) + 4, row * (box_h + gap_y) + gap_y
+
+    for v in versions:
+        if v["parent_id"] in place:
+            px, py = corner(v["parent_id"])
+            x, y = corner(v["id"])
+            parts.append(
+                f'<line x1="{px + box_w}" y1="{py + box_h / 2}" x2="{x - 2}" y2="{y + box_h / 2}" '
+                'stroke="#667" stroke-width="1.5" marker-end="url(#arrow)"/>'
+            )
+    for v in versions:
+        x, y = corner(v["id"])
+        retired = v.get("retired_at") is not None
+        fill, stroke = ("#eee", "#aaa") if retired else ("#e8f1fb", "#3b6ea5")
+        if v.get("current"):
+            fill, stroke = "#e6f6ea", "#2e8540"
+        label = f"v{v['number']} · {v['method']}"
+        sub = "retired" if retired else ("current" if v.get("current") else v["digest"][:12])
+        strike = ' text-decoration="line-through"' if retired else ""
+        parts.append(
+            f'<g class="version{" retired" if retired else ""}"><rect x="{x}" y="{y}" width="{box_w}" '
+            f'height="{box_h}" rx="6" fill="{fill}" stroke="{stroke}"/>'
+            f'<text x="{x + 8}" y="{y + 19}" font-size="13" font-weight="600"'
+            f"{strike}>{escape(label)}</text>"
+            f'<text x="{x + 8}" y="{y + 36}" font-size="11" fill="#555">{escape(sub)}</text></g>'
+        )
+    parts.append("</svg>")
+    return Markup("".join(parts))
+
+
+def carried_deletions(versions: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """For each version, the deletion requests it embodies: its own and every ancestor's (a version made without
+    rows keeps them out of all its descendants)."""
+    by_id = {v["id"]: v for v in versions}
+    out: dict[str, list[str]] = {}
+    for v in versions:
+        chain, seen, cur = [], set(), v
+        while cur is not None and cur["id"] not in seen:
+            seen.add(cur["id"])
+            if cur.get("request_id"):
+                chain.append(cur["request_id"])
+            cur = by_id.get(cur.get("parent_id"))
+        out[v["id"]] = list(reversed(chain))
+    return out
+
+
+def flat_info(info: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """A method's preparation record as (key, value) rows, nested figures one level deep (``validation.median``)."""
+    rows: list[tuple[str, str]] = []
+
+    def text(value: Any) -> str:
+        return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+    for key, value in (info or {}).items():
+        if isinstance(value, dict):
+            rows.extend((f"{key}.{k}", text(v)) for k, v in value.items() if not isinstance(v, dict | list))
+        elif isinstance(value, list):
+            if len(value) <= 6 and all(not isinstance(v, dict | list) for v in value):
+                rows.append((key, ", ".join(text(v) for v in value)))
+        else:
+            rows.append((key, text(value)))
+    return rows

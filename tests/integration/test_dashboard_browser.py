@@ -1,0 +1,262 @@
+"""The operator's dashboard in a real browser: Playwright drives Debian's Chromium (``apt-get install chromium``;
+never Playwright's own download) against the real API on a loopback port (embedded SQLite + in-process executor,
+see tests/dashboard_stack.py).
+
+Log in; watch a request go from waiting through running to certified without a reload; its report's plots load;
+its certificate verifies against the published keys; an overdue request is flagged; a waiting request is
+cancelled (audited as the API's cancel is); no key, a wrong or revoked key, a read-only key and a forged form are
+refused.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from app.auth.service import revoke_key
+from app.dashboard import router as dashboard
+from app.db import session_scope
+from app.jobs import outbox
+from app.requests import service as requests_service
+from tests.dashboard_stack import CHROMIUM, CHROMIUM_ARGS, Stack, free_port, log_in
+from tests.helpers import make_key
+
+playwright_api = pytest.importorskip("playwright.sync_api", reason="the dev extra installs playwright")
+if not Path(CHROMIUM).exists():
+    pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium", pytrace=False)
+
+TIMEOUT_MS = 120_000
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    stack = Stack(tmp_path_factory.mktemp("dashboard") / "home", poll_seconds="0.1")
+    saved, dashboard.POLL_MS = dashboard.POLL_MS, 200  # the page polls often, so short states are seen
+    try:
+        stack.serve(background=True)
+        stack.model_id = stack.register_model("credit-lr", shadows=8)
+        yield stack
+    finally:
+        dashboard.POLL_MS = saved
+        stack.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with playwright_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context()
+    context.set_default_timeout(TIMEOUT_MS)
+    yield context.new_page()
+    context.close()
+
+
+def _audit_actions(stack: Stack, request_id: str) -> list[tuple[str, str]]:
+    with stack.api() as client:
+        items = client.get("/v1/audit", params={"entity_id": request_id}).json()["items"]
+    return [(e["action"], e["actor"]) for e in items]
+
+
+def _listed(page) -> set[str]:
+    return set(page.eval_on_selector_all("tr[data-request-id]", "rows => rows.map(r => r.dataset.requestId)"))
+
+
+def test_no_key_no_data(stack, page):
+    base = stack.serve(background=False)
+    request = stack.delete(stack.model_id, ["r40"])
+
+    page.goto(f"{base}/dashboard/requests")
+    assert page.url.endswith("/dashboard/login")
+    assert request["id"][:8] not in page.content()
+    for path in (
+        f"/dashboard/requests/{request['id']}",
+        f"/dashboard/requests/{request['id']}/live",
+        f"/dashboard/api/requests?ids={request['id']}",
+        "/dashboard/models",
+        "/dashboard/audit",
+    ):
+        answer = page.request.get(base + path, max_redirects=0)
+        assert answer.status in (303, 401), (path, answer.status)
+        assert request["id"] not in answer.text() and stack.model_id not in answer.text()
+
+    log_in(page, base, "lethe_00000000_not-a-key")
+    assert page.url.endswith("/dashboard/login")
+    assert "Unknown, expired or revoked" in page.inner_text("#login-error")
+
+    log_in(page, base, make_key(["models:write"], name="no-read"))
+    assert "lacks the scope `requests:read`" in page.inner_text("#login-error")
+    assert not [c for c in page.context.cookies() if c["name"] == "lethe_dashboard"]
+
+    # a key revoked after login is refused on the next page (it is looked up on every request)
+    key = make_key(["requests:read"], name="soon-revoked")
+    log_in(page, base, key)
+    assert page.url.endswith("/dashboard/requests") and request["id"][:8] in page.content()
+    (cookie,) = [c for c in page.context.cookies() if c["name"] == "lethe_dashboard"]
+    assert cookie["httpOnly"] and cookie["secure"] and cookie["sameSite"] == "Strict"
+    assert key not in page.content()
+    with session_scope() as session:
+        revoke_key(session, key.split("_")[1])
+    response = page.goto(f"{base}/dashboard/requests")
+    assert response.status == 401 and "was refused" in page.inner_text("#refused, #login-error")
+    assert request["id"][:8] not in page.content()
+
+
+def test_request_runs_to_certified_without_reload_with_report_and_certificate(stack, page):
+    base = stack.serve(background=False)  # no executor yet: the request waits while the page opens
+    hook = f"http://127.0.0.1:{free_port()}/hook"  # nobody listens: the delivery fails and can be sent again
+    request = stack.delete(stack.model_id, ["r1", "r2", "r3"], callback_url=hook)
+    log_in(page, base, stack.admin_key)
+    page.goto(f"{base}/dashboard/requests/{request['id']}")
+    assert page.inner_text("#status") == "received" and page.is_visible("#progress")
+    page.evaluate(
+        """() => {
+          window.__sameDocument = true;
+          window.__seen = [document.querySelector('#status').textContent];
+          new MutationObserver(() => {
+            const now = document.querySelector('#status').textContent;
+            if (window.__seen[window.__seen.length - 1] !== now) window.__seen.push(now);
+          }).observe(document.querySelector('#status'), {childList: true, characterData: true, subtree: true});
+        }"""
+    )
+    stack.serve(background=True)  # the same origin, now with the in-process worker
+    page.wait_for_function("() => document.querySelector('#status').textContent === 'certified'")
+    seen = page.evaluate("() => window.__seen")
+    assert page.evaluate("() => window.__sameDocument === true"), "the page was reloaded"
+    assert seen[0] == "received" and seen[-1] == "certified", seen
+    assert {"running", "verifying"} & set(seen), f"never saw it run: {seen}"
+    assert not page.is_visible("#progress")
+
+    # the body was fetched again when the status changed: report with its plots, certificate, erasure, timeline
+    page.wait_for_selector("img.plot")
+    plots = page.eval_on_selector_all(
+        "img.plot", "imgs => imgs.map(i => ({src: i.getAttribute('src'), w: i.naturalWidth, done: i.complete}))"
+    )
+    assert plots, "no plots"
+    page.wait_for_function("() => [...document.querySelectorAll('img.plot')].every(i => i.naturalWidth > 0)")
+    assert all(p["src"].startswith("/dashboard/reports/") for p in plots)
+    assert "pass" in page.inner_text(".report .badge")
+    assert "rows erased" in page.inner_text("#erasure")
+    timeline = page.inner_text("#timeline")
+    for step in ("received", "running", "verifying", "certified"):
+        assert step in timeline
+
+    assert page.inner_text("#verify-result").startswith("VALID")
+    page.evaluate("() => { document.querySelector('#verify-result').textContent = ''; }")
+    page.click("#verify")
+    page.wait_for_function("() => document.querySelector('#verify-result').textContent.includes('checked')")
+    result = page.inner_text("#verify-result")
+    assert result.startswith("VALID: deletion certificate") and request["id"] in result
+    assert "valid" in page.get_attribute("#verify-result", "class").split()
+    download = page.request.get(base + page.get_attribute("#download", "href"))
+    assert download.status == 200 and download.json()["payloadType"] == "application/vnd.in-toto+json"
+
+    # the certified event's webhook delivery is listed; an admin sends it again
+    assert "deletion.certified" in page.inner_text("#webhooks") and hook in page.inner_text("#webhooks")
+    page.click("#webhooks button:has-text('Redeliver')")
+    page.wait_for_selector("#notice")
+    assert "sent again" in page.inner_text("#notice")
+
+    # the model page draws its lineage as inline SVG: v1 retired by this request, v2 current
+    page.goto(f"{base}/dashboard/models/{stack.model_id}")
+    assert page.locator("svg.lineage g.version").count() >= 2
+    assert page.locator("svg.lineage g.version.retired").count() >= 1
+    assert request["id"][:8] in page.inner_text("#versions")
+
+    page.goto(f"{base}/dashboard/audit")
+    assert "Intact" in page.inner_text("#chain-verdict")
+
+
+def test_overdue_flagged_and_waiting_request_cancelled(stack, page, browser):
+    base = stack.serve(background=False)  # nothing runs: both requests wait
+    late = stack.delete(stack.model_id, ["r50"], received_at=(datetime.now(UTC) - timedelta(days=40)).isoformat())
+    fresh = stack.delete(stack.model_id, ["r51"])
+    log_in(page, base, stack.admin_key)
+
+    page.goto(f"{base}/dashboard/requests")
+    late_row = page.locator(f"tr[data-request-id='{late['id']}']")
+    assert re.match(r"OVERDUE by \d", late_row.locator("[data-field=time_left]").inner_text())
+    assert "flag-overdue" in late_row.locator("[data-field=time_left]").get_attribute("class")
+    fresh_row = page.locator(f"tr[data-request-id='{fresh['id']}']")
+    assert "left" in fresh_row.locator("[data-field=time_left]").inner_text()
+    page.check("input[name=overdue]")
+    page.click("form.filters button[type=submit]")
+    page.wait_for_url(re.compile(r"overdue=true"))
+    assert _listed(page) == {late["id"]}
+
+    # the date filter counts the day the request reached Lethe; the model filter its model
+    today, yesterday = datetime.now(UTC).date(), datetime.now(UTC).date() - timedelta(days=1)
+    page.goto(f"{base}/dashboard/requests?since={today}&model_id={stack.model_id}")
+    assert {late["id"], fresh["id"]} <= _listed(page)
+    page.goto(f"{base}/dashboard/requests?until={yesterday}")
+    assert _listed(page) == set()
+    page.goto(f"{base}/dashboard/requests?model_id=no-such-model")
+    assert _listed(page) == set()
+
+    # a read-only officer sees no actions, and a POST with a valid form token of its session is still refused
+    officer = browser.new_context()
+    officer_page = officer.new_page()
+    log_in(officer_page, base, stack.reader_key)
+    officer_page.goto(f"{base}/dashboard/requests/{fresh['id']}")
+    assert officer_page.locator("#cancel").count() == 0
+    token = officer_page.get_attribute("form[action='/dashboard/logout'] input[name=csrf]", "value")
+    refused = officer_page.request.post(f"{base}/dashboard/requests/{fresh['id']}/cancel", form={"csrf": token})
+    assert refused.status == 403
+    officer.close()
+    # the admin's session without a form token (a forged cross-site form) is refused too
+    forged = page.request.post(f"{base}/dashboard/requests/{fresh['id']}/cancel", form={"csrf": "forged"})
+    assert forged.status == 403
+    with stack.api() as client:
+        assert client.get(f"/v1/deletion-requests/{fresh['id']}").json()["status"] == "received"
+
+    page.goto(f"{base}/dashboard/requests/{fresh['id']}")
+    page.click("#cancel")
+    page.wait_for_selector("#notice")
+    assert "cancelled" in page.inner_text("#notice") and page.inner_text("#status") == "cancelled"
+    with stack.api() as client:
+        assert client.get(f"/v1/deletion-requests/{fresh['id']}").json()["status"] == "cancelled"
+    admin_id = page.inner_text("header .who span")  # the key's name; its id is in the audit actor
+    assert admin_id.startswith("operator")
+    actions = _audit_actions(stack, fresh["id"])
+    cancelled = [actor for action, actor in actions if action == "deletion_request.cancelled"]
+    assert len(cancelled) == 1 and cancelled[0].startswith("api-key:")
+
+    # a finished request cannot be cancelled: the page answers with the service's refusal (409), nothing changes
+    again = page.request.post(
+        f"{base}/dashboard/requests/{fresh['id']}/cancel",
+        form={"csrf": page.get_attribute("form[action='/dashboard/logout'] input[name=csrf]", "value")},
+    )
+    assert again.status == 409 and "Only a request no worker has started" in again.text()
+
+    # retry a failed one (its failure written as the worker writes one: the job failed for good, then the request)
+    broken = stack.delete(stack.model_id, ["r52"])
+    with session_scope() as session:
+        job_id = requests_service.get_request_or_404(session, broken["id"]).job_id
+        error = "simulated worker failure"
+        assert outbox.fail(session, job_id, None, error, permanent=True) is not None
+        requests_service.mark_failed(session, broken["id"], job_id, 1, error, "failed", "job-failed")
+    page.goto(f"{base}/dashboard/requests/{broken['id']}")
+    assert page.inner_text("#status") == "failed" and "simulated worker failure" in page.inner_text("#attempts")
+    page.click("#retry")
+    page.wait_for_selector("#notice")
+    assert "queued again" in page.inner_text("#notice") and page.inner_text("#status") == "received"
+    retried = [actor for action, actor in _audit_actions(stack, broken["id"]) if action == "deletion_request.retried"]
+    assert retried == cancelled  # the same key, recorded as the API records it
+
+    # extend the overdue one: audited as the API's extension, no longer overdue
+    page.goto(f"{base}/dashboard/requests/{late['id']}")
+    assert page.inner_text("#time-left").startswith("OVERDUE")
+    page.fill("form.extend input[name=reason]", "complex request")
+    page.select_option("form.extend select[name=months]", "2")
+    page.click("#extend")
+    page.wait_for_selector("#notice")
+    assert page.inner_text("#time-left").endswith("left")
+    assert "deletion_request.extended" in [a for a, _ in _audit_actions(stack, late["id"])]

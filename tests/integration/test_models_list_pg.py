@@ -1,0 +1,34 @@
+"""`GET /v1/models` on PostgreSQL: the same paging and filters as on SQLite (keyset on timestamptz + id,
+case-insensitive matching with escaped wildcards). Its own database: the listing must see only the rows it wrote."""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+import pytest
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from tests.helpers import configure, make_key
+from tests.integration.conftest import PG_ADMIN
+from tests.model_listing import check_listing, seed_models
+
+
+@pytest.fixture
+def own_pg_url():
+    name = f"lethe_models_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+    yield f"{base}/{name}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_list_models_on_postgresql(own_pg_url, tmp_path):
+    configure(tmp_path, database_url=own_pg_url)
+    ids = seed_models()
+    with TestClient(create_app(run_background=False)) as http:
+        http.headers["authorization"] = f"Bearer {make_key(['models:read'])}"
+        check_listing(http, ids)

@@ -1,0 +1,130 @@
+"""The dashboard's access rules without a browser (the browser tests are tests/integration/test_dashboard_browser.py):
+cookie flags, CSRF bound to the session and to this origin, scopes, and pages that answer HTML, not JSON."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.dashboard.views import carried_deletions, lineage_svg, time_left
+from app.main import create_app
+from tests.helpers import configure, make_key
+
+BASE = "https://testserver"
+
+
+@pytest.fixture
+def app(tmp_path):
+    configure(tmp_path)
+    return create_app(run_background=False)
+
+
+def _login(client: TestClient, key: str):
+    form = client.get("/dashboard/login")
+    token = re.search(r'name="csrf" value="([^"]+)"', form.text).group(1)
+    return client.post("/dashboard/login", data={"api_key": key, "csrf": token}, follow_redirects=False)
+
+
+def _csrf(page_html: str) -> str:
+    return re.search(r'name="csrf" value="([^"]+)"', page_html).group(1)
+
+
+def test_login_sets_a_secure_httponly_strict_cookie_and_pages_need_it(app):
+    key = make_key(["requests:read"])
+    with TestClient(app, base_url=BASE) as client:
+        assert client.get("/dashboard/requests", follow_redirects=False).headers["location"] == "/dashboard/login"
+        assert client.get("/dashboard/api/requests?ids=x").status_code == 401
+        answer = _login(client, key)
+        assert answer.status_code == 303 and answer.headers["location"] == "/dashboard/requests"
+        cookie = [c for c in answer.headers.get_list("set-cookie") if c.startswith("lethe_dashboard=")][0].lower()
+        for flag in ("httponly", "secure", "samesite=strict", "path=/dashboard"):
+            assert flag in cookie
+        assert key not in cookie  # signed and encoded, and never echoed into a page
+        page = client.get("/dashboard/requests")
+        assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+        assert "script-src 'self'" in page.headers["content-security-policy"] and key not in page.text
+        assert client.get("/dashboard/audit").status_code == 403  # requests:read is not audit:read
+
+
+def test_login_form_needs_its_token_and_a_wrong_key_is_refused(app):
+    key = make_key(["requests:read"])
+    with TestClient(app, base_url=BASE) as client:
+        forged = client.post("/dashboard/login", data={"api_key": key, "csrf": "x"}, follow_redirects=False)
+        assert forged.status_code == 403 and "lethe_dashboard=" not in forged.headers.get("set-cookie", "")
+        assert _login(client, "lethe_deadbeef_nope").status_code == 401
+        assert _login(client, make_key(["models:read"])).status_code == 403
+
+
+def test_actions_need_admin_a_session_bound_token_and_this_origin(app):
+    admin, reader = make_key(["admin"]), make_key(["requests:read"])
+    with TestClient(app, base_url=BASE) as a, TestClient(app, base_url=BASE) as b:
+        _login(a, admin)
+        _login(b, reader)
+        token_a = _csrf(a.get("/dashboard/requests").text)
+        token_b = _csrf(b.get("/dashboard/requests").text)
+        target = "/dashboard/requests/no-such-request/cancel"
+        assert b.post(target, data={"csrf": token_b}).status_code == 403  # no admin scope
+        assert a.post(target, data={"csrf": token_b}).status_code == 403  # another session's token
+        assert a.post(target, data={"csrf": token_a}, headers={"origin": "https://evil.example"}).status_code == 403
+        missing = a.post(target, data={"csrf": token_a}, headers={"origin": BASE})
+        assert missing.status_code == 404 and "text/html" in missing.headers["content-type"]  # past the guards
+        out = a.post("/dashboard/logout", data={"csrf": token_a}, follow_redirects=False)
+        assert out.status_code == 303
+        assert a.get("/dashboard/requests", follow_redirects=False).status_code == 303
+
+
+def test_views_wording_and_lineage():
+    assert time_left(-2.5, True, "queued") == "OVERDUE by 2.5 d"
+    assert time_left(12.0, False, "running") == "12 d left"
+    assert time_left(0.25, False, "received") == "6 h left"
+    assert time_left(-3, False, "certified") == "answered"
+    versions = [
+        {"id": "a", "number": 1, "parent_id": None, "digest": "0" * 64, "method": "train", "request_id": None,
+         "retired_at": "x"},
+        {"id": "b", "number": 2, "parent_id": "a", "digest": "1" * 64, "method": "retrain", "request_id": "r1"},
+        {"id": "c", "number": 3, "parent_id": "b", "digest": "2" * 64, "method": "newton", "request_id": "r2",
+         "current": True},
+    ]  # fmt: skip
+    assert carried_deletions(versions) == {"a": [], "b": ["r1"], "c": ["r1", "r2"]}
+    svg = str(lineage_svg(versions))
+    assert svg.startswith("<svg") and svg.count('<g class="version') == 3 and "retired" in svg and "marker-end" in svg
+
+
+def test_federated_model_pages_show_clients_methods_and_the_forget_lock():
+    from starlette.requests import Request
+
+    from app.dashboard.router import templates
+
+    model = {
+        "id": "m1", "name": "fed-clip", "kind": "clip_federated", "status": "ready", "family": None,
+        "current_version": {"number": 3, "method": "ease"},
+        "unlearning": {"ease": {"status": "ready", "info": {"validation": {"forget_r1": 0.02, "curve": [1, 2]},
+                                                          "rank": 8, "alpha": 0.5}},
+                       "l2ul": {"status": "refused", "reason": "too few rows", "info": {}}},
+        "federation": {"clients": ["c0", "c1", "c2"], "removed_clients": ["c2"], "rounds": 4},
+    }  # fmt: skip
+    lock = {"request_id": "req-12345678", "version_id": "v3", "alpha": 0.5, "rank": 8, "n_params": 4096,
+            "digest": "ab" * 32}  # fmt: skip
+    versions = [
+        {"id": "v1", "number": 1, "parent_id": None, "digest": "0" * 64, "method": "init", "request_id": None,
+         "metrics": {}, "created_at": None, "retired_at": None, "retired_by": None, "current": False},
+        {"id": "v3", "number": 3, "parent_id": "v1", "digest": "1" * 64, "method": "ease", "request_id": "req-12345678",
+         "metrics": {}, "created_at": None, "retired_at": None, "retired_by": None, "current": True},
+    ]  # fmt: skip
+    request = Request(
+        {"type": "http", "method": "GET", "path": "/dashboard/models", "headers": [], "query_string": b""}
+    )
+    common = {"request": request, "principal": None, "poll_ms": 1000}
+    listing = templates.get_template("models.html").render(
+        **common, models=[{"m": model, "versions": versions, "lock": lock}], page="models"
+    )
+    assert "3 clients (1 removed), 4 rounds" in listing
+    assert 'id="forget-lock"' in listing and "rank 8" in listing and "req-1234" in listing
+    assert "validation.forget_r1" in listing and "too few rows" in listing and "curve" not in listing
+    page = templates.get_template("model.html").render(
+        **common, m=model, versions=versions, carried={"v1": [], "v3": ["req-12345678"]},
+        lineage=lineage_svg(versions), lock=lock, page="models",
+    )  # fmt: skip
+    assert "<svg" in page and "v3 · ease" in page and 'id="forget-lock"' in page
