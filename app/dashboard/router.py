@@ -42,12 +42,12 @@ from app.problems import Problem
 from app.registry import service as registry
 from app.reports.service import get_report_or_404, report_out, reports_for
 from app.requests import service as requests
-from app.requests.service import TERMINAL_STATUSES, WAITING_STATUSES
+from app.requests.service import CANCELLABLE_STATUSES, REQUEST_STATUSES, TERMINAL_STATUSES
 from app.storage import get_store
 from app.webhooks import service as webhooks
 
 HERE = Path(__file__).parent
-STATUSES = ("received", "queued", "running", "verifying", "certified", "failed", "rejected", "cancelled")
+STATUSES = REQUEST_STATUSES
 STATIC = {"dashboard.css": "text/css; charset=utf-8", "dashboard.js": "text/javascript; charset=utf-8"}
 POLL_MS = 1000
 STALE_FORM = "Missing or stale form token: reload the page and try again."
@@ -287,7 +287,7 @@ def _request_context(session: Session, principal: Principal, request_id: str) ->
         "timeline": timeline,
         "deliveries": [webhooks.delivery_out(d) for d in webhooks.deliveries_for(session, request_id)],
         "admin": principal.has("admin"),
-        "can_cancel": row.status in WAITING_STATUSES,
+        "can_cancel": row.status in CANCELLABLE_STATUSES,
         "can_retry": row.status == "failed",
         "can_extend": row.status not in TERMINAL_STATUSES,
         "page": "requests",

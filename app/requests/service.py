@@ -26,6 +26,7 @@ from app.registry.schemas import SCOPES_BY_KIND
 from app.registry.tables import DatasetRow, Model, ModelVersion
 from app.registry.versions import ID_QUERY_CHUNK, erased_hashes, hash_row_id
 from app.requests.schemas import DeletionRequestCreate, DeletionRequestOut
+from app.requests.tables import REQUEST_STATUSES as REQUEST_STATUSES  # re-exported: the dashboard reads no tables
 from app.requests.tables import TERMINAL_STATUSES, DeletionRequest, InflightRow
 from app.webhooks import service as webhooks
 
@@ -377,6 +378,7 @@ def get_request_or_404(session: Session, request_id: str) -> DeletionRequest:
 
 
 WAITING_STATUSES = ("received", "queued")
+CANCELLABLE_STATUSES = (APPROVAL_STATUS, *WAITING_STATUSES)
 
 
 def is_stuck(request: DeletionRequest) -> bool:
