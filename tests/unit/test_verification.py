@@ -392,3 +392,18 @@ def test_plots_return_png():
     )
     hist = plots.phi_histograms({"original": rng.normal(5, 1, 30), "retrained": np.r_[rng.normal(0, 1, 29), np.inf]})
     assert roc.startswith(PNG_MAGIC) and hist.startswith(PNG_MAGIC)
+
+
+def test_exact_retraining_is_judged_at_a_stricter_confidence():
+    """5 of 100 rows flagged: above the 95 % chance margin (an approximate method fails) but within 99.9 %, where only a
+    retrain that really kept the rows is caught (20 of 100 fails either way)."""
+
+    def flagged(n: int) -> dict:
+        return _report(
+            models={"unlearned": {"lira": {"tpr_at_fpr": {"0.01": n / 100}, "detected_at_fpr": {"0.01": n}}}}
+        )
+
+    assert P.decide(flagged(5))["verdict"] == "fail"
+    exact = P.decide(flagged(5), exact=True)
+    assert exact["verdict"] == "pass" and "judged at 99.9 %" in exact["checks"][1]["message"]
+    assert P.decide(flagged(20), exact=True)["verdict"] == "fail"

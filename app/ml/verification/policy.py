@@ -45,6 +45,10 @@ DEFAULT_MAX_UTILITY_LOSS_POINTS = 1.0
 """[INFERENCE] one accuracy point: above the run-to-run spread measured for exact retrain on Adult (test accuracy
 0.837–0.858 across recipes, measured-findings.md), below a loss a model owner would ship silently. A setting."""
 UNCHANGED_ATOL = 1e-12
+EXACT_CONFIDENCE = 0.999
+"""Exact retraining never saw the forget rows, so any detection is a false positive — at 95 % confidence one deletion
+in twenty would fail by chance (seen in an integration run). Its attack check is still run, at 99.9 %: a retrain that
+did keep a row (a bug) is caught when the audit is informative, a correct one fails by chance at most once in 1,000."""
 
 
 FLOAT_SLACK_POINTS = 1e-9
@@ -184,7 +188,8 @@ def decide(
     if unl is None or key not in unl.get("detected_at_fpr", {}):
         raise ValueError(f"the report has no LiRA figures for the unlearned model at FPR {key}")
     k, m = int(report["n_forget"]), int(report["n_nonmembers"])
-    margin = chance_margin(k, policy.attack_fpr, policy.confidence, m, policy.margin)
+    confidence = max(policy.confidence, EXACT_CONFIDENCE) if exact else policy.confidence
+    margin = chance_margin(k, policy.attack_fpr, confidence, m, policy.margin)
     detected = int(unl["detected_at_fpr"][key])
     tpr = float(unl["tpr_at_fpr"][key])
     informative = bool(report.get("informative", True))
@@ -192,7 +197,8 @@ def decide(
     msg = (
         f"forget-set LiRA TPR@{policy.attack_fpr:g}FPR on the unlearned model = {tpr:.4f} ({detected}/{k} rows) "
         f"{'≤' if attack_ok else '>'} max {margin['max_tpr']:.4f} ({margin['max_detected']}/{k}: chance "
-        f"{policy.attack_fpr:g} + one-sided {policy.confidence:.0%} {margin['method']} margin, {margin['formula']})"
+        f"{policy.attack_fpr:g} + one-sided {confidence:.1%} {margin['method']} margin, {margin['formula']})"
+        + (" [exact retraining: judged at 99.9 %, a detection can only be chance]" if exact else "")
     )
     if not informative:
         notes.append(
