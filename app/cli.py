@@ -20,6 +20,8 @@ import typer
 app = typer.Typer(help="Lethe: unlearning as a service.", no_args_is_help=True)
 keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
+signing_app = typer.Typer(help="Certificate signing keys (Ed25519).", no_args_is_help=True)
+app.add_typer(signing_app, name="signing-keys")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
 
 
@@ -138,6 +140,44 @@ def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key's id (or its
     except ValueError as exc:  # the only refusal: no such key
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_NOT_FOUND) from None
+
+
+@signing_app.command("list")
+def signing_keys_list() -> None:
+    """The signing keys published at /.well-known/lethe-keys.json, oldest first (every one still verifies)."""
+    from rich.table import Table
+
+    from app.certificates.signing import default_keystore
+
+    table = Table("key id", "created", "active")
+    for key in default_keystore().public_keys()["keys"]:
+        table.add_row(key["kid"], key["created"], "yes" if key["active"] else "")
+    _console().print(table)
+
+
+@signing_app.command("rotate")
+def signing_keys_rotate() -> None:
+    """Make a new active signing key. Older public keys stay published (old certificates keep verifying); the retired
+    private key is deleted. Audited as ``signing-key.rotated``."""
+    from app.audit.service import append_event
+    from app.certificates.signing import default_keystore
+    from app.db import migrate as run_migrations
+    from app.db import session_scope
+
+    run_migrations()
+    store = default_keystore()
+    previous = store.active_key_id()
+    kid = store.rotate_key()
+    with session_scope() as session:
+        append_event(
+            session,
+            actor="cli",
+            action="signing-key.rotated",
+            entity_type="signing-key",
+            entity_id=kid,
+            payload={"previous": previous, "active": kid},
+        )
+    typer.echo(f"signing key rotated: {previous} -> {kid} (the old public key stays published)")
 
 
 @keys_app.command("webhook-secret")

@@ -399,3 +399,33 @@ def test_default_keystore_lives_under_home(home):
     assert (home / "keys" / f"{kid}.key").exists()
     assert signing.rotate_key() != kid
     assert os.stat(home / "keys").st_mode & 0o777 == 0o700
+
+
+def test_cli_rotates_signing_keys_and_audits_it(home):
+    """`lethe signing-keys rotate`: a new active key, the old public key still published (its certificates verify),
+    the rotation in the audit log; `list` shows both."""
+    from sqlalchemy import select
+
+    from app.audit.tables import AuditEvent
+    from app.db import reset_engine_cache, session_scope
+
+    reset_engine_cache()
+    try:
+        first = signing.default_keystore().active_key_id()
+        old_envelope = issue_certificate(NEW_DIGEST, predicate(), keystore=signing.default_keystore())
+        runner = CliRunner()
+        rotated = runner.invoke(cli_app, ["signing-keys", "rotate"])
+        assert rotated.exit_code == 0, rotated.output
+        second = signing.default_keystore().active_key_id()
+        assert second != first and f"{first} -> {second}" in rotated.output
+        published = {k["kid"]: k["active"] for k in signing.default_keystore().public_keys()["keys"]}
+        assert published == {first: False, second: True}
+        keys = signing.load_public_keys(signing.default_keystore().public_keys())
+        assert signing.verify_envelope(old_envelope, keys)  # a certificate signed before the rotation still verifies
+        listed = runner.invoke(cli_app, ["signing-keys", "list"])
+        assert listed.exit_code == 0 and first in listed.output and second in listed.output
+        with session_scope() as session:
+            event = session.scalars(select(AuditEvent).where(AuditEvent.action == "signing-key.rotated")).one()
+            assert event.entity_id == second and event.payload["previous"] == first
+    finally:
+        reset_engine_cache()
