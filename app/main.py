@@ -20,6 +20,7 @@ from app.problems import Problem, install_problem_handlers, problem_response
 from app.registry.router import router as registry_router
 from app.reports.router import router as reports_router
 from app.requests.intake import reset_batcher
+from app.requests.router import add_body_schemas
 from app.requests.router import router as requests_router
 from app.webhooks.router import router as webhooks_router
 
@@ -134,6 +135,9 @@ def create_app(run_background: bool | None = None) -> FastAPI:
     app.include_router(certificates_router)
     app.include_router(webhooks_router)
     app.include_router(ops_router)
+
+    default_openapi = app.openapi
+    app.openapi = lambda: add_body_schemas(default_openapi())
 
     @app.get("/healthz", tags=["health"])
     def healthz():

@@ -34,10 +34,12 @@ from app.problems import Problem
 from app.registry.tables import Model
 from app.requests.schemas import DeletionRequestCreate
 from app.requests.service import (
-    add_request,
+    StagedRequest,
     body_fingerprint,
+    insert_requests,
     lookup_rows,
     replay,
+    request_rows,
     stage_request,
     to_out,
     validate_against_registry,
@@ -128,13 +130,14 @@ class IntakeBatcher:
                     if not item.future.done():
                         item.future.set_exception(RuntimeError("intake failed; retry with the same Idempotency-Key"))
 
-    def _authenticate(self, batch: list[_Item]) -> list[_Item]:
-        """Resolve the batch's not-yet-authenticated keys in one query; a refused item is answered here."""
+    @staticmethod
+    def _authenticate(session, batch: list[_Item]) -> list[_Item]:
+        """Resolve the batch's not-yet-authenticated keys in one query (in the batch's own transaction: a key
+        revoked before it began is refused); a refused item is answered here."""
         pending = {item.key_hash for item in batch if item.principal is None and item.key_hash}
         if not pending:
             return batch
-        with get_sessionmaker()() as session:
-            principals = principals_for(session, sorted(pending))
+        principals = principals_for(session, sorted(pending))
         admitted = []
         for item in batch:
             if item.principal is None:
@@ -148,9 +151,6 @@ class IntakeBatcher:
         return admitted
 
     def _commit_batch(self, batch: list[_Item]) -> None:
-        batch = self._authenticate(batch)
-        if not batch:
-            return
         try:
             outcomes = self._batched(batch)
         except IntegrityError:  # another API process committed a twin between our look-up and our insert
@@ -194,12 +194,17 @@ class IntakeBatcher:
         return {dataset_id: lookup_rows(session, dataset_id, list(ids)) for dataset_id, ids in wanted.items()}
 
     def _batched(self, batch: list[_Item]) -> list[tuple[_Item, object]]:
-        """The fast path: one look-up of every Idempotency-Key in the batch, validation, then ONE flush that inserts
-        the requests, jobs and audit events with a multi-row INSERT per table, and one commit."""
+        """The fast path, one transaction: the batch's keys in one query, its Idempotency-Keys in one, its sample
+        ids in one per data set; validation in Python; then ONE multi-row INSERT per table (requests, jobs, held
+        rows, audit events: no ORM objects, no per-row statements) and one commit."""
         session = get_sessionmaker()()
         try:
+            batch = self._authenticate(session, batch)
+            if not batch:
+                session.rollback()
+                return []
             keys = [(item.principal.key_id, item.idempotency_key) for item in batch if item.idempotency_key]
-            known: dict[tuple[str, str], DeletionRequest] = {}
+            known: dict[tuple[str, str], object] = {}
             if keys:
                 rows = session.execute(
                     select(DeletionRequest).where(
@@ -210,29 +215,30 @@ class IntakeBatcher:
             rows = self._rows(
                 session, [item for item in batch if (item.principal.key_id, item.idempotency_key) not in known]
             )
-            staged: list[tuple[_Item, object]] = []
-            with session.no_autoflush:  # validation reads nothing this batch writes: one flush, at the commit
-                for item in batch:
-                    fingerprint = body_fingerprint(item.body)
-                    key = (item.principal.key_id, item.idempotency_key) if item.idempotency_key else None
-                    try:
-                        if key in known:
-                            staged.append((item, (replay(known[key], fingerprint), False)))
-                            continue
-                        model = self._model(session, item.body.model_id)
-                        model = validate_against_registry(
-                            session, item.body, model, rows.get(model.dataset_id) if model is not None else None
-                        )
-                        request = add_request(
-                            session, item.principal, item.body, item.idempotency_key, model, fingerprint
-                        )
-                        if key:
-                            known[key] = request
-                        staged.append((item, (request, True)))
-                    except Problem as exc:
-                        staged.append((item, exc))
+            outcomes: list[tuple[_Item, object]] = []
+            staged: list[dict] = []
+            for item in batch:
+                fingerprint = body_fingerprint(item.body)
+                key = (item.principal.key_id, item.idempotency_key) if item.idempotency_key else None
+                try:
+                    if key in known:
+                        outcomes.append((item, (replay(known[key], fingerprint), False)))
+                        continue
+                    model = self._model(session, item.body.model_id)
+                    model = validate_against_registry(
+                        session, item.body, model, rows.get(model.dataset_id) if model is not None else None
+                    )
+                    values = request_rows(item.principal, item.body, item.idempotency_key, model, fingerprint)
+                    staged.append(values)
+                    request = StagedRequest(**values["request"])
+                    if key:
+                        known[key] = request  # the same key again in this batch replays this request
+                    outcomes.append((item, (request, True)))
+                except Problem as exc:
+                    outcomes.append((item, exc))
+            insert_requests(session, staged)
             session.commit()
-            return [(item, o if isinstance(o, BaseException) else (to_out(o[0]), o[1])) for item, o in staged]
+            return [(item, o if isinstance(o, BaseException) else (to_out(o[0]), o[1])) for item, o in outcomes]
         except Exception:
             session.rollback()
             raise
@@ -243,8 +249,11 @@ class IntakeBatcher:
         """The slow path: each request in its own SAVEPOINT (stage_request), one commit."""
         outcomes: list[tuple[_Item, object]] = []
         session = get_sessionmaker()()
+        staged = []
         try:
-            staged = []
+            batch = [item for item in batch if not item.future.done()]  # refused keys were answered already
+            if any(item.principal is None for item in batch):  # the fast path failed before authenticating
+                batch = self._authenticate(session, batch)
             for item in batch:
                 try:
                     request, created = stage_request(session, item.principal, item.body, item.idempotency_key)
