@@ -90,6 +90,8 @@ class Settings(BaseSettings):
     model_busy_retry_seconds: float = Field(
         2.0, gt=0, description="When another job holds the model, a job waits this long (not counted as an attempt)."
     )
+    log_level: str = Field("INFO", description="Log level of the API and workers (DEBUG, INFO, WARNING, ERROR).")
+    log_json: bool = Field(True, description="JSON log lines (structlog); false: key=value lines for a terminal.")
     audit_checkpoint_every: int = Field(
         100, ge=1, description="Write a keyed checkpoint of the audit chain's head every N events."
     )

@@ -15,6 +15,7 @@ from app.certificates.router import router as certificates_router
 from app.config import get_settings
 from app.db import get_engine
 from app.jobs.router import router as jobs_router
+from app.logs import RequestIdMiddleware, configure_logging
 from app.ops.router import router as ops_router
 from app.problems import Problem, install_problem_handlers, problem_response
 from app.registry.router import router as registry_router
@@ -102,6 +103,7 @@ class _TooLarge(Exception):
 def create_app(run_background: bool | None = None) -> FastAPI:
     settings = get_settings()
     background = settings.run_dispatcher if run_background is None else run_background
+    configure_logging(settings.log_level, json_lines=settings.log_json)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -127,6 +129,7 @@ def create_app(run_background: bool | None = None) -> FastAPI:
     )
     install_problem_handlers(app)
     app.add_middleware(BodyLimitMiddleware)
+    app.add_middleware(RequestIdMiddleware)  # outermost: even a 413 or a 500 carries its request id
     app.include_router(registry_router)
     app.include_router(requests_router)
     app.include_router(audit_router)
