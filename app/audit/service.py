@@ -21,12 +21,12 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import event, select, text
+from sqlalchemy import Table, event, select, text
 from sqlalchemy.orm import Session
 
 from app.audit.tables import AuditCheckpoint, AuditEvent
 from app.config import get_settings
-from app.db import insert_rows, utcnow
+from app.db import insert_many, utcnow
 
 GENESIS_HASH = "0" * 64
 _ADVISORY_LOCK_ID = 0x1E7E_A0D1  # any constant shared by every writer of the audit log
@@ -164,10 +164,13 @@ def append_event(
     return event
 
 
-def append_events(session: Session, events: list[dict[str, Any]]) -> None:
+def append_events(
+    session: Session, events: list[dict[str, Any]], together_with: list[tuple[Table, list[dict[str, Any]]]] = ()
+) -> None:
     """Append several events (dicts of ``actor``, ``action``, ``entity_type``, ``entity_id``, ``payload``) in order,
-    with ONE multi-row INSERT (and one for their checkpoints): the intake batch's events. Same chain, same lock as
-    ``append_event``; call it last in the transaction, so the lock is held only for the insert and the commit."""
+    with one statement that also inserts the caller's ``together_with`` rows (``app.db.insert_many``): the intake
+    batch writes its requests, jobs, held rows, events and checkpoints in one round trip. Same chain, same lock as
+    ``append_event``; call it last in the transaction, so the lock is held only for that statement and the commit."""
     if not events:
         return
     seq, prev_hash = _locked_head(session)
@@ -199,8 +202,7 @@ def append_events(session: Session, events: list[dict[str, Any]]) -> None:
                 {"seq": seq, "hash": hash_, "at": at, "key_id": CHECKPOINT_KEY_ID, "mac": checkpoint_mac(seq, hash_)}
             )
         prev_hash = hash_
-    insert_rows(session, AuditEvent.__table__, rows)
-    insert_rows(session, AuditCheckpoint.__table__, checkpoints)
+    insert_many(session, [*together_with, (AuditEvent.__table__, rows), (AuditCheckpoint.__table__, checkpoints)])
     session.info[_HEAD_KEY] = (seq, prev_hash)
 
 

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import or_, select, text, update
+from sqlalchemy import Table, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from app.config import get_settings
-from app.db import insert_rows, new_id, utcnow
+from app.db import new_id, utcnow
 from app.jobs.tables import Job
 
 GPU_KINDS = {"clip_federated"}
@@ -71,8 +71,9 @@ def job_row(
     }
 
 
-def insert_jobs(session: Session, rows: list[dict[str, Any]]) -> None:
-    insert_rows(session, Job.__table__, rows)
+def job_insert(rows: list[dict[str, Any]]) -> tuple[Table, list[dict[str, Any]]]:
+    """New job rows (``job_row``) as a part of a bulk insert (``app.db.insert_many``)."""
+    return Job.__table__, rows
 
 
 def new_job(

@@ -25,11 +25,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from sqlalchemy import select, tuple_
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from app.auth.service import Principal, principals_for, scope_problem, unknown_key_problem
 from app.config import get_settings
-from app.db import get_sessionmaker
+from app.db import get_engine, get_sessionmaker
 from app.problems import Problem
 from app.registry.tables import Model
 from app.requests.schemas import DeletionRequestCreate
@@ -47,6 +49,7 @@ from app.requests.service import (
 from app.requests.tables import DeletionRequest
 
 MODEL_TTL = 1.0
+HELD_IDLE_S = 10.0
 
 log = logging.getLogger("lethe.intake")
 
@@ -70,6 +73,8 @@ class IntakeBatcher:
         self._started = False
         self._lock = threading.Lock()
         self._models: dict[str, tuple[float, Model]] = {}
+        self._connection: Connection | None = None
+        self._connection_used = 0.0
 
     def submit(self, principal: Principal, body: DeletionRequestCreate, idempotency_key: str | None) -> Future:
         """Returns a future of (DeletionRequestOut, created); it raises the request's Problem, if any."""
@@ -114,10 +119,34 @@ class IntakeBatcher:
                 batch.append(item)
         return batch
 
+    def _held_session(self) -> Session:
+        """A session on the connection this thread keeps between batches: a pool checkout pings the database (a
+        round trip per batch); a connection used a moment ago needs none. Idle for ``HELD_IDLE_S``, it goes back
+        to the pool (and the next checkout pings); after any error it is dropped (``_drop_connection``)."""
+        now = time.monotonic()
+        engine = get_engine()
+        if self._connection is not None and (
+            now - self._connection_used > HELD_IDLE_S or self._connection.engine is not engine  # settings changed
+        ):
+            self._drop_connection()
+        if self._connection is None:
+            self._connection = engine.connect()
+        self._connection_used = now
+        return Session(bind=self._connection, expire_on_commit=False)
+
+    def _drop_connection(self) -> None:
+        if self._connection is not None:
+            try:
+                self._connection.close()
+            except Exception:  # a broken connection: the pool discards it
+                log.debug("closing the intake connection failed", exc_info=True)
+            self._connection = None
+
     def _run(self) -> None:
         while True:
             first = self._queue.get()
             if first is None:
+                self._drop_connection()
                 return
             batch = self._collect(first)
             if not batch:
@@ -197,7 +226,7 @@ class IntakeBatcher:
         """The fast path, one transaction: the batch's keys in one query, its Idempotency-Keys in one, its sample
         ids in one per data set; validation in Python; then ONE multi-row INSERT per table (requests, jobs, held
         rows, audit events: no ORM objects, no per-row statements) and one commit."""
-        session = get_sessionmaker()()
+        session = self._held_session()
         try:
             batch = self._authenticate(session, batch)
             if not batch:
@@ -240,7 +269,11 @@ class IntakeBatcher:
             session.commit()
             return [(item, o if isinstance(o, BaseException) else (to_out(o[0]), o[1])) for item, o in outcomes]
         except Exception:
-            session.rollback()
+            try:
+                session.rollback()
+            finally:
+                session.close()
+                self._drop_connection()  # the slow path starts on a fresh (pinged) connection
             raise
         finally:
             session.close()

@@ -19,9 +19,9 @@ from sqlalchemy.orm import Session
 from app.audit.service import append_event, append_events, forget_head, hash_subject
 from app.auth.service import Principal
 from app.config import get_settings
-from app.db import insert_rows, new_id, utcnow
+from app.db import new_id, utcnow
 from app.jobs.outbox import cancel as cancel_job
-from app.jobs.outbox import insert_jobs, new_job
+from app.jobs.outbox import job_insert, new_job
 from app.jobs.outbox import job_row as new_job_row
 from app.jobs.tables import Job
 from app.ml.unlearning.base import AUTO, UnknownMethodError, get_method
@@ -367,17 +367,22 @@ class StagedRequest(SimpleNamespace):
 
 
 def insert_requests(session: Session, staged: list[dict[str, Any]]) -> list[StagedRequest]:
-    """Insert a batch of ``request_rows`` with one multi-row INSERT per table; the audit events go last (they take
-    the audit log's lock, which is then held only for their insert and the commit). A twin Idempotency-Key or a row
+    """Insert a batch of ``request_rows``: requests, jobs, held rows and audit events in ONE statement (on PostgreSQL;
+    app.db.insert_many), written by the audit log's ``append_events`` because it must first take the log's lock and
+    read the head (the lock is then held only for that statement and the commit). A twin Idempotency-Key or a row
     another request holds raises IntegrityError (the caller falls back to one SAVEPOINT per request)."""
-    insert_jobs(session, [rows["job"] for rows in staged])
-    insert_rows(
+    append_events(
         session,
-        DeletionRequest.__table__,
-        [{k: v for k, v in rows["request"].items() if k not in _UNSET_AT_INTAKE} for rows in staged],
+        [rows["event"] for rows in staged],
+        together_with=[
+            job_insert([rows["job"] for rows in staged]),
+            (
+                DeletionRequest.__table__,
+                [{k: v for k, v in rows["request"].items() if k not in _UNSET_AT_INTAKE} for rows in staged],
+            ),
+            (InflightRow.__table__, [row for rows in staged for row in rows["inflight"]]),
+        ],
     )
-    insert_rows(session, InflightRow.__table__, [row for rows in staged for row in rows["inflight"]])
-    append_events(session, [rows["event"] for rows in staged])
     return [StagedRequest(**rows["request"]) for rows in staged]
 
 

@@ -19,12 +19,14 @@ from tests.helpers import configure, make_key
 
 @pytest.fixture
 def logged(tmp_path):
-    """The API (no background executor) with its logs captured as text lines."""
+    """The API (no background executor) with its logs captured as text lines, at DEBUG (a success's access line is
+    at DEBUG, so that at INFO the hot path writes nothing)."""
     configure(tmp_path)
     key = make_key()
-    with TestClient(create_app(run_background=False)) as client:
-        stream = io.StringIO()
-        configure_logging("INFO", stream=stream)
+    app = create_app(run_background=False)  # configures logging from the settings (INFO) ...
+    stream = io.StringIO()
+    configure_logging("DEBUG", stream=stream)  # ... so capture after it, before the first request builds the stack
+    with TestClient(app) as client:
         client.headers["authorization"] = f"Bearer {key}"
         client.key = key
         client.lines = lambda: [json.loads(line) for line in stream.getvalue().splitlines() if line.strip()]
@@ -45,7 +47,7 @@ def test_a_request_logs_one_json_line_with_its_generated_request_id(logged):
     assert len(request_id) == 32 and int(request_id, 16) >= 0  # generated: 32 hex digits
     line = _access(logged.lines(), request_id)
     assert line["method"] == "GET" and line["path"] == "/v1/deletion-requests" and line["status"] == 200
-    assert line["level"] == "info" and "timestamp" in line and line["duration_ms"] >= 0
+    assert line["level"] == "debug" and "timestamp" in line and line["duration_ms"] >= 0
     assert line["logger"] == "lethe.access"
     text = json.dumps([line for line in logged.lines() if not line.get("logger", "").startswith("httpx")])
     assert "secret-looking-query" not in text  # no query string (the test client's own httpx line has it)
@@ -65,7 +67,24 @@ def test_problems_and_refusals_carry_the_request_id_too(logged):
     response = logged.post("/v1/deletion-requests", json={}, headers={"authorization": "Bearer lethe_x_y"})
     assert response.status_code == 401
     line = _access(logged.lines(), response.headers["X-Request-ID"])
-    assert line["status"] == 401
+    assert line["status"] == 401 and line["level"] == "info"
+
+
+def test_at_info_a_success_writes_no_line(tmp_path):
+    configure(tmp_path)
+    key = make_key()
+    app = create_app(run_background=False)
+    stream = io.StringIO()
+    configure_logging("INFO", stream=stream)
+    with TestClient(app) as client:
+        response = client.get("/v1/deletion-requests", headers={"authorization": f"Bearer {key}"})
+        assert response.status_code == 200 and response.headers["X-Request-ID"]
+        refused = client.get("/v1/deletion-requests")
+        assert refused.status_code == 401
+    configure_logging("INFO")
+    lines = [json.loads(line) for line in stream.getvalue().splitlines() if line.strip()]
+    access = [line for line in lines if line.get("logger") == "lethe.access"]
+    assert [line["request_id"] for line in access] == [refused.headers["X-Request-ID"]]
 
 
 def test_lines_from_the_standard_library_inside_a_request_are_json_with_its_id(logged):
