@@ -177,6 +177,7 @@ def main() -> None:
     try:
         from sqlalchemy import func, select
 
+        from app.audit.service import verify_chain
         from app.auth.service import create_key
         from app.db import migrate, session_scope
         from app.jobs.pipeline import execute_job
@@ -303,6 +304,8 @@ def main() -> None:
                     select(func.count()).select_from(DeletionRequest).where(DeletionRequest.id.in_(chunk))
                 ).scalar_one()
             rows_in_db = session.execute(select(func.count()).select_from(DeletionRequest)).scalar_one()
+        with session_scope() as session:  # the batched appends of two API processes still form one verified chain
+            verdict = verify_chain(session)
 
         measured = [p["real"] for p in pairs]
         tops = [p["ceiling"] for p in pairs]
@@ -347,6 +350,7 @@ def main() -> None:
             "found_in_db": found,
             "rows_in_db": rows_in_db,
             "non_202": non_202,
+            "audit_chain": {"ok": verdict.ok, "events_checked": verdict.checked, "reason": verdict.reason},
             "rounds": pairs,
             "setup_s": round(setup_s, 1),
             "table_rows": n_rows,
@@ -362,7 +366,8 @@ def main() -> None:
         print(
             f"real {rps:.0f} req/s (p50 {result['p50_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms)  ceiling "
             f"{ceiling_rps:.0f} req/s  ratio {result['ratio_to_ceiling']:.2f}  accepted {len(accepted_ids)}, found in "
-            f"the database {found} (rows {rows_in_db}), other statuses {non_202} → {args.out}"
+            f"the database {found} (rows {rows_in_db}), other statuses {non_202}, audit chain "
+            f"{'verifies' if verdict.ok else 'BROKEN: ' + str(verdict.reason)} ({verdict.checked} events) → {args.out}"
         )
     finally:
         for server in servers:
