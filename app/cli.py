@@ -9,7 +9,6 @@ retry, extend, export, audit-verify; and verify-certificate (offline). Exit code
 from __future__ import annotations
 
 import json
-import logging
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,8 +24,13 @@ app.add_typer(signing_app, name="signing-keys")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
 
 
-def _logging(level: str = "INFO") -> None:
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def _logging(level: str | None = None) -> None:
+    """Structured logs (app/logs.py), at LETHE_LOG_LEVEL unless a level is given."""
+    from app.config import get_settings
+    from app.logs import configure_logging
+
+    settings = get_settings()
+    configure_logging(level or settings.log_level, json_lines=settings.log_json)
 
 
 @app.command()
@@ -197,7 +201,8 @@ def serve(host: str = "127.0.0.1", port: int = 8000, workers: int = 1, log_level
     from app.db import migrate as run_migrations
 
     run_migrations()
-    uvicorn.run("app.asgi:app", host=host, port=port, workers=workers, log_level=log_level)
+    # access_log=False: the API writes its own access line, JSON with the request id (app/logs.py)
+    uvicorn.run("app.asgi:app", host=host, port=port, workers=workers, log_level=log_level, access_log=False)
 
 
 @app.command()

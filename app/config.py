@@ -103,6 +103,8 @@ class Settings(BaseSettings):
     bulk_max_requests: int = Field(
         500, ge=1, le=10_000, description="Most deletion requests one bulk operator action may select."
     )
+    log_level: str = Field("INFO", description="Log level of the API and workers (DEBUG, INFO, WARNING, ERROR).")
+    log_json: bool = Field(True, description="JSON log lines (structlog); false: key=value lines for a terminal.")
     audit_checkpoint_every: int = Field(
         100, ge=1, description="Write a keyed checkpoint of the audit chain's head every N events."
     )

@@ -16,12 +16,14 @@ from app.config import get_settings
 from app.dashboard.router import router as dashboard_router
 from app.db import get_engine
 from app.jobs.router import router as jobs_router
+from app.logs import RequestIdMiddleware, configure_logging
 from app.openapi import install as install_openapi
 from app.ops.router import router as ops_router
 from app.problems import Problem, install_problem_handlers, problem_response
 from app.registry.router import router as registry_router
 from app.reports.router import router as reports_router
 from app.requests.intake import reset_batcher
+from app.requests.router import add_body_schemas
 from app.requests.router import router as requests_router
 from app.subjects.router import router as subjects_router
 from app.webhooks.router import router as webhooks_router
@@ -104,6 +106,7 @@ class _TooLarge(Exception):
 def create_app(run_background: bool | None = None) -> FastAPI:
     settings = get_settings()
     background = settings.run_dispatcher if run_background is None else run_background
+    configure_logging(settings.log_level, json_lines=settings.log_json)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -129,6 +132,7 @@ def create_app(run_background: bool | None = None) -> FastAPI:
     )
     install_problem_handlers(app)
     app.add_middleware(BodyLimitMiddleware)
+    app.add_middleware(RequestIdMiddleware)  # outermost: even a 413 or a 500 carries its request id
     app.include_router(registry_router)
     app.include_router(requests_router)
     app.include_router(subjects_router)
@@ -140,6 +144,9 @@ def create_app(run_background: bool | None = None) -> FastAPI:
     app.include_router(ops_router)
     app.include_router(dashboard_router)
     install_openapi(app)  # bearer scheme, problem+json answers and request examples in /openapi.json
+
+    default_openapi = app.openapi
+    app.openapi = lambda: add_body_schemas(default_openapi())
 
     @app.get("/healthz", tags=["health"])
     def healthz():

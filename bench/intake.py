@@ -6,8 +6,9 @@ subject, sample id and Idempotency-Key, counts every status and keeps the id of 
 saturates long before the server does on 2 cores (~350 req/s on a trivial endpoint against ~4,000 for wrk), so the
 previous version of this benchmark mostly measured itself.
 
-Two uvicorn processes, same flags: the real API (``app.asgi:app``, dispatcher off so no worker competes; jobs stay in
-the outbox) and ``bench/trivial_app.py`` (one pydantic body, no database). Each round runs wrk against the trivial
+Two uvicorn servers, same flags (``--workers``, default 2 processes each): the real API (``app.asgi:app``, dispatcher
+off so no worker competes; jobs stay in the outbox; its log lines go to a file) and ``bench/trivial_app.py`` (one
+pydantic body, no database). Each round runs wrk against the trivial
 endpoint and then against the real one, closed loop at ``--connections``; ratios are taken round by round, so noise from
 other work on the machine hits both sides alike. Afterwards every 202's request id is looked up in the database.
 
@@ -47,7 +48,8 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _serve(app: str, port: int, env: dict) -> subprocess.Popen:
+def _serve(app: str, port: int, env: dict, workers: int = 1, log_path: Path | None = None) -> subprocess.Popen:
+    log_file = open(log_path, "ab") if log_path else None  # noqa: SIM115 (the server writes to it until the end)
     server = subprocess.Popen(
         [
             sys.executable,
@@ -65,9 +67,13 @@ def _serve(app: str, port: int, env: dict) -> subprocess.Popen:
             "--log-level",
             "warning",
             "--no-access-log",
+            "--workers",
+            str(workers),
         ],
         cwd=ROOT,
         env=env,
+        stdout=log_file,
+        stderr=subprocess.STDOUT if log_file else None,
     )
     for _ in range(300):
         try:
@@ -137,6 +143,10 @@ def main() -> None:
     parser.add_argument(
         "--rows", type=int, default=None, help="table rows = fresh sample ids (default 250k; quick 40k)"
     )
+    parser.add_argument("--workers", type=int, default=2, help="uvicorn worker processes, both servers (default 2)")
+    parser.add_argument(
+        "--log-level", default="INFO", help="LETHE_LOG_LEVEL of the API (default INFO, as in production)"
+    )
     parser.add_argument("--py-spy", default=None, help="record the API with py-spy (raw, --idle off) during round 1")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "intake.json"))
     args = parser.parse_args()
@@ -159,6 +169,7 @@ def main() -> None:
             "LETHE_SECRET_KEY": "bench-secret-0123456789abcdef-0123456789",  # >= 32 bytes
             "LETHE_RUN_DISPATCHER": "false",  # intake only: no worker competes during the load
             "LETHE_DATA_ROOTS": json.dumps([str(home / "data")]),  # a data root may not contain the home
+            "LETHE_LOG_LEVEL": args.log_level,
         }
     )
     os.environ.pop("LETHE_BROKER_URL", None)
@@ -166,6 +177,7 @@ def main() -> None:
     try:
         from sqlalchemy import func, select
 
+        from app.audit.service import verify_chain
         from app.auth.service import create_key
         from app.db import migrate, session_scope
         from app.jobs.pipeline import execute_job
@@ -181,8 +193,10 @@ def main() -> None:
         write_table(home / "data" / "table.csv", n=n_rows)
 
         port, ceiling_port = _free_port(), _free_port()
-        servers.append(_serve("app.asgi:app", port, os.environ.copy()))
-        servers.append(_serve("bench.trivial_app:app", ceiling_port, os.environ.copy()))
+        log_path = home / "server.log"
+        servers.append(_serve("app.asgi:app", port, os.environ.copy(), args.workers, log_path))
+        servers.append(_serve("bench.trivial_app:app", ceiling_port, os.environ.copy(), args.workers, log_path))
+        load_before = os.getloadavg()
         response = httpx.post(
             f"http://127.0.0.1:{port}/v1/models",
             headers={"authorization": f"Bearer {api_key}"},
@@ -257,6 +271,7 @@ def main() -> None:
                         "-o",
                         args.py_spy,
                         "--threads",
+                        *(["--subprocesses"] if args.workers > 1 else []),
                     ],
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
@@ -273,6 +288,8 @@ def main() -> None:
                 f"  ratio {pairs[-1]['ratio']:.2f}  statuses {point['statuses']}",
                 flush=True,
             )
+        load_after = os.getloadavg()
+        log_lines = log_path.read_text(errors="replace").splitlines() if log_path.exists() else []
         if next_row > n_rows:
             print(f"warning: {next_row} sample ids used but the table has {n_rows} rows (raise --rows)")
 
@@ -287,6 +304,8 @@ def main() -> None:
                     select(func.count()).select_from(DeletionRequest).where(DeletionRequest.id.in_(chunk))
                 ).scalar_one()
             rows_in_db = session.execute(select(func.count()).select_from(DeletionRequest)).scalar_one()
+        with session_scope() as session:  # the batched appends of two API processes still form one verified chain
+            verdict = verify_chain(session)
 
         measured = [p["real"] for p in pairs]
         tops = [p["ceiling"] for p in pairs]
@@ -314,7 +333,13 @@ def main() -> None:
                 "mode": "closed loop (each connection sends its next request when the previous one is answered)",
             },
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-            "server": "uvicorn, 1 process, uvloop + httptools, dispatcher off",
+            "server": f"uvicorn, {args.workers} worker process(es), uvloop + httptools, dispatcher off, "
+            f"LETHE_LOG_LEVEL={args.log_level}",
+            "load_average_1_5_15": {
+                "before": [round(x, 2) for x in load_before],
+                "after": [round(x, 2) for x in load_after],
+            },
+            "server_log_lines": len(log_lines),
             "requests_per_s": round(rps, 1),
             "p50_ms": max(p["p50_ms"] for p in measured),
             "p99_ms": max(p["p99_ms"] for p in measured),
@@ -325,22 +350,24 @@ def main() -> None:
             "found_in_db": found,
             "rows_in_db": rows_in_db,
             "non_202": non_202,
+            "audit_chain": {"ok": verdict.ok, "events_checked": verdict.checked, "reason": verdict.reason},
             "rounds": pairs,
             "setup_s": round(setup_s, 1),
             "table_rows": n_rows,
             "notes": "requests_per_s: 202s per second over the measured real runs (warm-up excluded); p50_ms, "
             "p99_ms: the worst round's; ceiling: the trivial FastAPI endpoint (bench/trivial_app.py, one pydantic "
-            "body, no database) with the same uvicorn flags, wrk script and connections, measured just before each "
-            "real run. accepted counts every 202 of every real run (warm-up included); found_in_db: how many of "
-            "their ids are rows in deletion_requests afterwards. wrk, uvicorn and PostgreSQL share the machine's "
-            "cores.",
+            "body, no database) with the same uvicorn flags (workers included), wrk script and connections, measured "
+            "just before each real run. accepted counts every 202 of every real run (warm-up included); "
+            "found_in_db: how many of their ids are rows in deletion_requests afterwards. wrk, uvicorn and "
+            "PostgreSQL share the machine's cores (and other work on it: see load_average_1_5_15).",
         }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
         print(
             f"real {rps:.0f} req/s (p50 {result['p50_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms)  ceiling "
             f"{ceiling_rps:.0f} req/s  ratio {result['ratio_to_ceiling']:.2f}  accepted {len(accepted_ids)}, found in "
-            f"the database {found} (rows {rows_in_db}), other statuses {non_202} → {args.out}"
+            f"the database {found} (rows {rows_in_db}), other statuses {non_202}, audit chain "
+            f"{'verifies' if verdict.ok else 'BROKEN: ' + str(verdict.reason)} ({verdict.checked} events) → {args.out}"
         )
     finally:
         for server in servers:

@@ -9,9 +9,11 @@
 from __future__ import annotations
 
 from celery import Celery
+from celery.signals import setup_logging
 from kombu import Queue
 
 from app.config import get_settings
+from app.logs import configure_logging
 
 settings = get_settings()
 celery_app = Celery("lethe", broker=settings.broker_url or "redis://127.0.0.1:6379/0", include=["workers.tasks"])
@@ -27,3 +29,9 @@ celery_app.conf.update(
     task_time_limit=None,
     worker_hijack_root_logger=False,
 )
+
+
+@setup_logging.connect
+def _structured_logs(loglevel=None, **_) -> None:
+    """Celery leaves logging to us: the same JSON lines as the API, each with the job's ids (app/jobs/pipeline.py)."""
+    configure_logging(loglevel or settings.log_level, json_lines=settings.log_json)

@@ -21,12 +21,12 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import event, select, text
+from sqlalchemy import Table, event, select, text
 from sqlalchemy.orm import Session
 
 from app.audit.tables import AuditCheckpoint, AuditEvent
 from app.config import get_settings
-from app.db import utcnow
+from app.db import insert_many, utcnow
 
 GENESIS_HASH = "0" * 64
 _ADVISORY_LOCK_ID = 0x1E7E_A0D1  # any constant shared by every writer of the audit log
@@ -108,6 +108,17 @@ def forget_head(session: Session) -> None:
     session.info.pop(_HEAD_KEY, None)
 
 
+def _locked_head(session: Session) -> tuple[int, str]:
+    """(seq, hash) of the chain's head, taking the log's lock on the transaction's first call."""
+    head = session.info.get(_HEAD_KEY)
+    if head is None:
+        if session.get_bind().dialect.name == "postgresql":
+            session.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": _ADVISORY_LOCK_ID})
+        last = session.execute(select(AuditEvent.seq, AuditEvent.hash).order_by(AuditEvent.seq.desc()).limit(1)).first()
+        head = (last.seq, last.hash) if last else (0, GENESIS_HASH)
+    return head
+
+
 def append_event(
     session: Session,
     *,
@@ -123,13 +134,8 @@ def append_event(
     The first append of a transaction takes the log's lock and reads the head; later appends in the same
     transaction (a batch of intake requests) reuse that head instead of asking the database again.
     """
-    head = session.info.get(_HEAD_KEY)
-    if head is None:
-        if session.get_bind().dialect.name == "postgresql":
-            session.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": _ADVISORY_LOCK_ID})
-        last = session.execute(select(AuditEvent.seq, AuditEvent.hash).order_by(AuditEvent.seq.desc()).limit(1)).first()
-        head = (last.seq, last.hash) if last else (0, GENESIS_HASH)
-    seq, prev_hash = head[0] + 1, head[1]
+    seq, prev_hash = _locked_head(session)
+    seq += 1
     at = utcnow()
     payload = json.loads(canonical_json(payload or {}))  # what is hashed is what is stored
     body = event_body(seq, at, actor, action, entity_type, entity_id, payload)
@@ -156,6 +162,48 @@ def append_event(
         session.flush()
     session.info[_HEAD_KEY] = (seq, event.hash)
     return event
+
+
+def append_events(
+    session: Session, events: list[dict[str, Any]], together_with: list[tuple[Table, list[dict[str, Any]]]] = ()
+) -> None:
+    """Append several events (dicts of ``actor``, ``action``, ``entity_type``, ``entity_id``, ``payload``) in order,
+    with one statement that also inserts the caller's ``together_with`` rows (``app.db.insert_many``): the intake
+    batch writes its requests, jobs, held rows, events and checkpoints in one round trip. Same chain, same lock as
+    ``append_event``; call it last in the transaction, so the lock is held only for that statement and the commit."""
+    if not events:
+        return
+    seq, prev_hash = _locked_head(session)
+    every = get_settings().audit_checkpoint_every
+    rows: list[dict[str, Any]] = []
+    checkpoints: list[dict[str, Any]] = []
+    for spec in events:
+        seq += 1
+        at = utcnow()
+        payload = json.loads(canonical_json(spec.get("payload") or {}))  # what is hashed is what is stored
+        body = event_body(seq, at, spec["actor"], spec["action"], spec["entity_type"], spec["entity_id"], payload)
+        hash_ = hashlib.sha256((prev_hash + body).encode()).hexdigest()
+        rows.append(
+            {
+                "seq": seq,
+                "at": at,
+                "actor": spec["actor"],
+                "action": spec["action"],
+                "entity_type": spec["entity_type"],
+                "entity_id": spec["entity_id"],
+                "payload": payload,
+                "prev_hash": prev_hash,
+                "hash": hash_,
+                "canonical": body,
+            }
+        )
+        if seq % every == 0:
+            checkpoints.append(
+                {"seq": seq, "hash": hash_, "at": at, "key_id": CHECKPOINT_KEY_ID, "mac": checkpoint_mac(seq, hash_)}
+            )
+        prev_hash = hash_
+    insert_many(session, [*together_with, (AuditEvent.__table__, rows), (AuditCheckpoint.__table__, checkpoints)])
+    session.info[_HEAD_KEY] = (seq, prev_hash)
 
 
 def chain_head(session: Session) -> dict[str, Any]:

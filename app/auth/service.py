@@ -127,7 +127,8 @@ def revoke_key(session: Session, key_id: str) -> ApiKey:
     return row
 
 
-def _lookup(key_hash: str) -> Principal | None:
+def lookup_key(key_hash: str) -> Principal | None:
+    """The live principal of a key hash, or None (one indexed read)."""
     with get_sessionmaker()() as session:
         row = session.execute(
             select(ApiKey).where(ApiKey.key_hash == key_hash, ApiKey.revoked_at.is_(None))
@@ -141,7 +142,7 @@ def principal_for_key(key: str) -> Principal | None:
     """The live principal of a presented key, or None (unknown, revoked, expired): for callers that do not take the
     key from an ``Authorization`` header (the dashboard keeps it in a cookie). Looked up on every call, like
     ``authenticate``."""
-    return _lookup(hash_key(key)) if key else None
+    return lookup_key(hash_key(key)) if key else None
 
 
 def _principal(row: ApiKey) -> Principal:
@@ -178,9 +179,10 @@ def scope_problem(principal: Principal, scope: str, *alternatives: str, model_id
     return None
 
 
-def presented_key(request: Request) -> str:
+async def presented_key(request: Request) -> str:
     """FastAPI dependency for routes that authenticate later, in a batch (deletion-request intake): the key must be
-    there (401 otherwise, no database read); it is looked up with the rest of its batch."""
+    there (401 otherwise, no database read); it is looked up with the rest of its batch. ``async``: it reads only a
+    header, so it runs on the event loop instead of costing a thread-pool hop per request."""
     key = _presented_key(request)
     if not key:
         problem = Problem(401, "unauthorized", "Missing API key", "Send `Authorization: Bearer <key>`.")
@@ -204,7 +206,7 @@ def authenticate(request: Request) -> Principal:
         problem = Problem(401, "unauthorized", "Missing API key", "Send `Authorization: Bearer <key>`.")
         problem.headers = {"WWW-Authenticate": 'Bearer realm="lethe"'}
         raise problem
-    principal = _lookup(hash_key(key))
+    principal = lookup_key(hash_key(key))
     if principal is None:
         raise unknown_key_problem()
     return principal

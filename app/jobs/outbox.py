@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import or_, select, text, update
+from sqlalchemy import Table, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from app.config import get_settings
@@ -46,6 +46,34 @@ class LeaseLostError(RuntimeError):
 
 def queue_for(model_kind: str) -> str:
     return "gpu" if model_kind in GPU_KINDS else "cpu"
+
+
+def job_row(
+    *, kind: str, model_id: str, model_kind: str, request_id: str | None = None, payload: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Every column of a new pending job, for a bulk insert (``insert_jobs``): the intake batch writes its jobs with
+    one statement instead of one ORM object each."""
+    now = utcnow()
+    return {
+        "id": new_id(),
+        "kind": kind,
+        "queue": queue_for(model_kind),
+        "model_id": model_id,
+        "request_id": request_id,
+        "payload": payload or {},
+        "status": "pending",
+        "attempts": 0,
+        "max_attempts": get_settings().max_attempts,
+        "available_at": now,
+        "progress": 0.0,
+        "created_at": now,
+        "updated_at": now,
+    }
+
+
+def job_insert(rows: list[dict[str, Any]]) -> tuple[Table, list[dict[str, Any]]]:
+    """New job rows (``job_row``) as a part of a bulk insert (``app.db.insert_many``)."""
+    return Job.__table__, rows
 
 
 def new_job(

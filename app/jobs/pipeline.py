@@ -12,6 +12,8 @@ import traceback
 from collections.abc import Callable
 from functools import partial
 
+import structlog
+
 from app.db import new_id, session_scope
 from app.jobs import federated, lease, tabular
 from app.jobs.lease import JobContext
@@ -28,11 +30,25 @@ Handler = Callable[[Job, JobContext], None]
 
 
 def execute_job(job_id: str, owner: str) -> str:
-    """Entry point for Celery tasks and the in-process executor. Returns the job's final status."""
+    """Entry point for Celery tasks and the in-process executor. Returns the job's final status. Every log line
+    written meanwhile (in this thread) carries the job's id and, for a deletion, the deletion request's id."""
+    with structlog.contextvars.bound_contextvars(job_id=job_id):
+        return _execute_job(job_id, owner)
+
+
+def _execute_job(job_id: str, owner: str) -> str:
     job = lease.claim(job_id, owner)
     if job is None:
         log.info("job %s not claimable (done, taken, or out of attempts)", job_id)
         return "skipped"
+    ids = {"job_kind": job.kind, "model_id": job.model_id}
+    if job.request_id:
+        ids["deletion_request_id"] = job.request_id
+    with structlog.contextvars.bound_contextvars(**ids):
+        return _run_claimed(job, job_id, owner)
+
+
+def _run_claimed(job: Job, job_id: str, owner: str) -> str:
     try:
         with session_scope() as session:
             model_kind = registry.model_kind(session, job.model_id)

@@ -25,19 +25,23 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from sqlalchemy import select, tuple_
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from app.auth.service import Principal, principals_for, scope_problem, unknown_key_problem
 from app.config import get_settings
-from app.db import get_sessionmaker
+from app.db import get_engine, get_sessionmaker
 from app.problems import Problem
 from app.registry.tables import Model
 from app.requests.schemas import DeletionRequestCreate
 from app.requests.service import (
-    add_request,
+    StagedRequest,
     body_fingerprint,
+    insert_requests,
     lookup_rows,
     replay,
+    request_rows,
     stage_request,
     to_out,
     validate_against_registry,
@@ -45,6 +49,7 @@ from app.requests.service import (
 from app.requests.tables import DeletionRequest
 
 MODEL_TTL = 1.0
+HELD_IDLE_S = 10.0
 
 log = logging.getLogger("lethe.intake")
 
@@ -68,6 +73,8 @@ class IntakeBatcher:
         self._started = False
         self._lock = threading.Lock()
         self._models: dict[str, tuple[float, Model]] = {}
+        self._connection: Connection | None = None
+        self._connection_used = 0.0
 
     def submit(self, principal: Principal, body: DeletionRequestCreate, idempotency_key: str | None) -> Future:
         """Returns a future of (DeletionRequestOut, created); it raises the request's Problem, if any."""
@@ -112,10 +119,34 @@ class IntakeBatcher:
                 batch.append(item)
         return batch
 
+    def _held_session(self) -> Session:
+        """A session on the connection this thread keeps between batches: a pool checkout pings the database (a
+        round trip per batch); a connection used a moment ago needs none. Idle for ``HELD_IDLE_S``, it goes back
+        to the pool (and the next checkout pings); after any error it is dropped (``_drop_connection``)."""
+        now = time.monotonic()
+        engine = get_engine()
+        if self._connection is not None and (
+            now - self._connection_used > HELD_IDLE_S or self._connection.engine is not engine  # settings changed
+        ):
+            self._drop_connection()
+        if self._connection is None:
+            self._connection = engine.connect()
+        self._connection_used = now
+        return Session(bind=self._connection, expire_on_commit=False)
+
+    def _drop_connection(self) -> None:
+        if self._connection is not None:
+            try:
+                self._connection.close()
+            except Exception:  # a broken connection: the pool discards it
+                log.debug("closing the intake connection failed", exc_info=True)
+            self._connection = None
+
     def _run(self) -> None:
         while True:
             first = self._queue.get()
             if first is None:
+                self._drop_connection()
                 return
             batch = self._collect(first)
             if not batch:
@@ -128,13 +159,14 @@ class IntakeBatcher:
                     if not item.future.done():
                         item.future.set_exception(RuntimeError("intake failed; retry with the same Idempotency-Key"))
 
-    def _authenticate(self, batch: list[_Item]) -> list[_Item]:
-        """Resolve the batch's not-yet-authenticated keys in one query; a refused item is answered here."""
+    @staticmethod
+    def _authenticate(session, batch: list[_Item]) -> list[_Item]:
+        """Resolve the batch's not-yet-authenticated keys in one query (in the batch's own transaction: a key
+        revoked before it began is refused); a refused item is answered here."""
         pending = {item.key_hash for item in batch if item.principal is None and item.key_hash}
         if not pending:
             return batch
-        with get_sessionmaker()() as session:
-            principals = principals_for(session, sorted(pending))
+        principals = principals_for(session, sorted(pending))
         admitted = []
         for item in batch:
             if item.principal is None:
@@ -148,9 +180,6 @@ class IntakeBatcher:
         return admitted
 
     def _commit_batch(self, batch: list[_Item]) -> None:
-        batch = self._authenticate(batch)
-        if not batch:
-            return
         try:
             outcomes = self._batched(batch)
         except IntegrityError:  # another API process committed a twin between our look-up and our insert
@@ -194,12 +223,17 @@ class IntakeBatcher:
         return {dataset_id: lookup_rows(session, dataset_id, list(ids)) for dataset_id, ids in wanted.items()}
 
     def _batched(self, batch: list[_Item]) -> list[tuple[_Item, object]]:
-        """The fast path: one look-up of every Idempotency-Key in the batch, validation, then ONE flush that inserts
-        the requests, jobs and audit events with a multi-row INSERT per table, and one commit."""
-        session = get_sessionmaker()()
+        """The fast path, one transaction: the batch's keys in one query, its Idempotency-Keys in one, its sample
+        ids in one per data set; validation in Python; then ONE multi-row INSERT per table (requests, jobs, held
+        rows, audit events: no ORM objects, no per-row statements) and one commit."""
+        session = self._held_session()
         try:
+            batch = self._authenticate(session, batch)
+            if not batch:
+                session.rollback()
+                return []
             keys = [(item.principal.key_id, item.idempotency_key) for item in batch if item.idempotency_key]
-            known: dict[tuple[str, str], DeletionRequest] = {}
+            known: dict[tuple[str, str], object] = {}
             if keys:
                 rows = session.execute(
                     select(DeletionRequest).where(
@@ -210,31 +244,36 @@ class IntakeBatcher:
             rows = self._rows(
                 session, [item for item in batch if (item.principal.key_id, item.idempotency_key) not in known]
             )
-            staged: list[tuple[_Item, object]] = []
-            with session.no_autoflush:  # validation reads nothing this batch writes: one flush, at the commit
-                for item in batch:
-                    fingerprint = body_fingerprint(item.body)
-                    key = (item.principal.key_id, item.idempotency_key) if item.idempotency_key else None
-                    try:
-                        if key in known:
-                            staged.append((item, (replay(known[key], fingerprint), False)))
-                            continue
-                        model = self._model(session, item.body.model_id)
-                        model = validate_against_registry(
-                            session, item.body, model, rows.get(model.dataset_id) if model is not None else None
-                        )
-                        request = add_request(
-                            session, item.principal, item.body, item.idempotency_key, model, fingerprint
-                        )
-                        if key:
-                            known[key] = request
-                        staged.append((item, (request, True)))
-                    except Problem as exc:
-                        staged.append((item, exc))
+            outcomes: list[tuple[_Item, object]] = []
+            staged: list[dict] = []
+            for item in batch:
+                fingerprint = body_fingerprint(item.body)
+                key = (item.principal.key_id, item.idempotency_key) if item.idempotency_key else None
+                try:
+                    if key in known:
+                        outcomes.append((item, (replay(known[key], fingerprint), False)))
+                        continue
+                    model = self._model(session, item.body.model_id)
+                    model = validate_against_registry(
+                        session, item.body, model, rows.get(model.dataset_id) if model is not None else None
+                    )
+                    values = request_rows(item.principal, item.body, item.idempotency_key, model, fingerprint)
+                    staged.append(values)
+                    request = StagedRequest(**values["request"])
+                    if key:
+                        known[key] = request  # the same key again in this batch replays this request
+                    outcomes.append((item, (request, True)))
+                except Problem as exc:
+                    outcomes.append((item, exc))
+            insert_requests(session, staged)
             session.commit()
-            return [(item, o if isinstance(o, BaseException) else (to_out(o[0]), o[1])) for item, o in staged]
+            return [(item, o if isinstance(o, BaseException) else (to_out(o[0]), o[1])) for item, o in outcomes]
         except Exception:
-            session.rollback()
+            try:
+                session.rollback()
+            finally:
+                session.close()
+                self._drop_connection()  # the slow path starts on a fresh (pinged) connection
             raise
         finally:
             session.close()
@@ -243,8 +282,11 @@ class IntakeBatcher:
         """The slow path: each request in its own SAVEPOINT (stage_request), one commit."""
         outcomes: list[tuple[_Item, object]] = []
         session = get_sessionmaker()()
+        staged = []
         try:
-            staged = []
+            batch = [item for item in batch if not item.future.done()]  # refused keys were answered already
+            if any(item.principal is None for item in batch):  # the fast path failed before authenticating
+                batch = self._authenticate(session, batch)
             for item in batch:
                 try:
                     request, created = stage_request(session, item.principal, item.body, item.idempotency_key)

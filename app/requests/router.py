@@ -3,13 +3,22 @@ from __future__ import annotations
 import asyncio
 from typing import Literal
 
-from fastapi import APIRouter, Depends, Header, Query, Request
-from fastapi.responses import JSONResponse
-from pydantic import ConfigDict, Field
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from pydantic import ConfigDict, Field, ValidationError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.auth.service import Principal, hash_key, presented_key, require_scope
+from app.auth.service import (
+    Principal,
+    hash_key,
+    lookup_key,
+    presented_key,
+    require_scope,
+    scope_problem,
+    unknown_key_problem,
+)
 from app.config import get_settings
 from app.db import get_session
 from app.problems import Problem
@@ -23,44 +32,99 @@ from app.validation import NoNulModel
 router = APIRouter(prefix="/v1/deletion-requests", tags=["deletion requests"])
 
 
+def add_body_schemas(openapi: dict) -> dict:
+    """Put the intake body's schema in the OpenAPI components (the route validates its body itself, so FastAPI does
+    not list it); the route's ``openapi_extra`` refers to it."""
+    schemas = openapi.setdefault("components", {}).setdefault("schemas", {})
+    if "DeletionRequestCreate" not in schemas:
+        schema = DeletionRequestCreate.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, definition in schema.pop("$defs", {}).items():
+            schemas.setdefault(name, definition)
+        schemas["DeletionRequestCreate"] = schema
+    return openapi
+
+
+def _bad_idempotency_key(idempotency_key: str | None) -> Problem | None:
+    if idempotency_key is None:
+        return None
+    if len(idempotency_key) > 200:
+        message, kind = "at most 200 characters", "string_too_long"
+    elif any(ord(c) < 0x20 or c == "\x7f" for c in idempotency_key):
+        message, kind = "control characters (NUL included) are not allowed", "bad_character"
+    else:
+        return None
+    return Problem(
+        422,
+        "validation-error",
+        "The request is not valid",
+        errors=[{"location": ["header", "Idempotency-Key"], "message": message, "type": kind}],
+    )
+
+
 async def require_json(request: Request) -> None:
+    """415 unless the body is declared JSON (the bulk and subject-erasure routes; intake checks it in ``_parse``)."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type != "application/json":
         raise Problem(415, "unsupported-media-type", "Unsupported media type", "Send application/json.")
+
+
+async def _parse(request: Request, idempotency_key: str | None) -> DeletionRequestCreate:
+    """Content type, Idempotency-Key, body and method settings, in the order a client would fix them."""
+    await require_json(request)
+    problem = _bad_idempotency_key(idempotency_key)
+    if problem is not None:
+        raise problem
+    try:
+        body = DeletionRequestCreate.model_validate_json(await request.body())
+    except ValidationError as exc:  # the same problem document as FastAPI's own body validation
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e.get("loc", ()))} for e in exc.errors(include_url=False, include_input=False)]
+        ) from None
+    check_request_settings(body.method, body.method_settings)
+    return body
+
+
+def _refusal(api_key: str) -> Problem | None:
+    """401/403 for a key that may not create requests (one database read: only on the error path)."""
+    principal = lookup_key(hash_key(api_key))
+    return unknown_key_problem() if principal is None else scope_problem(principal, "requests:write")
 
 
 @router.post(
     "",
     status_code=202,
     response_model=DeletionRequestOut,
-    dependencies=[Depends(require_json)],
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/DeletionRequestCreate"}}},
+        }
+    },
     responses={202: {"description": "Accepted; poll the Location for progress."}},
 )
 async def create_deletion_request(
-    body: DeletionRequestCreate,
+    request: Request,
     api_key: str = Depends(presented_key),
-    idempotency_key: str | None = Header(None, alias="Idempotency-Key", max_length=200),
+    idempotency_key: str | None = Header(None, alias="Idempotency-Key", description="At most 200 characters."),
 ):
     """Validated and made durable (request, job and audit event in one commit) before the 202 is sent. The API key
-    (scope ``requests:write``) is checked by the intake batcher, one query per batch, not one per request."""
-    if idempotency_key is not None and any(ord(c) < 0x20 or c == "\x7f" for c in idempotency_key):
-        raise Problem(
-            422,
-            "validation-error",
-            "The request is not valid",
-            errors=[
-                {
-                    "location": ["header", "Idempotency-Key"],
-                    "message": "control characters (NUL included) are not allowed",
-                    "type": "bad_character",
-                }
-            ],
-        )
-    check_request_settings(body.method, body.method_settings)
+    (scope ``requests:write``) is checked by the intake batcher, one query per batch, not one per request.
+
+    Authentication comes first: a request that fails validation is answered 401/403 when its key would be refused
+    (the key is then read on its own), so a caller without a valid key learns nothing about the schema. The body is
+    validated here rather than by FastAPI for that reason (and because ``model_validate_json`` is the fast path)."""
+    try:
+        body = await _parse(request, idempotency_key)
+    except (Problem, RequestValidationError):
+        refusal = await run_in_threadpool(_refusal, api_key)
+        if refusal is not None:
+            raise refusal from None
+        raise
     out, _created = await asyncio.wrap_future(get_batcher().submit_key(hash_key(api_key), body, idempotency_key))
-    return JSONResponse(
-        out.model_dump(mode="json"),
+    return Response(
+        out.model_dump_json(),
         status_code=202,
+        media_type="application/json",
         headers={
             "Location": f"/v1/deletion-requests/{out.id}",
             "Retry-After": str(get_settings().retry_after_seconds),

@@ -8,17 +8,21 @@ import hashlib
 import hmac
 import json
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from typing import Any
 
 from sqlalchemy import and_, delete, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.audit.service import append_event, forget_head, hash_subject
+from app.audit.service import append_event, append_events, forget_head, hash_subject
 from app.auth.service import Principal
 from app.config import get_settings
 from app.db import new_id, utcnow
 from app.jobs.outbox import cancel as cancel_job
-from app.jobs.outbox import new_job
+from app.jobs.outbox import job_insert, new_job
+from app.jobs.outbox import job_row as new_job_row
+from app.jobs.tables import Job
 from app.ml.unlearning.base import AUTO, UnknownMethodError, get_method
 from app.paging import decode_cursor, encode_cursor
 from app.problems import Problem
@@ -278,6 +282,75 @@ def _validate_rows(
             )
 
 
+_UNSET_AT_INTAKE = ("message", "error", "extensions", "overdue_at", "certificate_id", "erasure", "result_version_id")
+_UNSET_AT_INTAKE += ("started_at", "completed_at")
+
+
+def request_rows(
+    principal: Principal,
+    body: DeletionRequestCreate,
+    idempotency_key: str | None,
+    model: Model,
+    fingerprint: str,
+) -> dict[str, Any]:
+    """What intake writes for one validated request, as plain values: ``request`` (every column of the
+    deletion_requests row), ``job`` (its outbox row), ``inflight`` (the rows it holds) and ``event`` (its audit
+    event). ``add_request`` turns them into ORM objects; the intake batch inserts a whole batch of them with one
+    statement per table (``insert_requests``)."""
+    received = body.received_at.astimezone(UTC) if body.received_at else utcnow()
+    request_id = new_id()
+    held = bool(model.requires_approval)  # no job until an admin approves: nothing can be dispatched or claimed
+    job = (
+        None if held else new_job_row(kind="deletion", model_id=model.id, model_kind=model.kind, request_id=request_id)
+    )
+    now = utcnow()
+    request = {
+        "id": request_id,
+        "model_id": model.id,
+        "subject_hash": hash_subject(get_settings().derived_key("subject-hash"), body.subject_ref),
+        "scope": body.scope.model_dump(exclude_none=True),
+        "method": body.method,
+        "method_settings": body.method_settings,
+        "callback_url": str(body.callback_url) if body.callback_url else None,
+        "status": APPROVAL_STATUS if held else "received",
+        "progress": 0.0,
+        "attempts": 0,
+        "api_key_id": principal.key_id,
+        "idempotency_key": idempotency_key,
+        "body_hash": fingerprint,
+        "received_at": received,
+        "due_at": add_months(received, get_settings().deadline_months),
+        "job_id": job["id"] if job else None,
+        "created_at": now,
+        "updated_at": now,
+        **dict.fromkeys(_UNSET_AT_INTAKE),
+    }
+    inflight = []
+    if "sample_ids" in request["scope"]:  # hold the rows: a second request for one of them is answered with this one
+        inflight = [
+            {"model_id": model.id, "id_hash": h, "request_id": request_id}
+            for h in dict.fromkeys(hash_row_id(s) for s in request["scope"]["sample_ids"])
+        ]
+    scope_summary = {k: v for k, v in request["scope"].items() if k != "sample_ids"}
+    if "sample_ids" in request["scope"]:
+        scope_summary["n_samples"] = len(request["scope"]["sample_ids"])
+    event = {
+        "actor": principal.actor,
+        "action": "deletion_request.received",
+        "entity_type": "deletion_request",
+        "entity_id": request_id,
+        "payload": {
+            "model_id": model.id,
+            "subject_hash": request["subject_hash"],
+            "scope": scope_summary,
+            "method": body.method,
+            "job_id": job["id"] if job else None,
+            **({"awaiting_approval": True} if held else {}),
+        },
+    }
+    return {"request": request, "job": job, "inflight": inflight, "event": event}
+
+
 def add_request(
     session: Session,
     principal: Principal,
@@ -287,55 +360,39 @@ def add_request(
     fingerprint: str,
 ) -> DeletionRequest:
     """Add request + job + audit event to the session (validated already; nothing is flushed here)."""
-    received = body.received_at.astimezone(UTC) if body.received_at else utcnow()
-    held = bool(model.requires_approval)  # no job until an admin approves: nothing can be dispatched or claimed
-    request = DeletionRequest(
-        id=new_id(),
-        model_id=model.id,
-        subject_hash=hash_subject(get_settings().derived_key("subject-hash"), body.subject_ref),
-        scope=body.scope.model_dump(exclude_none=True),
-        method=body.method,
-        method_settings=body.method_settings,
-        callback_url=str(body.callback_url) if body.callback_url else None,
-        api_key_id=principal.key_id,
-        idempotency_key=idempotency_key,
-        body_hash=fingerprint,
-        status=APPROVAL_STATUS if held else "received",
-        received_at=received,
-        due_at=add_months(received, get_settings().deadline_months),
-    )
-    job = None
-    if not held:
-        job = new_job(
-            session, kind="deletion", model_id=model.id, model_kind=model.kind, request_id=request.id, flush=False
-        )
-        request.job_id = job.id
+    rows = request_rows(principal, body, idempotency_key, model, fingerprint)
+    if rows["job"] is not None:
+        session.add(Job(**rows["job"]))
+    request = DeletionRequest(**rows["request"])
     session.add(request)
-    if "sample_ids" in request.scope:  # hold the rows: a second request for one of them is answered with this one
-        session.add_all(
-            InflightRow(model_id=model.id, id_hash=h, request_id=request.id)
-            for h in dict.fromkeys(hash_row_id(s) for s in request.scope["sample_ids"])
-        )
-    scope_summary = {k: v for k, v in request.scope.items() if k != "sample_ids"}
-    if "sample_ids" in request.scope:
-        scope_summary["n_samples"] = len(request.scope["sample_ids"])
-    append_event(
-        session,
-        actor=principal.actor,
-        action="deletion_request.received",
-        entity_type="deletion_request",
-        entity_id=request.id,
-        payload={
-            "model_id": model.id,
-            "subject_hash": request.subject_hash,
-            "scope": scope_summary,
-            "method": body.method,
-            "job_id": job.id if job else None,
-            **({"awaiting_approval": True} if held else {}),
-        },
-        flush=False,
-    )
+    session.add_all(InflightRow(**row) for row in rows["inflight"])
+    append_event(session, **rows["event"], flush=False)
     return request
+
+
+class StagedRequest(SimpleNamespace):
+    """A request the intake batch inserted without an ORM object: the same attributes as a DeletionRequest row, for
+    ``to_out`` and ``replay``."""
+
+
+def insert_requests(session: Session, staged: list[dict[str, Any]]) -> list[StagedRequest]:
+    """Insert a batch of ``request_rows``: requests, jobs, held rows and audit events in ONE statement (on PostgreSQL;
+    app.db.insert_many), written by the audit log's ``append_events`` because it must first take the log's lock and
+    read the head (the lock is then held only for that statement and the commit). A twin Idempotency-Key or a row
+    another request holds raises IntegrityError (the caller falls back to one SAVEPOINT per request)."""
+    append_events(
+        session,
+        [rows["event"] for rows in staged],
+        together_with=[
+            job_insert([rows["job"] for rows in staged if rows["job"] is not None]),
+            (
+                DeletionRequest.__table__,
+                [{k: v for k, v in rows["request"].items() if k not in _UNSET_AT_INTAKE} for rows in staged],
+            ),
+            (InflightRow.__table__, [row for rows in staged for row in rows["inflight"]]),
+        ],
+    )
+    return [StagedRequest(**rows["request"]) for rows in staged]
 
 
 def stage_request(

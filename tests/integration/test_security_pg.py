@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import select, update
 
 from app.audit.service import append_event
-from app.auth.service import _lookup, hash_key
+from app.auth.service import hash_key, lookup_key
 from app.auth.tables import ApiKey
 from app.db import session_scope, utcnow
 from app.requests.schemas import DeletionRequestCreate, SamplesScope
@@ -127,7 +127,7 @@ def test_item13_a_database_error_in_the_fast_path_falls_back_to_one_savepoint_pe
     from app.requests.intake import IntakeBatcher
     from app.requests.tables import DeletionRequest
 
-    principal = _lookup(hash_key(stack.key))
+    principal = lookup_key(hash_key(stack.key))
     good = [
         DeletionRequestCreate.model_validate(
             {

@@ -543,6 +543,43 @@ def test_item13_a_nul_in_the_idempotency_key_is_a_422(live):
     assert problem["errors"][0]["location"] == ["header", "Idempotency-Key"]
 
 
+@pytest.mark.parametrize(
+    ("content", "headers"),
+    [
+        ('{"subject_ref": "s"}', {}),  # valid JSON, invalid body
+        ('{"subject_ref": ', {}),  # malformed JSON
+        (
+            '{"subject_ref": "s", "model_id": "m", "scope": {"kind": "samples", "sample_ids": ["r1"]}}',
+            {"content-type": "text/plain"},
+        ),
+        (
+            '{"subject_ref": "s", "model_id": "m", "scope": {"kind": "samples", "sample_ids": ["r1"]}}',
+            {"Idempotency-Key": "k" * 300},
+        ),
+        ('{"subject_ref": "s", "model_id": "m", "scope": {"kind": "samples"}, "method_settings": {"seed": 1}}', {}),
+    ],
+)
+def test_intake_authenticates_before_it_validates(api, content, headers):
+    """A caller without a valid key learns nothing about the schema: wrong key + bad body is 401, not 422/400/415;
+    a key without ``requests:write`` is 403; a good key still gets the validation problem."""
+    url, base = "/v1/deletion-requests", {"content-type": "application/json", **headers}
+    wrong = _problem(
+        api.post(url, content=content, headers={**base, "authorization": "Bearer lethe_x_y"}), 401, "unauthorized"
+    )
+    assert "errors" not in wrong and "subject_ref" not in json.dumps(wrong)
+    reader = make_key(["requests:read"], name="reader")
+    _problem(api.post(url, content=content, headers={**base, "authorization": f"Bearer {reader}"}), 403, "forbidden")
+    response = api.post(url, content=content, headers=base)
+    assert response.status_code in (400, 415, 422), response.text
+
+
+def test_intake_body_schema_is_documented(api):
+    spec = api.get("/openapi.json").json()
+    body = spec["paths"]["/v1/deletion-requests"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    name = body["$ref"].rsplit("/", 1)[1]
+    assert {"subject_ref", "model_id", "scope"} <= set(spec["components"]["schemas"][name]["properties"])
+
+
 # ---------------------------------------------------------------- item 14: audit canonical text and checkpoints
 
 
