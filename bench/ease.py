@@ -534,7 +534,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op CPU threads (0 = keep)")
     ap.add_argument("--table", type=Path, default=None, help="print a results file's summary as Markdown and exit")
     ap.add_argument("--merge", type=Path, nargs="+", default=None, help="combine part files (into --out) and exit")
+    from bench.ease_scale import add_arguments
+
+    add_arguments(ap)
     args = ap.parse_args(argv)
+    if args.scale:
+        from bench.ease_scale import main as scale_main
+
+        if args.threads > 0 and args.dry_run:
+            torch.set_num_threads(args.threads)
+        return scale_main(args)
     if args.merge is not None:
         report = merge([json.loads(p.read_text()) for p in args.merge])
         out = args.out or RESULTS / "ease.json"
