@@ -137,6 +137,10 @@ def _assignment(raw: bytes, path: Path) -> list[tuple[int, str, str]]:
 def check_caption_files(data: CaptionFilesFederationIn) -> dict[str, Any]:
     """Every check a caption-file federation needs before its version-1 job may run; returns what the model's spec
     keeps: the clients, the counts and the sha256 of the caption and assignment files."""
+    if data.train_split == data.test_split:
+        raise _invalid(
+            "invalid-splits", "The training and test splits must differ", "test_split", "the test split is held out"
+        )
     captions_path = _allowed(data.captions_path, "captions_path", "file")
     root = _allowed(data.image_root, "image_root", "dir")
     assignment_path = _allowed(data.assignment_path, "assignment_path", "file")

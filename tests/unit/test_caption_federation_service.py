@@ -90,6 +90,7 @@ def test_bad_caption_federations_are_refused_at_registration(service, tmp_path):
     refused("dataset-path-not-allowed", body)
     body["clip"].pop("checkpoint_path")
     refused("checkpoint-required", body)
+    refused("invalid-splits", _body(files, test_split="train"))
 
     def with_captions(payload) -> dict:
         path = root / "variant.json"
