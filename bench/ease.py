@@ -462,7 +462,7 @@ def markdown_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-OFFLINE_LABEL = "ease_no_excision (= the fallback when the leaving client is offline: no BKE, no probes)"
+OFFLINE_LABEL = "ease_no_excision (no BKE, no probes: in client scope, what runs without the leaving client)"
 
 
 def git_commit() -> dict[str, Any]:
