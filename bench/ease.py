@@ -456,7 +456,9 @@ def markdown_table(report: dict[str, Any]) -> str:
             cells = []
             for scenario in methods:
                 m = methods[scenario].get(label)
-                cells.append(f"{m['forget_r1_gap_pts']:.2f} / {m['retain_r1_drop_pts']:.2f}" if m else "–")
+                n_all = report["summary"][scenario]["seeds"]
+                seeds = f" ({m['seeds']} of {n_all} seeds)" if m and m["seeds"] != n_all else ""
+                cells.append(f"{m['forget_r1_gap_pts']:.2f} / {m['retain_r1_drop_pts']:.2f}{seeds}" if m else "–")
             name = OFFLINE_LABEL if label == "ease_no_excision" else label
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -481,7 +483,9 @@ def git_commit() -> dict[str, Any]:
 
 MERGE_SAME = ("sizes", "quick", "ease_config", "backbone")
 """What every part of one merged result must share: parts measured on other sizes, settings or backbone bits do not
-describe one experiment (``sizes.seeds`` may differ only in which seeds each part ran)."""
+describe one experiment. Within ``sizes`` a part may differ only in what it ran (``MERGE_MAY_DIFFER``): its seeds,
+whether baselines and ablations ran, and whether the re-anchoring test ran (``relearn_rounds`` 0)."""
+MERGE_MAY_DIFFER = ("seeds", "baselines", "ablations", "relearn_rounds")
 
 
 def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -494,7 +498,8 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
         for part in parts[1:]:
             a, b = first.get(key), part.get(key)
             if key == "sizes" and a and b:
-                a, b = {**a, "seeds": None}, {**b, "seeds": None}
+                a = {k: v for k, v in a.items() if k not in MERGE_MAY_DIFFER}
+                b = {k: v for k, v in b.items() if k not in MERGE_MAY_DIFFER}
             if a != b:
                 raise ValueError(f"parts differ in {key!r}: {a} vs {b}")
     seeds: dict[str, dict[str, Any]] = {}
@@ -507,11 +512,17 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
                     raise ValueError(f"seed {seed} scenario {scenario} is in more than one part")
                 seeds.setdefault(seed, {})[scenario] = result
                 per_scenario.setdefault(scenario, {})[int(seed)] = result
-        runs.append(part.get("run", {}))
+        runs.append({**part.get("run", {}), "sizes": {k: part["sizes"].get(k) for k in MERGE_MAY_DIFFER}})
     order = [s for s in SCENARIOS if s in per_scenario] + [s for s in per_scenario if s not in SCENARIOS]
     all_seeds = sorted({int(s) for s in seeds})
     report = {key: first.get(key) for key in ("quick", "ease_config", "backbone", "machine", "aims_source")}
-    report["sizes"] = {**first["sizes"], "seeds": all_seeds}
+    report["sizes"] = {
+        **first["sizes"],
+        "seeds": all_seeds,
+        "relearn_rounds": max(p["sizes"].get("relearn_rounds", 0) for p in parts),
+        "baselines": sorted({int(s) for p in parts if p["sizes"].get("baselines") for s in p["seeds"]}),
+        "ablations": sorted({int(s) for p in parts if p["sizes"].get("ablations") for s in p["seeds"]}),
+    }
     report["seeds"] = {str(s): seeds[str(s)] for s in all_seeds}
     report["summary"] = {s: summarise(per_scenario[s]) for s in order}
     report["aims"] = aims(report["summary"])

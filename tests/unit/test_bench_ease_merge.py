@@ -44,5 +44,11 @@ def test_parts_of_another_experiment_or_twice_the_same_seed_are_refused():
         merge([_part("class", [0], 1.0), _part("client", [0], 1.0, ease_config={"tau": 0.9})])
     with pytest.raises(ValueError, match="backbone"):
         merge([_part("class", [0], 1.0), _part("client", [0], 1.0, backbone={"sha256": "other"})])
+    with pytest.raises(ValueError, match="sizes"):
+        merge([_part("class", [0], 1.0), _part("client", [1], 1.0, sizes={"seeds": [1], "rounds": 10})])
+    # what a part ran may differ: its seeds, baselines, ablations, the re-anchoring test
+    light = _part("client", [1], 1.0, sizes={"seeds": [1], "rounds": 20, "ablations": False, "relearn_rounds": 0})
+    report = merge([_part("client", [0], 1.0, sizes={"seeds": [0], "rounds": 20, "ablations": True}), light])
+    assert report["sizes"]["ablations"] == [0] and report["summary"]["client"]["seeds"] == 2
     with pytest.raises(ValueError, match="more than one part"):
         merge([_part("class", [0, 1], 1.0), _part("class", [1], 1.0)])
