@@ -512,7 +512,8 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
                     raise ValueError(f"seed {seed} scenario {scenario} is in more than one part")
                 seeds.setdefault(seed, {})[scenario] = result
                 per_scenario.setdefault(scenario, {})[int(seed)] = result
-        runs.append({**part.get("run", {}), "sizes": {k: part["sizes"].get(k) for k in MERGE_MAY_DIFFER}})
+        sizes = {k: part["sizes"].get(k) for k in MERGE_MAY_DIFFER}
+        runs.append({**part.get("run", {}), "sizes": sizes, "partial": bool(part.get("partial"))})
     order = [s for s in SCENARIOS if s in per_scenario] + [s for s in per_scenario if s not in SCENARIOS]
     all_seeds = sorted({int(s) for s in seeds})
     report = {key: first.get(key) for key in ("quick", "ease_config", "backbone", "machine", "aims_source")}
@@ -529,6 +530,34 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     report["parts"] = runs
     report["wall_seconds"] = round(sum(r.get("wall_seconds", 0.0) for r in runs), 1)
     return report
+
+
+def write_report(
+    report: dict[str, Any],
+    per_scenario: dict[str, dict[int, dict[str, Any]]],
+    run_facts: dict[str, Any],
+    start: float,
+    args: argparse.Namespace,
+    partial: bool,
+) -> Path:
+    report["seeds"] = {k: v for k, v in report["seeds"].items() if v}
+    report["summary"] = {s: summarise(v) for s, v in per_scenario.items() if v}
+    report["aims"] = aims(report["summary"])
+    report["wall_seconds"] = round(time.perf_counter() - start, 1)
+    report["partial"] = partial
+    report["run"] = {
+        **run_facts,
+        "seeds_done": sorted({int(s) for s in report["seeds"]}),
+        "wall_seconds": report["wall_seconds"],
+        "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+    }
+    out = args.out or RESULTS / ("ease_quick.json" if args.quick else "ease.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=1))
+    tmp.replace(out)
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -626,18 +655,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 sc = run_scenario(demo, scenario, sizes, {**ease_settings}, log)
                 per_scenario[scenario][seed] = sc
                 report["seeds"][str(seed)][scenario] = sc
-    report["summary"] = {s: summarise(v) for s, v in per_scenario.items() if v}
-    report["aims"] = aims(report["summary"])
-    report["wall_seconds"] = round(time.perf_counter() - start, 1)
-    report["run"] = {
-        **run_facts,
-        "wall_seconds": report["wall_seconds"],
-        "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
-    }
-    out = args.out or RESULTS / ("ease_quick.json" if args.quick else "ease.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
+        # written after every seed (``partial`` until the last): a run stopped early keeps the seeds it finished
+        out = write_report(report, per_scenario, run_facts, start, args, partial=seed != sizes.seeds[-1])
     print_table(report)
     log(f"wrote {out}")
     return report
