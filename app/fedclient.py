@@ -18,7 +18,7 @@ from safetensors.torch import save as save_tensors
 
 from app.client import LetheClient
 from app.ml.clip import ClipLoRA, ClipSpec
-from app.ml.data.captions import CaptionDataset, make_synthetic_federation
+from app.ml.data.captions import CaptionDataset, federation_from_spec
 from app.ml.federation import Federation, FedSettings
 from app.ml.federation.lock import ForgetLock
 
@@ -44,11 +44,14 @@ class SimulatedClients:
         self.model_id = model_id
         model = self._model()
         federation = model["federation"]
-        data = {k: v for k, v in federation["data"].items() if k != "kind"}
-        self.data = make_synthetic_federation(**data)
         self.clip = ClipLoRA(ClipSpec.from_dict(federation["spec"]))
+        # simulated: every client's data is read here (a real client holds only its own pairs); a caption-file
+        # federation needs the files under the same paths as the server's
+        self.data, names = federation_from_spec(federation["data"], self.clip.preprocess())
         self.settings = FedSettings(**federation["fed_settings"])
         self.client_ids = federation["clients"]
+        if names != self.client_ids:
+            raise ValueError(f"the data's clients {names} are not the service's {self.client_ids}")
         self.fed = Federation(self.clip, self.data.clients, self.settings)
         self._live: dict[str, list[str]] | None = None
 

@@ -2,6 +2,10 @@
 
     .venv/bin/python -m bench.ease            # full: 5 seeds × {client, class, samples, membership}
     .venv/bin/python -m bench.ease --quick    # the same code on smaller sizes and 2 seeds (< 5 minutes)
+    # one scenario per run (each under the shared benchmark lock), then one results file:
+    .venv/bin/python -m bench.ease --scenarios client --out bench/results/parts/ease_client.json
+    .venv/bin/python -m bench.ease --merge bench/results/parts/ease_*.json --out bench/results/ease.json
+    .venv/bin/python -m bench.ease --table bench/results/ease.json     # the summary as Markdown
 
 Scenarios (app/ml/data/captions.py): ``client`` (the client holding the novel shape leaves), ``class`` (every caption
 with the novel colour), ``samples`` (one data subject's pairs of a novel shape) on the concept federation, and
@@ -27,9 +31,12 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import platform
+import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -318,6 +325,31 @@ def summarise(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
         str(s): {k: per_seed[s]["summary"].get(k) for k in ("forget_r1_signed_gap_pts", "retain_r1_drop_pts")}
         for s in seeds
     }
+    out["methods"] = method_means(per_seed)
+    return out
+
+
+def method_means(per_seed: dict[int, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Every method's (baselines, ablations) mean over seeds: |forget R@1 − retrain's|, retain drop, and its cost
+    ratios — the comparison rows of the table, on the seeds that ran it."""
+    labels: list[str] = []
+    for result in per_seed.values():
+        labels += [m for m in result["methods"] if m not in ("original", "retrain") and m not in labels]
+    out: dict[str, dict[str, float]] = {}
+    for label in labels:
+        rows = [(r["methods"]["retrain"], r["methods"][label]) for r in per_seed.values() if label in r["methods"]]
+        n = len(rows)
+        entry = {
+            "seeds": n,
+            "forget_r1_gap_pts": round(sum(abs(m["forget_r1"] - b["forget_r1"]) for b, m in rows) / n, 3),
+            "forget_r1_gap_worst_pts": round(max(abs(m["forget_r1"] - b["forget_r1"]) for b, m in rows), 3),
+            "retain_r1_drop_pts": round(sum(b["retain_r1"] - m["retain_r1"] for b, m in rows) / n, 3),
+        }
+        for key in ("bytes_ratio", "critical_path_ratio", "time_ratio"):
+            values = [m[key] for _, m in rows if m.get(key) is not None]
+            if len(values) == n:
+                entry[key] = round(sum(values) / n, 4)
+        out[label] = entry
     return out
 
 
@@ -410,7 +442,122 @@ def markdown_table(report: dict[str, Any]) -> str:
             ("noise_floor_pts", "retrain trained with another data order (noise floor)"),
         ):
             lines.append(f"| {name} | {cell(client, key)} |")
+    methods = {sc: s.get("methods", {}) for sc, s in report["summary"].items() if s.get("methods")}
+    labels = [m for m in dict.fromkeys(m for ms in methods.values() for m in ms)]
+    if labels:
+        lines.append("")
+        lines.append(
+            "| method: \\|forget R@1 − retrain\\| / retain drop (points), mean over seeds | "
+            + " | ".join(methods)
+            + " |"
+        )
+        lines.append("|---|" + "---:|" * len(methods))
+        for label in labels:
+            cells = []
+            for scenario in methods:
+                m = methods[scenario].get(label)
+                n_all = report["summary"][scenario]["seeds"]
+                seeds = f" ({m['seeds']} of {n_all} seeds)" if m and m["seeds"] != n_all else ""
+                cells.append(f"{m['forget_r1_gap_pts']:.2f} / {m['retain_r1_drop_pts']:.2f}{seeds}" if m else "–")
+            name = OFFLINE_LABEL if label == "ease_no_excision" else label
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+OFFLINE_LABEL = "ease_no_excision (no BKE, no probes: in client scope, what runs without the leaving client)"
+
+
+def git_commit() -> dict[str, Any]:
+    """The code a result describes: HEAD and whether the tree had uncommitted changes (tracked files); a run from an
+    exported commit (``git archive``, no .git) names it in ``LETHE_BENCH_COMMIT``."""
+    if os.environ.get("LETHE_BENCH_COMMIT"):
+        return {"commit": os.environ["LETHE_BENCH_COMMIT"], "dirty": False, "source": "git archive"}
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True)
+        return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": None, "dirty": None}
+
+
+MERGE_SAME = ("sizes", "quick", "ease_config", "backbone")
+"""What every part of one merged result must share: parts measured on other sizes, settings or backbone bits do not
+describe one experiment. Within ``sizes`` a part may differ only in what it ran (``MERGE_MAY_DIFFER``): its seeds,
+whether baselines and ablations ran, and whether the re-anchoring test ran (``relearn_rounds`` 0)."""
+MERGE_MAY_DIFFER = ("seeds", "baselines", "ablations", "relearn_rounds")
+
+
+def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One results file from parts that each ran some scenarios (the same sizes, settings and backbone): the seeds'
+    scenario results are combined, the summary and aims recomputed, and each part's run facts kept under ``parts``."""
+    if not parts:
+        raise ValueError("nothing to merge")
+    first = parts[0]
+    for key in MERGE_SAME:
+        for part in parts[1:]:
+            a, b = first.get(key), part.get(key)
+            if key == "sizes" and a and b:
+                a = {k: v for k, v in a.items() if k not in MERGE_MAY_DIFFER}
+                b = {k: v for k, v in b.items() if k not in MERGE_MAY_DIFFER}
+            if a != b:
+                raise ValueError(f"parts differ in {key!r}: {a} vs {b}")
+    seeds: dict[str, dict[str, Any]] = {}
+    per_scenario: dict[str, dict[int, dict[str, Any]]] = {}
+    runs = []
+    for part in parts:
+        for seed, scenarios in part["seeds"].items():
+            for scenario, result in scenarios.items():
+                if scenario in seeds.get(seed, {}):
+                    raise ValueError(f"seed {seed} scenario {scenario} is in more than one part")
+                seeds.setdefault(seed, {})[scenario] = result
+                per_scenario.setdefault(scenario, {})[int(seed)] = result
+        sizes = {k: part["sizes"].get(k) for k in MERGE_MAY_DIFFER}
+        runs.append({**part.get("run", {}), "sizes": sizes, "partial": bool(part.get("partial"))})
+    order = [s for s in SCENARIOS if s in per_scenario] + [s for s in per_scenario if s not in SCENARIOS]
+    all_seeds = sorted({int(s) for s in seeds})
+    report = {key: first.get(key) for key in ("quick", "ease_config", "backbone", "machine", "aims_source")}
+    report["sizes"] = {
+        **first["sizes"],
+        "seeds": all_seeds,
+        "relearn_rounds": max(p["sizes"].get("relearn_rounds", 0) for p in parts),
+        "baselines": sorted({int(s) for p in parts if p["sizes"].get("baselines") for s in p["seeds"]}),
+        "ablations": sorted({int(s) for p in parts if p["sizes"].get("ablations") for s in p["seeds"]}),
+    }
+    report["seeds"] = {str(s): seeds[str(s)] for s in all_seeds}
+    report["summary"] = {s: summarise(per_scenario[s]) for s in order}
+    report["aims"] = aims(report["summary"])
+    report["parts"] = runs
+    report["wall_seconds"] = round(sum(r.get("wall_seconds", 0.0) for r in runs), 1)
+    return report
+
+
+def write_report(
+    report: dict[str, Any],
+    per_scenario: dict[str, dict[int, dict[str, Any]]],
+    run_facts: dict[str, Any],
+    start: float,
+    args: argparse.Namespace,
+    partial: bool,
+) -> Path:
+    report["seeds"] = {k: v for k, v in report["seeds"].items() if v}
+    report["summary"] = {s: summarise(v) for s, v in per_scenario.items() if v}
+    report["aims"] = aims(report["summary"])
+    report["wall_seconds"] = round(time.perf_counter() - start, 1)
+    report["partial"] = partial
+    report["run"] = {
+        **run_facts,
+        "seeds_done": sorted({int(s) for s in report["seeds"]}),
+        "wall_seconds": report["wall_seconds"],
+        "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+    }
+    out = args.out or RESULTS / ("ease_quick.json" if args.quick else "ease.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=1))
+    tmp.replace(out)
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -426,7 +573,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--cache-dir", default=None, help="pretraining/federation cache (default ~/.cache/lethe)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op CPU threads (0 = keep)")
     ap.add_argument("--table", type=Path, default=None, help="print a results file's summary as Markdown and exit")
+    ap.add_argument("--merge", type=Path, nargs="+", default=None, help="combine part files (into --out) and exit")
+    from bench.ease_scale import add_arguments
+
+    add_arguments(ap)
     args = ap.parse_args(argv)
+    if args.scale:
+        from bench.ease_scale import main as scale_main
+
+        if args.threads > 0 and args.dry_run:
+            torch.set_num_threads(args.threads)
+        return scale_main(args)
+    if args.merge is not None:
+        report = merge([json.loads(p.read_text()) for p in args.merge])
+        out = args.out or RESULTS / "ease.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1))
+        print_table(report)
+        print(f"merged {len(args.merge)} parts into {out}")
+        return report
     if args.table is not None:
         report = json.loads(args.table.read_text())
         print(markdown_table(report))
@@ -445,7 +610,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ease_settings = json.loads(args.ease)
     EaseConfig(**ease_settings)  # validate early
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    unknown = [s for s in scenarios if s not in SCENARIOS]
+    if unknown:
+        ap.error(f"unknown scenarios {unknown}; choose from {list(SCENARIOS)}")
     start = time.perf_counter()
+    run_facts: dict[str, Any] = {
+        "scenarios": scenarios,
+        "seeds": list(sizes.seeds),
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        **git_commit(),
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+        "cpus": os.cpu_count(),
+    }
 
     def log(msg: str) -> None:
         print(f"[{time.perf_counter() - start:7.1f}s] {msg}", flush=True)
@@ -479,12 +655,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 sc = run_scenario(demo, scenario, sizes, {**ease_settings}, log)
                 per_scenario[scenario][seed] = sc
                 report["seeds"][str(seed)][scenario] = sc
-    report["summary"] = {s: summarise(v) for s, v in per_scenario.items() if v}
-    report["aims"] = aims(report["summary"])
-    report["wall_seconds"] = round(time.perf_counter() - start, 1)
-    out = args.out or RESULTS / ("ease_quick.json" if args.quick else "ease.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1))
+        # written after every seed (``partial`` until the last): a run stopped early keeps the seeds it finished
+        out = write_report(report, per_scenario, run_facts, start, args, partial=seed != sizes.seeds[-1])
     print_table(report)
     log(f"wrote {out}")
     return report

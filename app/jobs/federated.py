@@ -10,6 +10,7 @@ step runs the method and returns the new θ, the forget lock and forget/retain/t
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -28,7 +29,7 @@ from app.jobs.outbox import PermanentJobError
 from app.jobs.tables import Job
 from app.jobs.work import DeletionWork, ErasurePlan, Unlearned, Verification, weights
 from app.ml.clip import TINY_ARCH, ClipLoRA, ClipSpec, LoraSettings, pretrain_tiny_clip
-from app.ml.data.captions import CaptionDataset, make_synthetic_federation
+from app.ml.data.captions import CaptionDataset, federation_from_spec, file_sha256
 from app.ml.federation import FederatedProblem, FedSettings, apply_round
 from app.ml.federation.lock import ForgetLock, merge_locks
 from app.ml.verification.lira import attack_summary
@@ -58,17 +59,45 @@ def _clip(spec_json: str) -> ClipLoRA:
 
 
 @lru_cache(maxsize=2)
-def _federation_data(data_json: str):
-    data = {k: v for k, v in json.loads(data_json).items() if k != "kind"}
-    return make_synthetic_federation(**data)
+def _federation_data(data_json: str, spec_json: str):
+    """The clients' data and their names: the generator, or caption files decoded with the backbone's transform."""
+    data = json.loads(data_json)
+    preprocess = _clip(spec_json).preprocess() if data.get("kind") == "karpathy" else None
+    try:
+        return federation_from_spec(data, preprocess)
+    except (OSError, ValueError, KeyError) as exc:  # a file gone or changed since registration
+        raise FederatedJobError(f"the federation's data cannot be loaded: {type(exc).__name__}: {exc}") from None
 
 
 def clip_for(model: Model) -> ClipLoRA:
     return _clip(json.dumps(model.state["spec"], sort_keys=True))
 
 
-def data_for(model: Model):
-    return _federation_data(json.dumps(model.spec["data"], sort_keys=True))
+def data_for(model: Model, spec: dict | None = None):
+    """The model's client data (a federation whose clients are in the order of ``state["clients"]``)."""
+    spec = spec if spec is not None else model.state["spec"]
+    return _federation_data(json.dumps(model.spec["data"], sort_keys=True), json.dumps(spec, sort_keys=True))[0]
+
+
+def check_data_files(model: Model) -> None:
+    """A caption-file federation's files must be the ones checked at registration (their sha256 is in the spec):
+    a deletion computed on other files would erase other pairs than the request names."""
+    files = model.spec.get("data_files")
+    if not files:
+        return
+    data = model.spec["data"]
+    for name, key in (("captions_path", "captions_sha256"), ("assignment_path", "assignment_sha256")):
+        try:
+            digest = file_sha256(data[name])
+        except OSError:
+            raise FederatedJobError(f"{name} can no longer be read") from None
+        if digest != files[key]:
+            raise FederatedJobError(f"{name} changed since the model was registered (sha256 differs)")
+
+
+def caption_words(captions) -> list[str]:
+    """The words class deletions may name (lower case, as ``CaptionDataset.has_word`` matches them)."""
+    return sorted({w for c in captions for w in re.findall(r"[a-z0-9]+", c.lower())})
 
 
 # ------------------------------------------------------------------------------------------------------ version 1
@@ -89,11 +118,18 @@ def train(job: Job, ctx: JobContext) -> None:
     spec = ClipSpec(arch=clip_in["arch"], checkpoint=checkpoint, lora=LoraSettings(**clip_in.get("lora", {})))
     ctx.progress(0.7, "building the LoRA model")
     clip = _clip(json.dumps(spec.to_dict(), sort_keys=True))
-    data = data_for(model)
-    vocabulary = sorted({w for client in data.clients for c in client.captions for w in c.split()})
+    check_data_files(model)
+    ctx.progress(0.75, "loading the clients' data")
+    data, names = _federation_data(
+        json.dumps(model.spec["data"], sort_keys=True), json.dumps(spec.to_dict(), sort_keys=True)
+    )
+    expected = model.spec.get("data_files", {}).get("clients")
+    if expected is not None and names != expected:
+        raise FederatedJobError("the clients found in the data differ from those checked at registration")
+    vocabulary = caption_words(c for client in data.clients for c in client.captions)
     state = {
         "spec": spec.to_dict(),
-        "clients": [f"c{k}" for k in range(len(data.clients))],
+        "clients": names,
         "client_sizes": [len(c) for c in data.clients],
         "n_params": clip.num_params,
         "rounds": [],
@@ -104,16 +140,17 @@ def train(job: Job, ctx: JobContext) -> None:
     with session_scope() as session:
         job_row = ctx.assert_lease(session)
         if existing is None:
+            files = model.spec.get("data_files")
             dataset = registry.create_dataset(
                 session,
                 name=f"{model.name} clients",
-                format="synthetic",
-                digest=get_store().put_json(model.spec["data"]),
+                format=model.spec["data"].get("kind", "synthetic"),
+                digest=get_store().put_json({**model.spec["data"], **({"files": files} if files else {})}),
                 row_id_column="pair_id",
                 label_column="client",
                 columns=["pair_id", "client", "caption"],
             )
-            pairs = [(pid, f"c{k}") for k, client in enumerate(data.clients) for pid in client.ids]
+            pairs = [(pid, names[k]) for k, client in enumerate(data.clients) for pid in client.ids]
             registry.index_rows(session, dataset.id, [p for p, _ in pairs], [c for _, c in pairs])
             draft = registry.VersionDraft(
                 model_id=model.id,
@@ -249,6 +286,7 @@ class Deletion:
         with session_scope() as session:
             tombstoned = {r for _, r in registry.tombstones(session, model.dataset_id, except_request=request.id)}
             present = registry.present_row_ids(session, model.dataset_id)
+        check_data_files(model)
         data = data_for(model)
         taken = tombstoned | {pid for c in data.clients for pid in c.ids if pid not in present}
         masks, forget_client = _forget_masks(model, request, data, taken)

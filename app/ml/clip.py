@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from app.ml.data.captions import CaptionDataset, WordTokenizer, make_pretraining_set
+from app.ml.data.captions import CaptionDataset, WordTokenizer, make_pretraining_set, simple_preprocess
 
 CONFIG_DIR = Path(__file__).with_name("clip_configs")
 TINY_ARCH = "lethe-tiny-clip"
@@ -233,6 +233,22 @@ class ClipLoRA:
         return tower_mask(self.model, tower)
 
     # encoding -----------------------------------------------------------------------------------------------
+    def preprocess(self) -> Callable[[Any], torch.Tensor]:
+        """PIL image → normalised tensor for this backbone: the generator's normalisation for the tiny architecture
+        (what it was pretrained on), open_clip's evaluation transform (resize, centre crop, the architecture's mean
+        and std) for every other one. Real image files go through this (app.ml.data.captions.federation_from_spec)."""
+        if self.spec.arch == TINY_ARCH:
+            return simple_preprocess(int(self.model.visual.image_size[0]))
+        cfg = open_clip.get_model_preprocess_cfg(self.model)
+        return open_clip.image_transform(
+            cfg["size"],
+            is_train=False,
+            mean=cfg.get("mean"),
+            std=cfg.get("std"),
+            resize_mode=cfg.get("resize_mode"),
+            interpolation=cfg.get("interpolation"),
+        )
+
     def tokens(self, captions: Sequence[str]) -> torch.Tensor:
         return self.tokenizer(list(captions))
 

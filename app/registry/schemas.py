@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from app.registry.settings import (
     FederatedMethodSettings,
@@ -142,12 +142,55 @@ class SyntheticFederationIn(BaseModel):
     )
 
 
+ClientId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+
+
+class CaptionFilesFederationIn(BaseModel):
+    """A real federation from files under an allowed data root (LETHE_DATA_ROOTS): a Karpathy-layout caption file
+    (``dataset_flickr30k.json``/``dataset_coco.json``: ``{"images": [{"filename", "split", "sentences": [{"raw"}],
+    "imgid"?, "filepath"?}]}``), the folder its image paths are relative to, and an image → client assignment (CSV
+    with the header ``image,client``, or a JSON object; ``image`` is an entry's ``imgid`` or ``filename``). Each
+    client holds the pairs (one per caption) of its training images; the test split is the shared held-out set.
+    Training images no client holds are left out. Checked at registration (every file, every image, every
+    assignment row), decoded by the version-1 job with the backbone's own image transform."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["karpathy"]
+    captions_path: str = Field(..., min_length=1, max_length=4096)
+    image_root: str = Field(..., min_length=1, max_length=4096)
+    assignment_path: str = Field(..., min_length=1, max_length=4096)
+    clients: list[ClientId] | None = Field(
+        None,
+        min_length=2,
+        max_length=1000,
+        description="The federation's client ids, if declared: every assigned client must be one of them, and each "
+        "must hold at least one training image.",
+    )
+    train_split: str = Field("train", min_length=1, max_length=32)
+    test_split: str = Field("test", min_length=1, max_length=32)
+    captions_per_image: int | None = Field(None, ge=1, le=100)
+    max_test_images: int | None = Field(None, ge=1, le=100_000)
+
+
+def _federation_by_kind(value: Any) -> Any:
+    """Validate ``data`` against the model its ``kind`` names (``"synthetic"`` when absent), so that an error's
+    location is the field's own (``data.seed``), not a union member's."""
+    if isinstance(value, dict):
+        schema = CaptionFilesFederationIn if value.get("kind") == "karpathy" else SyntheticFederationIn
+        return schema.model_validate(value)
+    return value
+
+
 class ClipModelCreate(NoNulModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     name: str = Field(..., min_length=1, max_length=200)
     kind: Literal["clip_federated"]
     clip: ClipSpecIn = Field(default_factory=ClipSpecIn)
-    data: SyntheticFederationIn = Field(default_factory=SyntheticFederationIn)
+    data: Annotated[SyntheticFederationIn | CaptionFilesFederationIn, BeforeValidator(_federation_by_kind)] = Field(
+        default_factory=SyntheticFederationIn,
+        description='The clients\' data: the generator (kind "synthetic", the default) or caption files '
+        '(kind "karpathy").',
+    )
     fed_settings: FedSettingsJSON = Field(
         default_factory=dict, description="app.ml.federation.FedSettings fields, bounded."
     )

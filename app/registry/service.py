@@ -20,7 +20,9 @@ from app.jobs.tables import Job
 from app.ml.unlearning.base import UnknownMethodError, get_method
 from app.paging import keyset_page
 from app.problems import Problem
-from app.registry.schemas import ClipModelCreate, ModelCreate, ModelOut, VersionOut
+from app.registry.caption_files import check_caption_files
+from app.registry.schemas import CaptionFilesFederationIn, ClipModelCreate, ModelCreate, ModelOut, VersionOut
+from app.registry.settings import TINY_ARCH
 from app.registry.tables import Dataset, DatasetRow, Model, ModelVersion, first_line
 from app.storage import get_store
 
@@ -95,7 +97,7 @@ def detect_format(name: str | None, declared: str | None, data: bytes) -> str:
     return "csv"
 
 
-def _is_service_file(resolved: Path) -> bool:
+def is_service_file(resolved: Path) -> bool:
     """The service's own secrets and stores, refused even under a data root (defence in depth: the settings already
     refuse a root that contains the home, the artifact store or a .env)."""
     settings = get_settings()
@@ -119,7 +121,7 @@ def read_allowed_path(path: str, check_only: bool = False) -> bytes:
             "Data sets cannot be read from server paths here",
             "No data roots are configured (LETHE_DATA_ROOTS): upload the file as multipart/form-data.",
         )
-    if not any(resolved.is_relative_to(root) for root in roots) or _is_service_file(resolved):
+    if not any(resolved.is_relative_to(root) for root in roots) or is_service_file(resolved):
         raise Problem(
             422,
             "dataset-path-not-allowed",
@@ -394,17 +396,29 @@ def models_overview(session: Session, limit: int = 200) -> list[Model]:
 
 
 def register_clip_model(session: Session, principal: Principal, body: ClipModelCreate) -> Model:
-    """A federated CLIP + LoRA model: version 1 is the LoRA initialisation (built by a job); rounds come later."""
+    """A federated CLIP + LoRA model: version 1 is the LoRA initialisation (built by a job); rounds come later. A
+    caption-file federation (``data.kind == "karpathy"``) is checked here, file by file (app/registry/caption_files);
+    its summary and the files' sha256 go into the spec."""
     if body.clip.checkpoint_path:
         read_allowed_path(body.clip.checkpoint_path, check_only=True)
+    elif body.clip.arch != TINY_ARCH:
+        raise Problem(
+            422,
+            "checkpoint-required",
+            "This architecture needs a local checkpoint",
+            f"{body.clip.arch!r}: give clip.checkpoint_path (under LETHE_DATA_ROOTS); nothing is downloaded here",
+        )
     check_methods(body.kind, body.unlearning)
+    data_files = check_caption_files(body.data) if isinstance(body.data, CaptionFilesFederationIn) else None
     spec_json: dict[str, Any] = {
         "clip": body.clip.model_dump(),
-        "data": body.data.model_dump(),
+        "data": body.data.model_dump(exclude_none=True),
         "fed_settings": body.fed_settings,
         "unlearning": list(dict.fromkeys(body.unlearning)),
         "method_settings": body.method_settings,
     }
+    if data_files is not None:
+        spec_json["data_files"] = data_files
     model = Model(name=body.name, kind=body.kind, spec=spec_json, state={}, requires_approval=body.requires_approval)
     _add_with_training_job(
         session,

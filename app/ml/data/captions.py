@@ -570,3 +570,84 @@ def load_caption_federation(
     clients = [full.subset([r for r, i in enumerate(train.image_index) if owner[i] == name]) for name in names]
     federation = SyntheticFederation(clients=clients, test=karpathy_to_dataset(test, preprocess), scenarios={}, seed=0)
     return federation, names
+
+
+def file_sha256(path: str | Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def federation_from_spec(
+    spec: dict[str, Any], preprocess: Callable[[Any], torch.Tensor] | None = None
+) -> tuple[SyntheticFederation, list[str]]:
+    """A registered model's client data from its ``data`` spec (app.registry.schemas): ``kind: "synthetic"`` — the
+    seeded generator, clients ``c0..`` —, or ``kind: "karpathy"`` — a caption file, its image folder and an
+    image → client assignment, decoded with the backbone's ``preprocess``, clients named by the assignment (sorted).
+    Returns the federation and the client names (the service's client ids, in the federation's order)."""
+    kind = spec.get("kind", "synthetic")
+    if kind == "synthetic":
+        fed = make_synthetic_federation(**{k: v for k, v in spec.items() if k != "kind"})
+        return fed, [f"c{k}" for k in range(len(fed.clients))]
+    if kind != "karpathy":
+        raise ValueError(f"unknown data kind {kind!r}")
+    if preprocess is None:
+        raise ValueError("a caption-file federation needs the backbone's image transform")
+    return load_caption_federation(
+        spec["captions_path"],
+        spec["image_root"],
+        read_client_assignment(spec["assignment_path"]),
+        preprocess,
+        train_split=spec.get("train_split", "train"),
+        test_split=spec.get("test_split", "test"),
+        captions_per_image=spec.get("captions_per_image"),
+        max_test_images=spec.get("max_test_images"),
+    )
+
+
+def export_karpathy(
+    federation: SyntheticFederation,
+    folder: str | Path,
+    client_names: Sequence[str] | None = None,
+    image_size: int | None = None,
+) -> dict[str, Path]:
+    """Write a federation in the layout :func:`load_caption_federation` reads: one PNG per pair under
+    ``folder/images`` (de-normalised, resized to ``image_size`` if given), a Karpathy JSON (clients' pairs in the
+    ``train`` split, test pairs in ``test``; one sentence per image) and ``assignment.csv`` (image → client). For
+    tests and for the scale benchmark when no real data is mounted: the real-data path on generated data."""
+    from PIL import Image
+
+    root = Path(folder)
+    images = root / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    names = list(client_names) if client_names is not None else [f"c{k}" for k in range(len(federation.clients))]
+    entries: list[dict[str, Any]] = []
+    rows = ["image,client"]
+
+    def write(data: CaptionDataset, split: str, client: str | None) -> None:
+        pixels = (data.images * IMAGE_STD + IMAGE_MEAN).clamp(0, 1).mul(255).round().to(torch.uint8)
+        for i in range(len(data)):
+            imgid = len(entries)
+            filename = f"{imgid:06d}.png"
+            img = Image.fromarray(pixels[i].permute(1, 2, 0).numpy())
+            if image_size is not None:
+                img = img.resize((image_size, image_size), Image.Resampling.BICUBIC)
+            img.save(images / filename)
+            entries.append(
+                {"imgid": imgid, "filename": filename, "split": split, "sentences": [{"raw": data.captions[i]}]}
+            )
+            if client is not None:
+                rows.append(f"{imgid},{client}")
+
+    for name, data in zip(names, federation.clients, strict=True):
+        write(data, "train", name)
+    write(federation.test, "test", None)
+    captions = root / "captions.json"
+    captions.write_text(json.dumps({"images": entries}))
+    assignment = root / "assignment.csv"
+    assignment.write_text("\n".join(rows) + "\n")
+    return {"captions_path": captions, "image_root": images, "assignment_path": assignment}

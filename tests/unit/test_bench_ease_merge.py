@@ -1,0 +1,54 @@
+"""bench.ease --merge: parts that each ran one scenario (and some seeds) become one results file; parts of another
+experiment (other sizes, settings or backbone) are refused, and no seed/scenario may be counted twice."""
+
+import pytest
+
+from bench.ease import merge
+
+
+def _row(forget: float, retain: float) -> dict:
+    return {"forget_r1": forget, "retain_r1": retain, "bytes_ratio": 0.1, "critical_path_ratio": 0.3, "time_ratio": 0.2}
+
+
+def _part(scenario: str, seeds: list[int], gap: float, **over) -> dict:
+    results = {}
+    for s in seeds:
+        methods = {"retrain": _row(40.0, 80.0), "ease": _row(40.0 + gap + s, 79.0), "ease_no_excision": _row(55.0, 81)}
+        summary = {"forget_r1_gap_pts": gap + s, "forget_r1_signed_gap_pts": gap + s, "retain_r1_drop_pts": 1.0}
+        summary |= {"bytes_ratio": 0.1, "critical_path_ratio": 0.3, "in_band": True}
+        results[str(s)] = {scenario: {"methods": methods, "summary": summary}}
+    part = {
+        "sizes": {"seeds": seeds, "rounds": 20},
+        "quick": False,
+        "ease_config": {"tau": 0.95},
+        "backbone": {"sha256": "abc"},
+        "seeds": results,
+        "run": {"scenarios": [scenario], "wall_seconds": 10.0, "commit": "c0ffee", "loadavg_start": [1, 1, 1]},
+    }
+    return part | over
+
+
+def test_parts_merge_into_one_summary():
+    report = merge([_part("class", [0, 1], 1.0), _part("client", [0], 2.0), _part("client", [1, 2], 2.0)])
+    assert list(report["summary"]) == ["client", "class"]  # the benchmark's order
+    client = report["summary"]["client"]
+    assert client["seeds"] == 3 and client["forget_r1_gap_pts"] == pytest.approx(3.0)
+    assert client["forget_r1_gap_worst_pts"] == 4.0 and client["forget_r1_gap_worst_seed"] == 2
+    assert client["methods"]["ease_no_excision"]["forget_r1_gap_pts"] == pytest.approx(15.0)
+    assert report["sizes"]["seeds"] == [0, 1, 2] and len(report["parts"]) == 3 and report["wall_seconds"] == 30.0
+    assert report["aims"]["class"]["forget_r1_gap_pts"]["met"] is True
+
+
+def test_parts_of_another_experiment_or_twice_the_same_seed_are_refused():
+    with pytest.raises(ValueError, match="ease_config"):
+        merge([_part("class", [0], 1.0), _part("client", [0], 1.0, ease_config={"tau": 0.9})])
+    with pytest.raises(ValueError, match="backbone"):
+        merge([_part("class", [0], 1.0), _part("client", [0], 1.0, backbone={"sha256": "other"})])
+    with pytest.raises(ValueError, match="sizes"):
+        merge([_part("class", [0], 1.0), _part("client", [1], 1.0, sizes={"seeds": [1], "rounds": 10})])
+    # what a part ran may differ: its seeds, baselines, ablations, the re-anchoring test
+    light = _part("client", [1], 1.0, sizes={"seeds": [1], "rounds": 20, "ablations": False, "relearn_rounds": 0})
+    report = merge([_part("client", [0], 1.0, sizes={"seeds": [0], "rounds": 20, "ablations": True}), light])
+    assert report["sizes"]["ablations"] == [0] and report["summary"]["client"]["seeds"] == 2
+    with pytest.raises(ValueError, match="more than one part"):
+        merge([_part("class", [0, 1], 1.0), _part("class", [1], 1.0)])
