@@ -103,3 +103,17 @@ def test_registered_for_auto():
     spec = get_method("l2ul_n")
     assert spec.needs_preparation and spec.auto_priority is not None
     assert isinstance(spec.build({"m": 16, "units": 2}), L2ULN)
+
+
+def test_with_every_unit_dropped_the_answer_is_the_newton_step(prepared):
+    method, base, res = prepared
+    state = L2ULNState.from_bytes(res.artifacts["l2uln_units.safetensors"])
+    one_per_unit = [int(np.flatnonzero(state.unit_of_row == u)[0]) for u in sorted(state.unlearners)]
+    f = _forget(one_per_unit)
+    purged = method.purge(replace(base, retain_mask=~f, forget_mask=f, artifacts=res.artifacts))
+    assert purged.info["units_remaining"] == 0 and "needs_prepare" not in purged.info
+    g = _forget([500])
+    case = replace(base, retain_mask=~f & ~g, forget_mask=g, tombstone_mask=f, artifacts=purged.artifacts)
+    out = method.unlearn(case)
+    newton = NewtonUnlearning().unlearn(replace(case, artifacts={ARTIFACT_STATE: purged.artifacts[ARTIFACT_NEWTON]}))
+    assert torch.equal(out.theta, newton.theta) and "Newton step alone" in out.info["note"]

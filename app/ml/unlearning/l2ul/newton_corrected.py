@@ -19,7 +19,7 @@ from its own prepared state) and learns only what Newton misses:
 - units and purge: as L2UL (method.py, "units"): the training rows are split into disjoint blocks, each unit's tasks
   draw their subsets from its block only, a deletion drops the units whose block held an erased row (their N_U and
   tasks with them) and the Newton state is purged by the Newton method itself. When no unit is left, the answer is
-  the Newton step and ``needs_prepare`` says so.
+  the Newton step alone (said so in ``info["note"]``): the method keeps serving at its worst case.
 """
 
 from __future__ import annotations
@@ -376,8 +376,8 @@ class L2ULN:
             "newton": newton_info,
         }
         if not new.unlearners:
-            info["needs_prepare"] = (
-                "every L2UL-N unit held an erased row and was dropped with it; the answers are the Newton step until "
-                "it is prepared again"
+            info["note"] = (
+                "every L2UL-N unit held an erased row and was dropped with it: from now on the answer is the Newton "
+                "step alone (its worst case); prepare L2UL-N again to restore the correction"
             )
         return UnlearningResult(theta=theta_new, info=info, artifacts=artifacts)
