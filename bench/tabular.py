@@ -803,26 +803,39 @@ def merge(paths: list[Path], out_path: Path) -> int:
 
 
 def markdown_table(results: dict[str, Any]) -> str:
-    """The README's table: per setting and method, the figures the issue names."""
+    """The README's table: a row per setting and method, a column per |D_f|, each cell "param_ratio · speed-up
+    (method time) · speed-up end to end · accuracy gap", and the learned methods' purge time."""
 
-    def f(v, spec):
-        return format(v, spec) if v is not None else "—"
+    def f(v, spec, suffix=""):
+        return format(v, spec) + suffix if v is not None else "—"
 
-    lines = [
-        "| setting | method | param_ratio | speedup | speedup_e2e | acc_gap (pts) | purge_s (l2ul, l2ul_n) |",
-        "|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for key, entry in results["summary"].items():
-        for m in METHODS:
-            e = entry[m]
-            lines.append(
-                f"| {key} | {m} | {f(e['param_ratio'], '.4f')} | {f(e['speedup'], ',.0f')} | "
-                f"{f(e['speedup_e2e'], '.2f')} | {f(e['acc_gap_pts'], '+.2f')} | "
-                f"{f(e.get('purge_s'), '.4f') if m in LEARNED else ''} |"
-            )
-        if "auto" in entry:
-            a = entry["auto"]
-            lines.append(f"| {key} | auto → {', '.join(a['ran']) or '—'} | | | {f(a['speedup_e2e'], '.2f')} | | |")
+    summary = results["summary"]
+    settings: dict[str, dict[str, dict]] = {}
+    for key, entry in summary.items():
+        setting, k = key.rsplit("_", 1)
+        settings.setdefault(setting, {})[k] = entry
+    sizes = sorted({k for per in settings.values() for k in per}, key=int)
+    head = " | ".join(f"\\|D_f\\| = {k}: ratio · speed-up · e2e · gap" for k in sizes)
+    lines = [f"| setting | method | {head} | purge_s |", "|---|---|" + "---|" * len(sizes) + "---:|"]
+    for setting, per in settings.items():
+        for m in (*METHODS[:-1], "auto"):
+            cells, purge = [], []
+            for k in sizes:
+                e = per.get(k, {}).get(m)
+                if e is None:
+                    cells.append("")
+                    continue
+                if m == "auto":
+                    ran = "/".join(e["ran"]) or "—"
+                    cells.append(f"→ {ran} · e2e {f(e['speedup_e2e'], '.2f', '×')}")
+                    continue
+                ratio = "0 (reference)" if m == "retrain" else f(e["param_ratio"], ".2g")
+                spec = ",.0f" if (e["speedup"] or 0) >= 10 else ".2g"
+                speed = f(e["time_s"], ".3g", " s") if m == "retrain" else f(e["speedup"], spec, "×")
+                cells.append(f"{ratio} · {speed} · {f(e['speedup_e2e'], '.2f', '×')} · {f(e['acc_gap_pts'], '+.2f')}")
+                if m in LEARNED:
+                    purge.append(f(e.get("purge_s"), ".3f"))
+            lines.append(f"| {setting} | {m} | " + " | ".join(cells) + f" | {' / '.join(purge)} |")
     return "\n".join(lines)
 
 
