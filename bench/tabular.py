@@ -790,6 +790,7 @@ def merge(paths: list[Path], out_path: Path) -> int:
             if clash:
                 raise SystemExit(f"{path}: {key} {sorted(clash)} is in two part files")
             target.update(res)
+    merged["parts"].sort(key=lambda p: p["started_utc"] or "")
     merged["wall_time_s_sum"] = sum(p["wall_time_s"] or 0 for p in merged["parts"])
     merged["summary"] = build_summary(merged["settings"])
     merged["aims"] = check_aims(merged["summary"], merged["settings"])
@@ -836,6 +837,16 @@ def markdown_table(results: dict[str, Any]) -> str:
                 if m in LEARNED:
                     purge.append(f(e.get("purge_s"), ".3f"))
             lines.append(f"| {setting} | {m} | " + " | ".join(cells) + f" | {' / '.join(purge)} |")
+    if results.get("parts"):
+        lines += ["", "| part | settings | half | started (UTC) | wall time | load avg (1 min) start → end | commit |",
+                  "|---|---|---|---|---:|---|---|"]  # fmt: skip
+        for p in results["parts"]:
+            half = {"both": "A + B", "quality": "A (in process)", "service": "B (service)"}[p["part"]]
+            lines.append(
+                f"| {p['file']} | {', '.join(p['settings'])} | {half} | {p['started_utc']} | "
+                f"{p['wall_time_s']:.0f} s | {p['loadavg_start'][0]:.1f} → {p['loadavg_end'][0]:.1f} | "
+                f"{str(p['git_commit'])[:10]} |"
+            )
     return "\n".join(lines)
 
 
