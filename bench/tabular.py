@@ -5,6 +5,14 @@ process and end to end through the service.
     .venv/bin/python -m bench.tabular --quick    # the same code on small sizes (a few minutes)
     .venv/bin/python -m bench.tabular --scale    # a 5,000,000-row generated set (meant for a GPU machine)
     --only adult_lr,skin_mlp                     # a subset of settings; --no-service skips the end-to-end part
+    --part quality|service                       # Part A or Part B only (default both)
+    --merge bench/results/parts/*.json           # join part files into bench/results/tabular.{json,png}
+    --table bench/results/tabular.json           # the README's Markdown table
+
+On a shared machine run it in parts, one setting (or half) per ``flock /tmp/lethe-bench.lock`` call, each with
+``--out bench/results/parts/tabular_<setting>.json``, then ``--merge``: the merged file records under ``parts`` each
+part's wall time, commit and load average, since the parts ran at different moments (speed-ups are always measured
+within one part).
 
 Data: Adult (label ``Salary``) and Skin (label ``S``) from ``--data-dir`` (default ../shared/datasets), 80/20
 train/test split, and a GENERATED set (sklearn ``make_classification``, 1,000,000 rows, 20 features; said so in
@@ -20,6 +28,8 @@ requests (uniform over the training rows); every method starts from the same ori
   the retained rows, the LR bound) is reported as ``upkeep_s``;
 - l2ul: the forward pass is the method time; its purge (dropping the units that held the rows) is run in full on
   every request and reported as ``purge_s``, never estimated;
+- l2ul_n (L2UL-N, app/ml/unlearning/l2ul/newton_corrected.py): the Newton step plus the gated correction is the
+  method time; ``purge_s`` is its unit drop plus the Newton state's upkeep;
 - sisa: its unlearn (retraining the shards that held the rows) is the method time;
 - do_nothing: theta unchanged (param_ratio 1 by definition).
 Figures per method: test and D_f accuracy, param_ratio = ||theta' - theta_r|| / ||theta - theta_r|| (softmax biases
