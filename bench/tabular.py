@@ -5,6 +5,14 @@ process and end to end through the service.
     .venv/bin/python -m bench.tabular --quick    # the same code on small sizes (a few minutes)
     .venv/bin/python -m bench.tabular --scale    # a 5,000,000-row generated set (meant for a GPU machine)
     --only adult_lr,skin_mlp                     # a subset of settings; --no-service skips the end-to-end part
+    --part quality|service                       # Part A or Part B only (default both)
+    --merge bench/results/parts/*.json           # join part files into bench/results/tabular.{json,png}
+    --table bench/results/tabular.json           # the README's Markdown table
+
+On a shared machine run it in parts, one setting (or half) per ``flock /tmp/lethe-bench.lock`` call, each with
+``--out bench/results/parts/tabular_<setting>.json``, then ``--merge``: the merged file records under ``parts`` each
+part's wall time, commit and load average, since the parts ran at different moments (speed-ups are always measured
+within one part).
 
 Data: Adult (label ``Salary``) and Skin (label ``S``) from ``--data-dir`` (default ../shared/datasets), 80/20
 train/test split, and a GENERATED set (sklearn ``make_classification``, 1,000,000 rows, 20 features; said so in
@@ -20,6 +28,8 @@ requests (uniform over the training rows); every method starts from the same ori
   the retained rows, the LR bound) is reported as ``upkeep_s``;
 - l2ul: the forward pass is the method time; its purge (dropping the units that held the rows) is run in full on
   every request and reported as ``purge_s``, never estimated;
+- l2ul_n (L2UL-N, app/ml/unlearning/l2ul/newton_corrected.py): the Newton step plus the gated correction is the
+  method time; ``purge_s`` is its unit drop plus the Newton state's upkeep;
 - sisa: its unlearn (retraining the shards that held the rows) is the method time;
 - do_nothing: theta unchanged (param_ratio 1 by definition).
 Figures per method: test and D_f accuracy, param_ratio = ||theta' - theta_r|| / ||theta - theta_r|| (softmax biases
@@ -43,6 +53,7 @@ import json
 import math
 import os
 import platform
+import secrets
 import sys
 import tempfile
 import time
@@ -58,14 +69,15 @@ from app.ml import tabular as T
 from app.ml.data.tabular import TableEncoder, load_table
 from app.ml.unlearning.base import AUTO_MAX_PARAM_RATIO, TabularProblem
 from app.ml.unlearning.baselines.sisa import SISA, DoNothing, SISAConfig
-from app.ml.unlearning.l2ul import L2UL, L2ULConfig
+from app.ml.unlearning.l2ul import L2UL, L2ULN, L2ULConfig, L2ULNConfig
 from app.ml.unlearning.newton.method import InfluenceUnlearning, NewtonUnlearning
 from app.ml.unlearning.retrain import ExactRetrain
 from app.ml.unlearning.validation import param_ratio
 
 REPO = Path(__file__).resolve().parents[1]
-METHODS = ("retrain", "newton", "influence", "l2ul", "sisa", "do_nothing")
-E2E_METHODS = ("retrain", "newton", "influence", "auto", "l2ul", "sisa")
+METHODS = ("retrain", "newton", "influence", "l2ul", "l2ul_n", "sisa", "do_nothing")
+E2E_METHODS = ("retrain", "newton", "influence", "auto", "l2ul", "l2ul_n", "sisa")
+LEARNED = ("l2ul", "l2ul_n")  # prepared with meta-training; purged by dropping units
 ROW_ID, LABEL = "row_id", "label"
 
 
@@ -82,10 +94,25 @@ class Plan:
     skip_reason: dict[str, str] = field(default_factory=dict)
     l2ul_lr: dict[str, Any] = field(default_factory=lambda: {"m": 1000, "units": 8, "calibration_tasks": 8})
     l2ul_mlp: dict[str, Any] = field(default_factory=lambda: {"m": 80, "units": 8, "calibration_tasks": 3})
+    l2uln_lr: dict[str, Any] = field(default_factory=lambda: {"m": 400, "units": 8, "calibration_tasks": 6})
+    l2uln_mlp: dict[str, Any] = field(default_factory=lambda: {"m": 48, "units": 4, "calibration_tasks": 2})
     sisa_lr: dict[str, Any] = field(default_factory=lambda: {"shards": 5, "slices": 4})
     sisa_mlp: dict[str, Any] = field(default_factory=lambda: {"shards": 5, "slices": 2})
     workers: int = 0
     sklearn_repeats: int = 3
+    shadows: int = 4  # the verification's LiRA shadows per registration (the service's minimum; default 64)
+    e2e_override: dict[str, dict[str, Any]] = field(default_factory=dict)  # "<dataset>_<model>" -> reps/sizes/skip
+    e2e_override_reason: dict[str, str] = field(default_factory=dict)
+    reps_mlp: int | None = None  # Part A requests per |D_f| for the MLP (None: ``reps``)
+    sklearn_repeats_mlp: int | None = None
+
+    def e2e_for(self, key: str, family: str) -> tuple[int, list[int], list[str]]:
+        o = self.e2e_override.get(key, {})
+        return (
+            int(o.get("reps", self.reps_e2e[family])),
+            list(o.get("sizes", self.e2e_sizes[family])),
+            list(o.get("skip_methods", [])),
+        )
 
 
 def make_plan(mode: str) -> Plan:
@@ -100,6 +127,8 @@ def make_plan(mode: str) -> Plan:
             e2e_sizes={"lr": [1, 100], "mlp": [1]},
             l2ul_lr={"m": 64, "units": 4, "calibration_tasks": 2, "epochs": 60},
             l2ul_mlp={"m": 16, "units": 4, "calibration_tasks": 1, "epochs": 60},
+            l2uln_lr={"m": 32, "units": 4, "calibration_tasks": 2, "epochs": 60},
+            l2uln_mlp={"m": 16, "units": 4, "calibration_tasks": 1, "epochs": 60},
             workers=1,
             sklearn_repeats=1,
         )
@@ -121,6 +150,22 @@ def make_plan(mode: str) -> Plan:
         reps=5,
         reps_e2e={"lr": 5, "mlp": 2},
         e2e_sizes={"lr": [1, 100, 1000], "mlp": [1, 100]},
+        reps_mlp=3,
+        sklearn_repeats_mlp=1,
+        l2ul_mlp={"m": 48, "units": 4, "calibration_tasks": 2},
+        l2uln_mlp={"m": 32, "units": 4, "calibration_tasks": 2},
+        e2e_override={
+            "synthetic_lr": {"reps": 3},
+            "adult_mlp": {"skip_methods": ["l2ul", "l2ul_n"]},
+            "skin_mlp": {"skip_methods": ["l2ul", "l2ul_n"]},
+        },
+        e2e_override_reason={
+            "synthetic_lr": "3 requests per |D_f| through the service instead of 5: each deletion of the 800,000-row "
+            "table rewrites it and retrains, 5-15 s a request on this shared 2-core machine",
+            "adult_mlp": "l2ul and l2ul_n are not registered in Part B: their meta-training (MLP fits on 3,000-row "
+            "subsets) is measured in Part A and would be paid again, ~10 min each on this machine",
+            "skin_mlp": "as adult_mlp: l2ul and l2ul_n are measured in Part A only",
+        },
         skip=["synthetic_mlp"],
         skip_reason={
             "synthetic_mlp": "not run on this 2-core CPU: a converged MLP fit on 800,000 rows took 405 s (500 L-BFGS "
@@ -216,6 +261,10 @@ def sklearn_fit(recipe: T.TabularRecipe, X, y, C: int, repeats: int) -> dict[str
 
 
 # ---------------------------------------------------------------------------------------------- Part A
+def l2uln_settings(plan: Plan, family: str) -> dict[str, Any]:
+    return dict(plan.l2uln_lr if family == "lr" else plan.l2uln_mlp)
+
+
 def run_quality(key: str, family: str, ds: dict, plan: Plan, log) -> dict[str, Any]:
     X, y, C = ds["X_tr"], ds["y_tr"], ds["n_classes"]
     n, d = X.shape
@@ -225,7 +274,10 @@ def run_quality(key: str, family: str, ds: dict, plan: Plan, log) -> dict[str, A
     start = time.perf_counter()
     theta, solver = T.fit(recipe, X, y, C)
     out["original"] = {"train_s": time.perf_counter() - start, "solver": solver}
-    out["sklearn_fit"] = sklearn_fit(recipe, X, y, C, plan.sklearn_repeats)
+    mlp = family == "mlp"
+    out["sklearn_fit"] = sklearn_fit(
+        recipe, X, y, C, (plan.sklearn_repeats_mlp or plan.sklearn_repeats) if mlp else plan.sklearn_repeats
+    )
     log(f"  fit {out['original']['train_s']:.2f}s ({solver['status']}), sklearn {out['sklearn_fit']['seconds']:.2f}s")
     base = TabularProblem(recipe, X, y, C, theta, ~none, none, none)
 
@@ -235,6 +287,7 @@ def run_quality(key: str, family: str, ds: dict, plan: Plan, log) -> dict[str, A
         "newton": NewtonUnlearning(),
         "influence": InfluenceUnlearning(),
         "l2ul": L2UL(l2ul_cfg),
+        "l2ul_n": L2ULN(L2ULNConfig(**{**l2uln_settings(plan, family), "workers": plan.workers})),
         "sisa": SISA(sisa_cfg),
     }
     prepared, prep_info = {}, {}
@@ -244,10 +297,12 @@ def run_quality(key: str, family: str, ds: dict, plan: Plan, log) -> dict[str, A
         prepared[name] = res.artifacts
         prep_info[name] = {"seconds": time.perf_counter() - start, **{k: v for k, v in res.info.items() if k in (
             "timings", "hessian", "n_params", "units", "output_scale", "held_out_task_param_ratio_median", "refused",
-            "artifact_bytes", "wall_time_s")}}  # fmt: skip
+            "artifact_bytes", "wall_time_s", "gate", "task_newton_param_ratio_median",
+            "held_out_task_correction_ratio_median", "calibration")}}  # fmt: skip
         log(f"  prepare {name}: {prep_info[name]['seconds']:.2f}s" + (
             f" (L2UL output scale {res.info['output_scale']:.3f}, held-out tasks "
-            f"{res.info['held_out_task_param_ratio_median']})" if name == "l2ul" else ""))  # fmt: skip
+            f"{res.info['held_out_task_param_ratio_median']})" if name == "l2ul" else
+            f" (gate {res.info['gate']:.3f})" if name == "l2ul_n" else ""))  # fmt: skip
     out["prepare"] = prep_info
     # what a warm worker keeps for this model (app/jobs/tabular.py ENCODED / FRAMES / ARTIFACT_BYTES, and each
     # method's parsed state, about the size of its bytes): issue 10, item 5
@@ -264,7 +319,7 @@ def run_quality(key: str, family: str, ds: dict, plan: Plan, log) -> dict[str, A
     rng = np.random.default_rng(12345)
     warm = none.copy()
     warm[rng.integers(n)] = True
-    for name in ("newton", "influence", "l2ul"):  # warm-up: first-call costs (lazy imports, parsing) out of timing
+    for name in ("newton", "influence", *LEARNED):  # warm-up: first-call costs (lazy imports, parsing) out of timing
         methods[name].unlearn(problem(warm, name))
 
     sizes = {}
@@ -272,7 +327,7 @@ def run_quality(key: str, family: str, ds: dict, plan: Plan, log) -> dict[str, A
         if k > n // 20:
             continue
         rows = []
-        for rep in range(plan.reps):
+        for rep in range((plan.reps_mlp or plan.reps) if mlp else plan.reps):
             f_rows = np.sort(rng.choice(n, k, replace=False))
             forget = none.copy()
             forget[f_rows] = True
@@ -290,11 +345,13 @@ def run_quality(key: str, family: str, ds: dict, plan: Plan, log) -> dict[str, A
                     res.info.get(s, 0.0) for s in ("residual_seconds", "purge_seconds", "bound_seconds")
                 )
                 rec.setdefault("bound", {})[name] = (res.info.get("bound") or {}).get("bound")
-            res = methods["l2ul"].unlearn(problem(forget, "l2ul"))
-            thetas["l2ul"] = res.theta
-            rec["time_s"]["l2ul"] = res.info["method_seconds"]
-            rec["purge_s"]["l2ul"] = res.info["purge_seconds"]
-            rec["l2ul_units_dropped"] = len(res.info["units_dropped"])
+            for name in LEARNED:
+                res = methods[name].unlearn(problem(forget, name))
+                thetas[name] = res.theta
+                rec["time_s"][name] = res.info["method_seconds"]
+                rec["purge_s"][name] = res.info["purge_seconds"]
+                rec.setdefault("units_dropped", {})[name] = len(res.info["units_dropped"])
+            rec["gate"] = float(methods["l2ul_n"]._load(prepared["l2ul_n"]).meta.get("gate", 0.0))
             start = time.perf_counter()
             res = methods["sisa"].unlearn(problem(forget, "sisa"))
             rec["time_s"]["sisa"] = time.perf_counter() - start
@@ -318,7 +375,7 @@ def run_quality(key: str, family: str, ds: dict, plan: Plan, log) -> dict[str, A
             f"  |D_f|={k}: retrain {s['retrain']['time_s'] * 1e3:.1f} ms; "
             + "; ".join(
                 f"{m} x{s[m]['speedup']:.0f} r={s[m]['param_ratio']:.2g}"
-                for m in ("newton", "influence", "l2ul")
+                for m in ("newton", "influence", *LEARNED)
                 if s[m]["speedup"] and s[m]["param_ratio"] is not None
             )
             + f"; l2ul purge {s['l2ul']['purge_s'] * 1e3:.1f} ms"
@@ -349,10 +406,10 @@ def summarise(rows: list[dict]) -> dict[str, Any]:
         if m in ("newton", "influence"):
             entry["upkeep_s"] = median([r["upkeep_s"][m] for r in rows])
             entry["bound"] = median([r.get("bound", {}).get(m) for r in rows])
-        if m == "l2ul":
-            entry["purge_s"] = median([r["purge_s"]["l2ul"] for r in rows])
-            entry["purge_s_max"] = max(r["purge_s"]["l2ul"] for r in rows)
-            entry["units_dropped"] = median([r["l2ul_units_dropped"] for r in rows])
+        if m in LEARNED:
+            entry["purge_s"] = median([r["purge_s"][m] for r in rows])
+            entry["purge_s_max"] = max(r["purge_s"][m] for r in rows)
+            entry["units_dropped"] = median([r["units_dropped"][m] for r in rows])
         out["methods"][m] = entry
     return out
 
@@ -364,9 +421,9 @@ class Service:
     def __init__(self, home: Path):
         os.environ.update(
             {
-                "LETHE_HOME": str(home),
-                "LETHE_SECRET_KEY": "bench-secret",
-                "LETHE_DATA_ROOTS": json.dumps([str(home)]),
+                "LETHE_HOME": str(home / "lethe"),  # the data root may not contain the home (app/config.py)
+                "LETHE_SECRET_KEY": secrets.token_urlsafe(48),  # >= 32 bytes (app/config.py)
+                "LETHE_DATA_ROOTS": json.dumps([str(home / "data")]),
                 "LETHE_POLL_SECONDS": "0.01",
                 "LETHE_MAX_UPLOAD_BYTES": str(4 << 30),
             }
@@ -375,7 +432,7 @@ class Service:
             os.environ.pop(var, None)
         from fastapi.testclient import TestClient
 
-        from app.auth.service import create_key, key_cache
+        from app.auth.service import create_key
         from app.config import get_settings
         from app.db import migrate, reset_engine_cache, session_scope
         from app.main import create_app
@@ -383,7 +440,6 @@ class Service:
 
         get_settings.cache_clear()
         get_store.cache_clear()
-        key_cache.clear()
         reset_engine_cache()
         migrate()
         with session_scope() as session:
@@ -406,13 +462,14 @@ class Service:
                 raise TimeoutError(f"{url} did not finish in {timeout} s")
             time.sleep(interval)
 
-    def register(self, path: Path, name: str, family: str, methods: list[str], settings: dict) -> dict:
+    def register(self, path: Path, name: str, family: str, methods: list[str], settings: dict, shadows: int) -> dict:
         meta = {
             "name": name,
             "family": "mlp" if family == "mlp" else "logistic_regression",
             "unlearning": methods,
             "method_settings": settings,
             "holdout_fraction": 0.0,  # the benchmark's own 20 % test split is held out already
+            "verification": {"shadows": shadows},
             "dataset": {"path": str(path), "row_id_column": ROW_ID, "label_column": LABEL},
         }
         start = time.perf_counter()
@@ -462,22 +519,26 @@ class Service:
 
 def run_service(key: str, family: str, train: pd.DataFrame, ds: dict, plan: Plan, theta0, log) -> dict[str, Any]:
     home = Path(tempfile.mkdtemp(prefix=f"lethe-bench-{key}-"))
-    path = home / f"{key}.parquet"
+    (home / "data").mkdir()
+    path = home / "data" / f"{key}.parquet"
     train.to_parquet(path, index=False)
     service = Service(home)
     out: dict[str, Any] = {"table": "parquet", "rows": len(train)}
     l2ul = {**(plan.l2ul_lr if family == "lr" else plan.l2ul_mlp), "workers": plan.workers}
     sisa = plan.sisa_lr if family == "lr" else plan.sisa_mlp
+    reps_e2e, e2e_sizes, skip_methods = plan.e2e_for(key, family)
     registrations = {
         "plain": ([], {}),
         "fast": (["newton", "influence"], {}),
         "l2ul": (["l2ul"], {"l2ul": l2ul}),
+        "l2ul_n": (["l2ul_n"], {"l2ul_n": {**l2uln_settings(plan, family), "workers": plan.workers}}),
         "sisa": (["sisa"], {"sisa": sisa}),
     }
+    registrations = {label: r for label, r in registrations.items() if label not in skip_methods}
     try:
         models = {}
         for label, (methods, settings) in registrations.items():
-            body = service.register(path, f"{key}-{label}", family, methods, settings)
+            body = service.register(path, f"{key}-{label}", family, methods, settings, plan.shadows)
             models[label] = body
             log(f"  service: registered {label} in {body['registration_s']:.1f}s: " + ", ".join(
                 f"{m} {e['status']}" for m, e in body["unlearning"].items()) or "")  # fmt: skip
@@ -496,23 +557,28 @@ def run_service(key: str, family: str, train: pd.DataFrame, ds: dict, plan: Plan
             for label, body in models.items()
         }
         model_for = {"retrain": "plain", "newton": "fast", "influence": "fast", "auto": "fast"}
-        model_for.update(l2ul="l2ul", sisa="sisa")
+        model_for.update(l2ul="l2ul", l2ul_n="l2ul_n", sisa="sisa")
         rng = np.random.default_rng(777)
-        free = {label: list(rng.permutation(ds["row_ids"])) for label in models}
+        free = {label: list(rng.permutation(ds["row_ids"])) for label in models}  # rows not yet deleted
         results: dict[str, dict[str, list]] = {}
-        for k in plan.e2e_sizes[family]:
+        out["reps_e2e"], out["e2e_sizes"], out["methods_not_run"] = reps_e2e, e2e_sizes, skip_methods
+        if key in plan.e2e_override_reason:
+            out["reduced"] = plan.e2e_override_reason[key]
+        for k in e2e_sizes:
             for method in E2E_METHODS:
+                if method in skip_methods:
+                    continue
                 runs = []
                 label = model_for[method]
-                for _ in range(plan.reps_e2e[family]):
+                for _ in range(reps_e2e):
                     rows = [str(free[label].pop()) for _ in range(k)]
                     runs.append(service.delete(models[label]["id"], rows, method))
                 results.setdefault(str(k), {})[method] = runs
             r = results[str(k)]
             log(f"  service |D_f|={k}: " + "; ".join(
                 f"{m} {median([x.get('e2e_s') for x in r[m]]) or float('nan'):.3f}s"
-                f"{'' if all(x['status'] == 'completed' for x in r[m]) else ' (' + str(r[m][-1].get('status')) + ')'}"
-                for m in E2E_METHODS))  # fmt: skip
+                f"{'' if all(x['status'] == 'certified' for x in r[m]) else ' (' + str(r[m][-1].get('status')) + ')'}"
+                for m in E2E_METHODS if m in r))  # fmt: skip
         out["e2e"] = results
         out["after"] = {
             label: {
@@ -562,7 +628,13 @@ def build_summary(settings: dict[str, dict]) -> dict[str, dict]:
         for m in ("newton", "influence"):
             v = (fast.get(m, {}).get("info") or {}).get("validation") or {}
             validation[m] = v.get("param_ratio_median")
-        l2ul_reg = res.get("service", {}).get("registrations", {}).get("l2ul", {}).get("methods", {}).get("l2ul", {})
+        regs = res.get("service", {}).get("registrations", {})
+        learned_reg = {m: regs.get(m, {}).get("methods", {}).get(m, {}) for m in LEARNED}
+        for m in LEARNED:
+            v = (learned_reg[m].get("info") or {}).get("validation") or {}
+            validation[m] = v.get("param_ratio_median") if learned_reg[m].get("status") == "ready" else None
+        if "quality" not in res:
+            continue
         for k, s in res["quality"]["sizes"].items():
             e2e = e2e_summary(res.get("service", {}), k) if res.get("service") else {}
             entry: dict[str, Any] = {}
@@ -581,10 +653,12 @@ def build_summary(settings: dict[str, dict]) -> dict[str, dict]:
                 if m in ("newton", "influence"):
                     entry[m]["upkeep_s"] = q["upkeep_s"]
                     entry[m]["validated_param_ratio"] = validation.get(m)
-                if m == "l2ul":
+                if m in LEARNED:
                     entry[m]["purge_s"] = q["purge_s"]
-                    entry[m]["status_in_service"] = l2ul_reg.get("status")
-                    entry[m]["e2e_completed"] = e2e.get("l2ul", {}).get("certified")
+                    entry[m]["status_in_service"] = learned_reg[m].get("status")
+                    entry[m]["refused_because"] = learned_reg[m].get("reason")
+                    entry[m]["validated_param_ratio"] = validation.get(m)
+                    entry[m]["e2e_completed"] = e2e.get(m, {}).get("certified")
             if e2e:
                 entry["auto"] = {
                     "ran": e2e["auto"]["ran"],
@@ -616,13 +690,8 @@ def check_aims(summary: dict[str, dict], settings: dict) -> dict[str, Any]:
         }
     offered = []
     for key, entry in summary.items():
-        for m in ("newton", "influence", "l2ul"):
-            validated = entry[m].get("validated_param_ratio") if m != "l2ul" else None
-            if m == "l2ul":
-                setting = key.rsplit("_", 1)[0]
-                reg = settings[setting].get("service", {}).get("registrations", {}).get("l2ul", {}).get("methods", {})
-                v = ((reg.get("l2ul") or {}).get("info") or {}).get("validation") or {}
-                validated = v.get("param_ratio_median") if (reg.get("l2ul") or {}).get("status") == "ready" else None
+        for m in ("newton", "influence", *LEARNED):
+            validated = entry[m].get("validated_param_ratio")
             if validated is not None and validated <= AUTO_MAX_PARAM_RATIO:
                 offered.append({"setting": key, "method": m, "validated": validated,
                                  "measured": entry[m]["param_ratio"]})  # fmt: skip
@@ -662,8 +731,8 @@ def plot(summary: dict[str, dict], path: Path) -> None:
     keys = list(summary)
     fig, axes = plt.subplots(1, 2, figsize=(max(12, 0.8 * len(keys) + 6), 4.8))
     xs = np.arange(len(keys))
-    width = 0.2
-    for i, m in enumerate(("newton", "influence", "l2ul", "sisa")):
+    width = 0.16
+    for i, m in enumerate(("newton", "influence", *LEARNED, "sisa")):
         axes[0].bar(xs + i * width, [summary[k][m]["speedup"] or np.nan for k in keys], width, label=m)
         if m != "sisa":
             axes[1].bar(xs + i * width, [summary[k][m]["param_ratio"] or np.nan for k in keys], width, label=m)
@@ -681,6 +750,116 @@ def plot(summary: dict[str, dict], path: Path) -> None:
     plt.close(fig)
 
 
+def git_commit() -> str | None:
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "app", "bench"], cwd=REPO, capture_output=True,
+                               text=True, check=True)  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head.stdout.strip() + ("+uncommitted" if dirty.stdout.strip() else "")
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def merge(paths: list[Path], out_path: Path) -> int:
+    """One results file from part files run at different moments (one --only setting, Part A and/or B each): the
+    settings' results side by side, and under ``parts`` each part's wall time, commit and machine load, so a reader
+    knows which figures were measured together (speed-ups are always within one part: the same run)."""
+    merged: dict[str, Any] = {"mode": None, "parts": [], "datasets": {}, "settings": {}, "skipped": {}, "notes": None}
+    for path in paths:
+        part = json.loads(path.read_text())
+        if part.get("mode") == "quick" or merged["mode"] not in (None, part.get("mode")):
+            raise SystemExit(f"{path}: mode {part.get('mode')!r} cannot be merged into a {merged['mode']!r} file")
+        merged["mode"] = part["mode"]
+        merged["plan"] = part["plan"]
+        merged["notes"] = part["notes"]
+        merged["skipped"].update(part.get("skipped", {}))
+        merged["datasets"].update(part.get("datasets", {}))
+        merged["parts"].append(
+            {
+                "file": path.name,
+                "settings": sorted(part["settings"]),
+                "part": part.get("part", "both"),
+                "git_commit": part.get("git_commit"),
+                "started_utc": part.get("started_utc"),
+                "finished_utc": part.get("finished_utc"),
+                "wall_time_s": part.get("wall_time_s"),
+                "loadavg_start": part["machine"].get("loadavg_start"),
+                "loadavg_end": part["machine"].get("loadavg_end"),
+            }
+        )
+        merged["machine"] = {k: v for k, v in part["machine"].items() if not k.startswith("loadavg")}
+        for key, res in part["settings"].items():
+            target = merged["settings"].setdefault(key, {})
+            clash = set(target) & set(res)
+            if clash:
+                raise SystemExit(f"{path}: {key} {sorted(clash)} is in two part files")
+            target.update(res)
+    merged["parts"].sort(key=lambda p: p["started_utc"] or "")
+    merged["wall_time_s_sum"] = sum(p["wall_time_s"] or 0 for p in merged["parts"])
+    merged["summary"] = build_summary(merged["settings"])
+    merged["aims"] = check_aims(merged["summary"], merged["settings"])
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(merged, indent=1, default=float))
+    plot(merged["summary"], out_path.with_suffix(".png"))
+    print_table(merged["summary"], print)
+    print(json.dumps(merged["aims"], indent=1, default=float))
+    print(f"wrote {out_path} from {len(paths)} parts")
+    return 0
+
+
+def markdown_table(results: dict[str, Any]) -> str:
+    """The README's table: a row per setting and method, a column per |D_f|, each cell "param_ratio · speed-up
+    (method time) · speed-up end to end · accuracy gap", and the learned methods' purge time."""
+
+    def f(v, spec, suffix=""):
+        return format(v, spec) + suffix if v is not None else "—"
+
+    summary = results["summary"]
+    settings: dict[str, dict[str, dict]] = {}
+    for key, entry in summary.items():
+        setting, k = key.rsplit("_", 1)
+        settings.setdefault(setting, {})[k] = entry
+    sizes = sorted({k for per in settings.values() for k in per}, key=int)
+    head = " | ".join(f"\\|D_f\\| = {k}: ratio · speed-up · e2e · gap" for k in sizes)
+    lines = [f"| setting | method | {head} | purge_s |", "|---|---|" + "---|" * len(sizes) + "---:|"]
+    for setting, per in settings.items():
+        for m in (*METHODS[:-1], "auto"):
+            cells, purge = [], []
+            for k in sizes:
+                e = per.get(k, {}).get(m)
+                if e is None:
+                    cells.append("")
+                    continue
+                if m == "auto":
+                    ran = "/".join(e["ran"]) or "—"
+                    cells.append(f"→ {ran} · e2e {f(e['speedup_e2e'], '.2f', '×')}")
+                    continue
+                ratio = "0 (reference)" if m == "retrain" else f(e["param_ratio"], ".2g")
+                spec = ",.0f" if (e["speedup"] or 0) >= 10 else ".2g"
+                speed = f(e["time_s"], ".3g", " s") if m == "retrain" else f(e["speedup"], spec, "×")
+                cells.append(f"{ratio} · {speed} · {f(e['speedup_e2e'], '.2f', '×')} · {f(e['acc_gap_pts'], '+.2f')}")
+                if m in LEARNED:
+                    purge.append(f(e.get("purge_s"), ".3f"))
+            lines.append(f"| {setting} | {m} | " + " | ".join(cells) + f" | {' / '.join(purge)} |")
+    if results.get("parts"):
+        lines += ["", "| part | settings | half | started (UTC) | wall time | load avg (1 min) start → end | commit |",
+                  "|---|---|---|---|---:|---|---|"]  # fmt: skip
+        for p in results["parts"]:
+            half = {"both": "A + B", "quality": "A (in process)", "service": "B (service)"}[p["part"]]
+            lines.append(
+                f"| {p['file']} | {', '.join(p['settings'])} | {half} | {p['started_utc']} | "
+                f"{p['wall_time_s']:.0f} s | {p['loadavg_start'][0]:.1f} → {p['loadavg_end'][0]:.1f} | "
+                f"{str(p['git_commit'])[:10]} |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     mode = ap.add_mutually_exclusive_group()
@@ -690,7 +869,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--only", default="", help="comma list of <dataset>_<model> settings, e.g. adult_lr,skin_mlp")
     ap.add_argument("--no-service", action="store_true", help="skip the end-to-end part (Part B)")
+    ap.add_argument(
+        "--part", choices=("both", "quality", "service"), default="both", help="Part A, Part B or both (default)"
+    )
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        metavar="PART_JSON",
+        help="combine part files (each from one --only/--part run) into --out (default bench/results/tabular.json) "
+        "and its plot, with the summary and the aims over all of them; runs nothing",
+    )
+    ap.add_argument("--table", type=Path, metavar="JSON", help="print a results file's summary as Markdown")
     args = ap.parse_args(argv)
+    if args.table:
+        print(markdown_table(json.loads(args.table.read_text())))
+        return 0
+    if args.merge:
+        return merge(args.merge, args.out or REPO / "bench" / "results" / "tabular.json")
+    if args.no_service:
+        args.part = "quality"
     # One thread for torch and BLAS (ours and scikit-learn alike): the 2 cores are shared with other jobs, and on a
     # busy machine torch's 2-thread pool made small ops ~16x slower. L2UL's meta-training uses both (2 processes).
     torch.set_num_threads(1)
@@ -711,6 +909,10 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[str, Any] = {
         "mode": mode_name,
+        "part": args.part,
+        "only": sorted(only),
+        "git_commit": git_commit(),
+        "started_utc": utc_now(),
         "plan": asdict(plan),
         "machine": {
             "cpus": os.cpu_count(),
@@ -761,16 +963,20 @@ def main(argv: list[str] | None = None) -> int:
         for family in families:
             key = f"{dname}_{family}"
             log(f"{key}: n={len(train)}, d={ds['X_tr'].shape[1]}")
-            quality = run_quality(key, family, ds, plan, log)
-            theta0 = quality.pop("_theta")
-            res: dict[str, Any] = {"quality": quality}
-            if not args.no_service:
+            res: dict[str, Any] = {}
+            if args.part in ("both", "quality"):
+                res["quality"] = run_quality(key, family, ds, plan, log)
+                theta0 = res["quality"].pop("_theta")
+            else:  # the same deterministic fit Part A starts from (checked against the service's version 1)
+                theta0, _ = T.fit(recipe_for(family), ds["X_tr"], ds["y_tr"], ds["n_classes"])
+            if args.part in ("both", "service"):
                 res["service"] = run_service(key, family, train, ds, plan, theta0, log)
             settings[key] = res
             results["settings"] = settings
             results["summary"] = build_summary(settings)
             out_path.write_text(json.dumps(results, indent=1, default=float))
     results["machine"]["loadavg_end"] = os.getloadavg()
+    results["finished_utc"] = utc_now()
     results["wall_time_s"] = time.perf_counter() - t_start
     results["summary"] = build_summary(settings)
     results["aims"] = check_aims(results["summary"], settings)

@@ -34,7 +34,7 @@ model would measure the architecture, not the forgetting). Retrain's own U-LiRA 
 
 L2UL runs with its small registration-like settings (``L2UL_SETTINGS``: for Adult the ones ``make demo`` registers;
 for the 200-row MLP the integration test's, with subsets of 100 rows) and its privacy purge off: the purge changes
-only L2UL's stored state for later requests, not theta' (bench/l2ul.py measures it).
+only L2UL's stored state for later requests, not theta' (bench/tabular.py measures it).
 
 Audit cost (``tabular_audit_s``): what the service pays per request in its verify step, timed next to exact retraining
 in the same run: load the stored shadows (``shadows_from_bytes``), LiRA on the forget rows and the held-out rows

@@ -70,6 +70,24 @@ class NewtonSettings(_Settings):
     certify: bool = True
 
 
+class L2ULNSettings(_Settings):
+    """app.ml.unlearning.l2ul.newton_corrected.L2ULNConfig (L2UL-N: a gated correction of the Newton step)."""
+
+    m: int = Field(400, ge=2, le=100_000)
+    units: int = Field(8, ge=1, le=1024)
+    subset_size: int | None = Field(None, ge=2, le=10_000_000)
+    min_forget: int = Field(1, ge=1, le=1_000_000)
+    max_forget_fraction: float = Field(0.05, gt=0, lt=1)
+    hidden: tuple[Width, Width] = (64, 64)
+    epochs: int = Field(200, ge=1, le=100_000)
+    lr: Rate = 1e-3
+    weight_decay: Decay = 1e-4
+    calibration_tasks: int = Field(6, ge=0, le=1000)
+    newton: NewtonSettings = Field(default_factory=lambda: NewtonSettings())
+    workers: int = Field(0, ge=0, le=64, description="Process pool size; 0 = one per CPU core.")
+    seed: Seed = 0
+
+
 class SISASettings(_Settings):
     """app.ml.unlearning.baselines.sisa.SISAConfig."""
 
@@ -150,6 +168,7 @@ class EaseSettings(_Settings):
 METHOD_SETTINGS: dict[str, type[_Settings]] = {
     "retrain": RetrainSettings,
     "l2ul": L2ULSettings,
+    "l2ul_n": L2ULNSettings,
     "newton": NewtonSettings,
     "influence": NewtonSettings,
     "sisa": SISASettings,
@@ -167,6 +186,7 @@ class TabularMethodSettingsIn(_Settings):
 
     retrain: RetrainSettings | None = None
     l2ul: L2ULSettings | None = None
+    l2ul_n: L2ULNSettings | None = None
     newton: NewtonSettings | None = None
     influence: NewtonSettings | None = None
     sisa: SISASettings | None = None

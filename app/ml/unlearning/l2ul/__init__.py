@@ -18,11 +18,23 @@ register_method(
     auto_priority=20,  # ``auto`` may choose it once preparation measured it within the quality bar
 )
 
+register_method(
+    "l2ul_n",  # issue 10 item 3c: a learned, gated correction of the Newton step (newton_corrected.py)
+    "app.ml.unlearning.l2ul.newton_corrected:L2ULNConfig",
+    "app.ml.unlearning.l2ul.newton_corrected:L2ULN",
+    model_kinds={"tabular"},
+    scopes={"samples"},
+    needs_preparation=True,
+    auto_priority=15,
+)
+
 _EXPORTS = {
     "ARTIFACT_NAMES": "method",
     "L2UL": "method",
     "L2ULConfig": "method",
     "L2ULState": "method",
+    "L2ULN": "newton_corrected",
+    "L2ULNConfig": "newton_corrected",
     "IsolationKernel": "kernel",
     "KernelState": "kernel",
     "MetaSet": "meta",

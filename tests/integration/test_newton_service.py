@@ -1,0 +1,75 @@
+"""Issue 10 through PostgreSQL + Celery: a model prepared for ``newton`` and ``l2ul_n`` (the Newton step with a
+learned, gated correction) takes deletions naming each, then ``auto``, which picks by the quality measured at
+preparation and records why; every version is certified and chained to its parent."""
+
+from __future__ import annotations
+
+import json
+
+from tests.helpers import wait_for, wait_request, write_table
+
+SMALL_L2ULN = {"m": 16, "units": 4, "subset_size": 200, "epochs": 30, "calibration_tasks": 2, "workers": 1}
+
+
+def _delete(stack, model_id, rows, method):
+    response = stack.client.post(
+        "/v1/deletion-requests",
+        json={
+            "subject_ref": "s",
+            "model_id": model_id,
+            "method": method,
+            "scope": {"kind": "samples", "sample_ids": rows},
+        },
+    )
+    assert response.status_code == 202, response.text
+    return wait_request(stack.client, response.json()["id"], timeout=600)
+
+
+def test_newton_l2ul_n_and_auto_through_the_api(stack, tmp_path):
+    path = tmp_path / "table.csv"
+    write_table(path, n=2000, seed=13)
+    metadata = {
+        "name": "newton-it",
+        "unlearning": ["newton", "l2ul_n"],
+        "method_settings": {"l2ul_n": SMALL_L2ULN},
+        "dataset": {"row_id_column": "row_id", "label_column": "label"},
+    }
+    with path.open("rb") as handle:
+        response = stack.client.post(
+            "/v1/models", data={"metadata": json.dumps(metadata)}, files={"file": ("table.csv", handle, "text/csv")}
+        )
+    assert response.status_code == 202, response.text
+    model_id = response.json()["id"]
+    model = wait_for(
+        lambda: (
+            all(
+                (b := stack.client.get(f"/v1/models/{model_id}").json())["unlearning"].get(m, {}).get("status")
+                in ("ready", "refused")
+                for m in ("newton", "l2ul_n")
+            )
+            and b
+        ),
+        timeout=600,
+        interval=0.5,
+        what="preparation",
+    )
+    for m in ("newton", "l2ul_n"):
+        assert model["unlearning"][m]["status"] == "ready", model["unlearning"][m]
+        assert model["unlearning"][m]["info"]["validation"]["param_ratio_median"] is not None
+    assert 0.0 <= model["unlearning"]["l2ul_n"]["info"]["gate"] <= 1.0
+
+    assert _delete(stack, model_id, ["r1"], "newton")["status"] == "certified"
+    assert _delete(stack, model_id, ["r2", "r3"], "l2ul_n")["status"] == "certified"
+    assert _delete(stack, model_id, ["r4"], "auto")["status"] == "certified"
+
+    versions = stack.client.get(f"/v1/models/{model_id}/versions").json()
+    assert [v["method"] for v in versions[:3]] == ["train", "newton", "l2ul_n"]
+    choice = versions[3]["metrics"]["choice"]
+    validated = {m: model["unlearning"][m]["info"]["validation"] for m in ("newton", "l2ul_n")}
+    within = {m: v for m, v in validated.items() if v["param_ratio_median"] <= 0.1}
+    expected = min(within, key=lambda m: within[m]["method_seconds_median"]) if within else "retrain"
+    assert versions[3]["method"] == choice["method"] == expected, (choice, validated)
+    assert choice["reason"]
+    assert [v["parent_id"] for v in versions[1:]] == [v["id"] for v in versions[:-1]]
+    info = versions[2]["metrics"]["method_info"]
+    assert info["units_dropped"] and 1 <= info["newton"]["rows_forgotten"] <= 2  # held-out rows were never trained on
