@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from app.registry.settings import (
+    ClipShadowSettingsJSON,
     FederatedMethodSettings,
     FedSettingsJSON,
     LoraSettingsJSON,
@@ -118,6 +119,19 @@ class SyntheticFederationIn(BaseModel):
     )
 
 
+class ClipVerificationIn(NoNulModel):
+    """How deletions on a federated CLIP model are verified: offline LiRA over a caption gallery with shadow LoRA runs
+    (app/ml/verification/clip_shadows.py), trained at registration, and the verdict policy's settings."""
+
+    model_config = ConfigDict(extra="forbid")
+    shadows: ClipShadowSettingsJSON = Field(default_factory=dict, description="ClipShadowSettings fields, bounded.")
+    policy: dict[str, Any] = Field(
+        default_factory=dict,
+        description="VerdictPolicy settings: attack_fpr, confidence, margin, fail_when_uninformative (the utility "
+        "check of a federated model is its retain R@1 drop).",
+    )
+
+
 class ClipModelCreate(NoNulModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     name: str = Field(..., min_length=1, max_length=200)
@@ -129,6 +143,7 @@ class ClipModelCreate(NoNulModel):
     )
     unlearning: list[str] = Field(default_factory=lambda: ["ease"], max_length=16)
     method_settings: FederatedMethodSettings = Field(default_factory=dict, description="Per method: bounded settings.")
+    verification: ClipVerificationIn = Field(default_factory=ClipVerificationIn)
 
 
 class ForgetLockOut(BaseModel):

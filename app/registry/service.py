@@ -346,6 +346,7 @@ def register_clip_model(session: Session, principal: Principal, body: ClipModelC
         "fed_settings": body.fed_settings,
         "unlearning": list(dict.fromkeys(body.unlearning)),
         "method_settings": body.method_settings,
+        "verification": body.verification.model_dump(),
     }
     model = Model(name=body.name, kind=body.kind, spec=spec_json, state={})
     _add_with_training_job(
