@@ -37,8 +37,8 @@ CHEAP = FedSettings(rounds=1, batch_size=8, lr=3e-3)
 # the memorising regime (measured while building the audit: the original's memorised pairs are flagged above the
 # chance margin, the retrained model is not)
 MEMO_PRETRAIN = PretrainSettings(n_pairs=1024, steps=150, batch_size=64)
-MEMO_FED = FedSettings(rounds=5, batch_size=16, lr=1e-2, local_epochs=20.0)
-MEMO_PAIRS, MEMO_HELDOUT = 20, 120
+MEMO_FED = FedSettings(rounds=10, batch_size=16, lr=1e-2, local_epochs=4.0)
+MEMO_PAIRS, MEMO_HELDOUT = 32, 32
 
 
 def _cheap_world():
@@ -82,7 +82,7 @@ def test_shadows_that_saw_an_erased_pair_are_replaced_and_the_pair_leaves_the_po
 def _memorising_world():
     torch.manual_seed(0)
     checkpoint = pretrain_tiny_clip(MEMO_PRETRAIN, cache_dir=tempfile.mkdtemp(prefix="lethe-test-"))
-    model = ClipLoRA(ClipSpec(checkpoint=str(checkpoint), lora=LoraSettings(rank=8)), device="cpu")
+    model = ClipLoRA(ClipSpec(checkpoint=str(checkpoint), lora=LoraSettings(rank=4)), device="cpu")
     data = make_membership_federation(0, n_clients=2, pairs_per_client=MEMO_PAIRS, n_test=4, n_heldout=MEMO_HELDOUT)
     shadows = train_clip_shadows(model, model.theta_init, data.clients, MEMO_FED, ClipShadowSettings(n_shadows=4))
     original = Federation(model, data.clients, MEMO_FED).train(model.theta_init, record_history=False).theta
