@@ -743,7 +743,7 @@ def main(argv: list[str] | None = None) -> int:
         "mode": plan.mode,
         "complete": only == {*SETTINGS, "clip"},
         "plan": asdict(plan),
-        "l2ul_settings": {s: asdict(l2ul_config(plan, s)) for s in SETTINGS},
+        "l2ul_settings": {s: asdict(l2ul_config(plan, s)) for s in SETTINGS if s in only},
         "policy": VerdictPolicy().to_dict(),
         "machine": {
             "cpus": os.cpu_count(),
