@@ -141,9 +141,9 @@ class ClipModelCreate(NoNulModel):
     fed_settings: FedSettingsJSON = Field(
         default_factory=dict, description="app.ml.federation.FedSettings fields, bounded."
     )
+    verification: ClipVerificationIn = Field(default_factory=ClipVerificationIn)
     unlearning: list[str] = Field(default_factory=lambda: ["ease"], max_length=16)
     method_settings: FederatedMethodSettings = Field(default_factory=dict, description="Per method: bounded settings.")
-    verification: ClipVerificationIn = Field(default_factory=ClipVerificationIn)
 
 
 class ForgetLockOut(BaseModel):
