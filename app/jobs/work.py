@@ -102,7 +102,10 @@ class Verification:
         return self.verdict["verdict"] == "pass"
 
     def figures(self) -> dict[str, Any]:
-        """What the certificate states: the verdict's checks (figure, threshold, outcome) and the audit's power."""
+        """What the certificate states: the verdict's checks (figure, threshold, outcome) and the audit's power (the
+        membership attack's TPRs on the original model next to the unlearned one, and which attack it was)."""
+        models = self.report.get("models") or {}
+        attack = self.report.get("attack") or {}
         return {
             "checks": [
                 {k: c.get(k) for k in ("name", "figure", "threshold", "passed")} for c in self.verdict["checks"]
@@ -110,6 +113,8 @@ class Verification:
             "informative": self.report.get("informative"),
             "n_forget": self.report.get("n_forget"),
             "n_nonmembers": self.report.get("n_nonmembers"),
+            "attack": {k: attack.get(k) for k in ("name", "mode", "n_shadows")} if attack else None,
+            "lira_tpr_at_fpr": {n: m["lira"]["tpr_at_fpr"] for n, m in models.items() if "lira" in m} or None,
         }
 
 

@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from app.registry.settings import (
+    ClipShadowSettingsJSON,
     FederatedMethodSettings,
     FedSettingsJSON,
     LoraSettingsJSON,
@@ -181,6 +182,19 @@ def _federation_by_kind(value: Any) -> Any:
     return value
 
 
+class ClipVerificationIn(NoNulModel):
+    """How deletions on a federated CLIP model are verified: offline LiRA over a caption gallery with shadow LoRA runs
+    (app/ml/verification/clip_shadows.py), trained at registration, and the verdict policy's settings."""
+
+    model_config = ConfigDict(extra="forbid")
+    shadows: ClipShadowSettingsJSON = Field(default_factory=dict, description="ClipShadowSettings fields, bounded.")
+    policy: dict[str, Any] = Field(
+        default_factory=dict,
+        description="VerdictPolicy settings: attack_fpr, confidence, margin, fail_when_uninformative (the utility "
+        "check of a federated model is its retain R@1 drop).",
+    )
+
+
 class ClipModelCreate(NoNulModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     name: str = Field(..., min_length=1, max_length=200)
@@ -194,6 +208,7 @@ class ClipModelCreate(NoNulModel):
     fed_settings: FedSettingsJSON = Field(
         default_factory=dict, description="app.ml.federation.FedSettings fields, bounded."
     )
+    verification: ClipVerificationIn = Field(default_factory=ClipVerificationIn)
     unlearning: list[str] = Field(default_factory=lambda: ["ease"], max_length=16)
     method_settings: FederatedMethodSettings = Field(default_factory=dict, description="Per method: bounded settings.")
     requires_approval: bool = Field(False, description="Every deletion request waits for an admin's approval.")

@@ -416,6 +416,7 @@ def register_clip_model(session: Session, principal: Principal, body: ClipModelC
         "fed_settings": body.fed_settings,
         "unlearning": list(dict.fromkeys(body.unlearning)),
         "method_settings": body.method_settings,
+        "verification": body.verification.model_dump(),
     }
     if data_files is not None:
         spec_json["data_files"] = data_files

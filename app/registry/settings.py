@@ -249,6 +249,21 @@ FedSettingsJSON = Annotated[dict[str, Any], _checked(FedSettingsIn)]
 LoraSettingsJSON = Annotated[dict[str, Any], _checked(LoraSettingsIn)]
 
 
+class ClipShadowSettingsIn(_Settings):
+    """app.ml.verification.clip_shadows.ClipShadowSettings: shadow LoRA runs for a federated model's membership audit
+    (each one a full federated training run at registration and again after every erasure that touches it)."""
+
+    n_shadows: int = Field(
+        4, ge=4, le=64, description="Shadow runs; 4 leaves every pair two OUT shadows at keep_fraction 0.5."
+    )
+    keep_fraction: float = Field(0.5, ge=0.05, le=0.5, description="Share of the pairs each shadow trains on.")
+    seed: Seed = 0
+    rounds: int | None = Field(None, ge=1, le=10_000, description="FedAvg rounds per shadow; none = fed_settings.")
+
+
+ClipShadowSettingsJSON = Annotated[dict[str, Any], _checked(ClipShadowSettingsIn)]
+
+
 # ------------------------------------------------------------------ CLIP architectures
 
 TINY_ARCH = "lethe-tiny-clip"

@@ -353,6 +353,12 @@ def erase_rows(
         dataset.digest = new_digest
     if state_update and model_id:
         model = session.get(Model, model_id)
+        # verification shadows that trained on the erased rows are copies of them: the replaced set is shredded
+        old_shadows = (model.state.get("verification") or {}).get("shadows")
+        new_shadows = (state_update.get("verification") or {}).get("shadows", old_shadows)
+        if old_shadows and new_shadows != old_shadows:
+            manifest["verification_shadows"] = {"before": old_shadows, "after": new_shadows}
+            enqueue_shred(session, [old_shadows], "shadow models replaced after erasure", grace_seconds=0)
         model.state = {**model.state, **state_update}
     return manifest
 

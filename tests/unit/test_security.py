@@ -494,6 +494,11 @@ def test_item11_the_api_bounds_match_the_method_configs():
         assert spec.make_config(METHOD_SETTINGS[spec.name]().model_dump()) is not None  # the defaults agree
     assert set(FedSettingsIn.model_fields) == {f.name for f in dataclasses.fields(FedSettings)}
     assert set(LoraSettingsIn.model_fields) == {f.name for f in dataclasses.fields(LoraSettings)}
+    from app.ml.verification.clip_shadows import ClipShadowSettings
+    from app.registry.settings import ClipShadowSettingsIn
+
+    assert set(ClipShadowSettingsIn.model_fields) == {f.name for f in dataclasses.fields(ClipShadowSettings)}
+    assert ClipShadowSettings(**ClipShadowSettingsIn().model_dump()) == ClipShadowSettings()  # the defaults agree
     assert set(TabularRecipeIn.model_fields) <= {f.name for f in dataclasses.fields(TabularRecipe)}
 
 

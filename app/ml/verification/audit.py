@@ -82,24 +82,48 @@ def forget_set_scores(
     if np.intersect1d(f, nm).size:
         raise ValueError("a row cannot be both a forget row and a non-member")
     rows = np.concatenate([f, nm])
+    phis = {
+        name: model_phi(shadows.recipe, theta, X_pool[rows], y_pool[rows], shadows.n_classes)
+        for name, theta in thetas.items()
+    }
     phi_sh = shadow_phi(shadows, X_pool[rows], y_pool[rows])
-    mask = shadows.in_mask[:, rows]
-    fit = lira.fit_gaussians(phi_sh, mask, variance, center)
+    return scores_from_phi(phi_sh, shadows.in_mask[:, rows], phis, f.size, mode, variance, center)
+
+
+def scores_from_phi(
+    shadow_phi_rows: np.ndarray,
+    in_mask_rows: np.ndarray,
+    model_phis: dict[str, np.ndarray],
+    n_forget: int,
+    mode: str = "auto",
+    variance: str = "auto",
+    center: str = "mean",
+    predictive: bool = False,
+) -> AuditScores:
+    """LiRA scores from statistics already computed, for any model family (tabular rows, CLIP pairs).
+
+    Columns are the audited rows, the ``n_forget`` forget rows first and the non-members after them:
+    ``shadow_phi_rows`` [N, n] and ``in_mask_rows`` [N, n] from the shadows, ``model_phis`` {name: [n]} from each
+    audited model. ``mode`` "auto" is online LiRA when every audited row has ≥ 2 IN and ≥ 2 OUT shadows, offline
+    otherwise; ``predictive``: see lira.offline_scores (for rows with unequal OUT counts).
+    """
+    fit = lira.fit_gaussians(shadow_phi_rows, in_mask_rows, variance, center)
     if mode == "auto":
         online_ok = fit.n_in.min() >= MIN_SHADOWS_PER_SIDE and fit.n_out.min() >= MIN_SHADOWS_PER_SIDE
         mode = "online" if online_ok else "offline"
     if mode not in lira.MODES:
         raise ValueError(f"unknown mode {mode!r}; expected 'auto' or one of {lira.MODES}")
-    out = AuditScores(mode=mode, variance=fit.variance, n_shadows=shadows.n_shadows, fit=fit)
-    for name, theta in thetas.items():
-        phi = model_phi(shadows.recipe, theta, X_pool[rows], y_pool[rows], shadows.n_classes)
-        score = lira.online_scores(phi, fit) if mode == "online" else lira.offline_scores(phi, fit)
-        out.forget_phi[name], out.nonmember_phi[name] = phi[: f.size], phi[f.size :]
-        out.forget_scores[name], out.nonmember_scores[name] = score[: f.size], score[f.size :]
+    k = int(n_forget)
+    out = AuditScores(mode=mode, variance=fit.variance, n_shadows=int(np.asarray(in_mask_rows).shape[0]), fit=fit)
+    for name, phi in model_phis.items():
+        phi = np.asarray(phi, dtype=np.float64)
+        score = lira.online_scores(phi, fit) if mode == "online" else lira.offline_scores(phi, fit, predictive)
+        out.forget_phi[name], out.nonmember_phi[name] = phi[:k], phi[k:]
+        out.forget_scores[name], out.nonmember_scores[name] = score[:k], score[k:]
     return out
 
 
-def _theta_facts(theta: torch.Tensor, theta_new: torch.Tensor, trained_on_forget: bool) -> dict[str, Any]:
+def theta_facts(theta: torch.Tensor, theta_new: torch.Tensor, trained_on_forget: bool) -> dict[str, Any]:
     a = torch.as_tensor(theta).detach().cpu().reshape(-1)
     b = torch.as_tensor(theta_new).detach().cpu().reshape(-1)
     if a.shape != b.shape:
@@ -140,14 +164,52 @@ def run_audit(
     scores = forget_set_scores(
         shadows, X_pool, y_pool, forget_positions, nonmember_positions, thetas, mode, variance, center
     )
-    fprs = tuple(sorted(set(lira.REPORT_FPRS) | {policy.attack_fpr}))
     k = int(np.asarray(forget_positions).size)
     m = int(np.asarray(nonmember_positions).size)
+    utility = None
+    if X_test is not None and y_test is not None and len(y_test):
+        acc = {
+            name: tabular.accuracy(shadows.recipe, th, np.asarray(X_test), np.asarray(y_test), shadows.n_classes)
+            for name, th in thetas.items()
+        }
+        utility = {
+            "n_test": int(len(y_test)),
+            "accuracy": acc,
+            "loss_points": 100.0 * (acc["original"] - acc["unlearned"]),
+        }
+    report = report_from_scores(
+        scores,
+        k,
+        m,
+        policy,
+        center,
+        theta=theta_facts(theta_original, theta_unlearned, trained_on_forget),
+        utility=utility,
+        statistic="phi = z_y - logsumexp_{y'!=y} z_y'",
+    )
+    return report, scores
+
+
+def report_from_scores(
+    scores: AuditScores,
+    n_forget: int,
+    n_nonmembers: int,
+    policy: VerdictPolicy | None = None,
+    center: str = "mean",
+    theta: dict[str, Any] | None = None,
+    utility: dict[str, Any] | None = None,
+    statistic: str = "phi = z_y - logsumexp_{y'!=y} z_y'",
+) -> dict[str, Any]:
+    """The JSON report of an audit from its scores (``audit_forget_set``'s keys): LiRA and the population attack per
+    model, the chance margin, and the audit's power (is the ORIGINAL model's forget set flagged above chance?)."""
+    policy = policy or VerdictPolicy()
+    fprs = tuple(sorted(set(lira.REPORT_FPRS) | {policy.attack_fpr}))
+    k, m = int(n_forget), int(n_nonmembers)
     margin = chance_margin(k, policy.attack_fpr, policy.confidence, m, policy.margin)
     key = lira.fpr_key(policy.attack_fpr)
 
     models: dict[str, Any] = {}
-    for name in thetas:
+    for name in scores.forget_scores:
         fs, ns = scores.forget_scores[name], scores.nonmember_scores[name]
         fp, npi = scores.forget_phi[name], scores.nonmember_phi[name]
         models[name] = {
@@ -164,22 +226,9 @@ def run_audit(
         f"original model: {detected}/{k} forget rows flagged at FPR {key} "
         f"({'>' if informative else '≤'} chance margin {margin['max_detected']}/{k})"
     )
-
-    utility = None
-    if X_test is not None and y_test is not None and len(y_test):
-        acc = {
-            name: tabular.accuracy(shadows.recipe, th, np.asarray(X_test), np.asarray(y_test), shadows.n_classes)
-            for name, th in thetas.items()
-        }
-        utility = {
-            "n_test": int(len(y_test)),
-            "accuracy": acc,
-            "loss_points": 100.0 * (acc["original"] - acc["unlearned"]),
-        }
-
     fit = scores.fit
     assert fit is not None
-    report = {
+    return {
         "attack": {
             "name": "lira",
             "mode": scores.mode,
@@ -188,7 +237,7 @@ def run_audit(
             "n_shadows": scores.n_shadows,
             "min_in_shadows": int(fit.n_in.min()),
             "min_out_shadows": int(fit.n_out.min()),
-            "statistic": "phi = z_y - logsumexp_{y'!=y} z_y'",
+            "statistic": statistic,
         },
         "n_forget": k,
         "n_nonmembers": m,
@@ -198,9 +247,8 @@ def run_audit(
         "informative": bool(informative),
         "informative_detail": detail,
         "utility": utility,
-        "theta": _theta_facts(theta_original, theta_unlearned, trained_on_forget),
+        "theta": theta,
     }
-    return report, scores
 
 
 def audit_forget_set(

@@ -115,12 +115,19 @@ def online_scores(phi_target: np.ndarray, fit: GaussianFit) -> np.ndarray:
     return stats.norm.logpdf(phi, fit.mu_in, fit.std_in) - stats.norm.logpdf(phi, fit.mu_out, fit.std_out)
 
 
-def offline_scores(phi_target: np.ndarray, fit: GaussianFit) -> np.ndarray:
-    """One-sided offline test (§VI-C): z = (φ − μ_out) / σ_out; Λ = Φ(z) = 1 − Pr[Z > φ] is monotone in z."""
+def offline_scores(phi_target: np.ndarray, fit: GaussianFit, predictive: bool = False) -> np.ndarray:
+    """One-sided offline test (§VI-C): z = (φ − μ_out) / σ_out; Λ = Φ(z) = 1 − Pr[Z > φ] is monotone in z.
+
+    ``predictive`` divides instead by σ_out·√(1 + 1/n_out), the spread of φ − μ̂_out when μ̂_out is the mean of n_out
+    shadows [INFERENCE]: rows with fewer OUT shadows (a CLIP audit's forget pairs against its never-trained
+    non-members) would otherwise get a wider null distribution and be flagged more often at a low FPR by chance
+    alone. Where every row has the same n_out it is a constant factor and changes no ROC.
+    """
     phi = np.asarray(phi_target, dtype=np.float64)
     if np.any(fit.n_out < 2):
         raise ValueError("offline LiRA needs at least two OUT shadows for every target row")
-    return (phi - fit.mu_out) / fit.std_out
+    std = fit.std_out * np.sqrt(1.0 + 1.0 / fit.n_out) if predictive else fit.std_out
+    return (phi - fit.mu_out) / std
 
 
 def lira_scores(

@@ -151,8 +151,12 @@ def decide(
     policy: VerdictPolicy | None = None,
     proven_distance: float | None = None,
     exact: bool = False,
+    extra_checks: list[dict[str, Any]] | None = None,
 ) -> dict:
     """Verdict on one deletion from its audit report (audit.audit_forget_set) and an optional proven distance bound.
+
+    ``extra_checks`` are a model family's own checks in the same shape (name, figure, threshold, passed, message),
+    decided alongside (a federated model's retain R@1 drop stands in for the test-accuracy check).
 
     Returns {"verdict": "pass" | "fail", "reasons": [the failed checks' messages, or on a pass those of the checks
     that passed], "checks": [every check with figure, threshold,
@@ -269,6 +273,7 @@ def decide(
     elif proven_distance is not None:
         notes.append(f"proven distance bound {float(proven_distance):.4g} reported; the policy sets no maximum")
 
+    checks += list(extra_checks or [])
     failed = [c["message"] for c in checks if c["passed"] is False]
     # the reasons are the checks that decided the verdict: the failures, or on a pass every check evaluated
     reasons = failed or [c["message"] for c in checks if c["passed"] is True]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -203,23 +204,15 @@ def replace_shadows(
     remaining rows (each row IN for round(keep_fraction · n_replaced) of them); kept shadows keep their subsets.
     Returns the new set and counts {"dropped", "kept", "trained"}.
     """
-    erased = np.unique(np.asarray(erased_positions, dtype=np.int64).reshape(-1))
-    n_old = shadows.in_mask.shape[1]
-    if erased.size and (erased.min() < 0 or erased.max() >= n_old):
-        raise ValueError("erased_positions must index the shadow pool")
-    keep_cols = np.ones(n_old, dtype=bool)
-    keep_cols[erased] = False
     X_remaining, y_remaining = np.asarray(X_remaining), np.asarray(y_remaining)
-    if len(X_remaining) != int(keep_cols.sum()) or len(y_remaining) != len(X_remaining):
-        raise ValueError(f"X_remaining must hold the {int(keep_cols.sum())} rows left after erasure")
-    dropped = shadows_containing(shadows, erased)
-    kept = np.setdiff1d(np.arange(shadows.n_shadows), dropped)
-    generation = shadows.generation + 1
+    plan = replacement_plan(shadows.in_mask, erased_positions, shadows.settings, shadows.generation, len(X_remaining))
+    if len(y_remaining) != len(X_remaining):
+        raise ValueError("X_remaining and y_remaining must hold the same rows")
+    kept, dropped, keep_cols, generation = plan.kept, plan.dropped, plan.keep_cols, plan.generation
     new_mask = shadows.in_mask[kept][:, keep_cols]
     new_thetas = shadows.thetas[torch.as_tensor(kept, dtype=torch.long)]
     if dropped.size:
-        rng = np.random.default_rng([int(shadows.settings.seed), generation])
-        repl_mask = balanced_in_mask(len(dropped), len(X_remaining), shadows.settings.keep_fraction, rng)
+        repl_mask = plan.replacement_mask
         first = generation * 1_000_003  # distinct "vary" seeds from earlier generations
         repl = _train_many(
             shadows.recipe, X_remaining, y_remaining, shadows.n_classes, repl_mask, shadows.settings, first, progress
@@ -238,20 +231,76 @@ def replace_shadows(
     return result, {"dropped": int(dropped.size), "kept": int(kept.size), "trained": int(dropped.size)}
 
 
+@dataclass
+class ReplacementPlan:
+    """Which shadows survive an erasure (``kept``), which go (``dropped``: they trained on an erased row), the pool
+    columns that remain (``keep_cols``), and the membership rows of the replacements over the remaining pool."""
+
+    kept: np.ndarray
+    dropped: np.ndarray
+    keep_cols: np.ndarray
+    replacement_mask: np.ndarray
+    generation: int
+
+
+def replacement_plan(
+    in_mask: np.ndarray, erased_positions: np.ndarray, settings: Any, generation: int, n_remaining: int
+) -> ReplacementPlan:
+    """The model-independent part of replacing shadows after an erasure (tabular and CLIP shadows alike).
+
+    ``settings`` needs ``seed`` and ``keep_fraction``. Replacements get a fresh balanced draw over the remaining rows,
+    seeded by (seed, generation) so a later generation never reuses an earlier subset draw.
+    """
+    erased = np.unique(np.asarray(erased_positions, dtype=np.int64).reshape(-1))
+    n_old = in_mask.shape[1]
+    if erased.size and (erased.min() < 0 or erased.max() >= n_old):
+        raise ValueError("erased_positions must index the shadow pool")
+    keep_cols = np.ones(n_old, dtype=bool)
+    keep_cols[erased] = False
+    if int(n_remaining) != int(keep_cols.sum()):
+        raise ValueError(f"the remaining pool must hold the {int(keep_cols.sum())} rows left after erasure")
+    dropped = np.flatnonzero(in_mask[:, erased].any(axis=1)) if erased.size else np.zeros(0, dtype=np.int64)
+    kept = np.setdiff1d(np.arange(in_mask.shape[0]), dropped)
+    nxt = int(generation) + 1
+    repl = np.zeros((0, int(n_remaining)), dtype=bool)
+    if dropped.size:
+        rng = np.random.default_rng([int(settings.seed), nxt])
+        repl = balanced_in_mask(len(dropped), int(n_remaining), settings.keep_fraction, rng)
+    return ReplacementPlan(kept, dropped, keep_cols, repl, nxt)
+
+
 SHADOW_FORMAT = "lethe-shadows/1"
+
+
+def pack_shadows(thetas: torch.Tensor, in_mask: np.ndarray, row_ids: np.ndarray, meta: dict[str, str]) -> bytes:
+    """Shadow parameters, membership matrix and pool row ids as safetensors, with string metadata (any family)."""
+    from safetensors.torch import save
+
+    tensors = {
+        "thetas": thetas.detach().float().contiguous(),
+        "in_mask": torch.from_numpy(np.ascontiguousarray(in_mask, dtype=np.uint8)),
+        "row_ids": torch.from_numpy(np.ascontiguousarray(np.asarray(row_ids, dtype=np.int64))),
+    }
+    return save(tensors, metadata=meta)
+
+
+def unpack_shadows(data: bytes, fmt: str) -> tuple[torch.Tensor, np.ndarray, np.ndarray, dict[str, str]]:
+    """(thetas, in_mask, row_ids, metadata) of ``pack_shadows`` bytes whose metadata "format" is ``fmt``."""
+    from safetensors.torch import load
+
+    header_len = int.from_bytes(data[:8], "little")  # safetensors: u64 header length, then the JSON header
+    meta = json.loads(data[8 : 8 + header_len]).get("__metadata__") or {}
+    if meta.get("format") != fmt:
+        raise ValueError("not a Lethe shadow set" if not str(meta.get("format", "")).startswith("lethe") else
+                         f"a {meta.get('format')} shadow set, not {fmt}")  # fmt: skip
+    tensors = load(data)
+    return tensors["thetas"], tensors["in_mask"].numpy().astype(bool), tensors["row_ids"].numpy(), meta
 
 
 def shadows_to_bytes(shadows: ShadowSet) -> bytes:
     """The shadow set as safetensors (θs, membership matrix, pool row ids) with its recipe and settings as metadata.
 
     Pool row ids should be positions, not sample ids: the stored set must not become a copy of identifiers."""
-    from safetensors.torch import save
-
-    tensors = {
-        "thetas": shadows.thetas.detach().float().contiguous(),
-        "in_mask": torch.from_numpy(np.ascontiguousarray(shadows.in_mask, dtype=np.uint8)),
-        "row_ids": torch.from_numpy(np.ascontiguousarray(np.asarray(shadows.row_ids, dtype=np.int64))),
-    }
     meta = {
         "format": SHADOW_FORMAT,
         "recipe": json.dumps(shadows.recipe.to_dict(), sort_keys=True),
@@ -259,23 +308,17 @@ def shadows_to_bytes(shadows: ShadowSet) -> bytes:
         "settings": json.dumps(asdict(shadows.settings), sort_keys=True),
         "generation": str(shadows.generation),
     }
-    return save(tensors, metadata=meta)
+    return pack_shadows(shadows.thetas, shadows.in_mask, shadows.row_ids, meta)
 
 
 def shadows_from_bytes(data: bytes) -> ShadowSet:
-    from safetensors.torch import load
-
-    header_len = int.from_bytes(data[:8], "little")  # safetensors: u64 header length, then the JSON header
-    meta = json.loads(data[8 : 8 + header_len]).get("__metadata__") or {}
-    if meta.get("format") != SHADOW_FORMAT:
-        raise ValueError("not a Lethe shadow set")
-    tensors = load(data)
+    thetas, in_mask, row_ids, meta = unpack_shadows(data, SHADOW_FORMAT)
     return ShadowSet(
         tabular.TabularRecipe.from_dict(json.loads(meta["recipe"])),
         int(meta["n_classes"]),
-        tensors["thetas"],
-        tensors["in_mask"].numpy().astype(bool),
-        tensors["row_ids"].numpy(),
+        thetas,
+        in_mask,
+        row_ids,
         ShadowSettings(**json.loads(meta["settings"])),
         generation=int(meta["generation"]),
     )

@@ -1,0 +1,306 @@
+"""Shadow LoRA runs and offline LiRA for federated CLIP models (issue 9 item 2; notes Part 2 §2.1, §2.6).
+
+Why offline, and why random halves: a shadow is one full federated LoRA training run (the model's own FedAvg recipe
+from its θ₀), far too costly on CPU for LiRA's 64+ online shadows. Carlini et al.'s offline attack needs only OUT
+shadows (§VI-C; at most ~20 % lower TPR at 0.1 % FPR than online with as many models). The deleted pairs are not
+known when the shadows are trained (at registration), so, as in the tabular wing, each shadow trains on a balanced
+random subset of the model's pairs (``keep_fraction``, 0.5 by default, client structure kept): every pair is OUT for
+a fixed share of the shadows, whichever pairs a request later deletes. Matched non-members (pairs no model trained
+on: the federation's held-out split, or its test pairs) are OUT for every shadow.
+
+The statistic is LiRA's φ over a fixed caption gallery (signals.clip_pair_confidence, both directions averaged):
+the gallery is the audited pairs themselves (forget ∪ non-members), the same for every model compared (shadows,
+original, unlearned). With fewer than 64 shadows the OUT variance is global (lira.fit_gaussians "auto").
+
+Shadows are copies of the pairs they trained on: ``replace_clip_shadows`` drops every shadow whose subset held an
+erased pair and trains as many replacements on what remains (shadows.replacement_plan, shared with tabular).
+Everything here is pure: the worker (app/jobs/federated.py) loads the data and stores the set.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from app.ml.clip import ClipLoRA
+from app.ml.data.captions import CaptionDataset
+from app.ml.federation import Federation, FedSettings
+from app.ml.verification.audit import AuditScores, report_from_scores, scores_from_phi, theta_facts
+from app.ml.verification.policy import VerdictPolicy
+from app.ml.verification.shadows import balanced_in_mask, pack_shadows, replacement_plan, unpack_shadows
+from app.ml.verification.signals import clip_pair_confidence
+
+DEFAULT_N_CLIP_SHADOWS = 4
+"""[INFERENCE] The smallest count that leaves every pair two OUT shadows at keep_fraction 0.5 (a Gaussian needs two
+samples); each shadow is a full federated training run, so this is the audit's cost at registration and after every
+erasure. Raise it where CPU allows: LiRA's power grows with the count up to ~64 (Carlini et al. 2022, Fig. 9)."""
+MIN_OUT_SHADOWS = 2
+"""Offline LiRA fits each pair's OUT mean from the shadows that did not train on it: at least two per pair."""
+CLIP_SHADOW_FORMAT = "lethe-clip-shadows/1"
+STATISTIC = "phi = mean over i2t and t2i of (tau*cos(true) - logsumexp_{others} tau*cos) over the audited pairs"
+
+ProgressFn = Callable[[int, int], None]
+
+
+@dataclass
+class ClipShadowSettings:
+    """How CLIP shadow runs are drawn and trained (bounded at the API: app/registry/settings.py ClipShadowSettingsIn).
+
+    ``rounds``: FedAvg rounds per shadow; None = the model's ``fed_settings.rounds`` (its own recipe). Every shadow
+    uses the recipe's seeds, so the only randomness between shadows is the pair subset ([INFERENCE], as the tabular
+    shadows' "recipe" seed mode: the service's rounds are seeded the same way).
+    """
+
+    n_shadows: int = DEFAULT_N_CLIP_SHADOWS
+    keep_fraction: float = 0.5
+    seed: int = 0
+    rounds: int | None = None
+
+    def __post_init__(self) -> None:
+        if int(self.n_shadows) < 2:
+            raise ValueError("n_shadows must be at least 2")
+        if not 0.0 < self.keep_fraction < 1.0:
+            raise ValueError("keep_fraction must lie in (0, 1)")
+        if self.rounds is not None and int(self.rounds) < 1:
+            raise ValueError("rounds must be at least 1")
+        n_out = int(self.n_shadows) - int(round(self.keep_fraction * int(self.n_shadows)))
+        if n_out < MIN_OUT_SHADOWS:
+            raise ValueError(
+                f"{self.n_shadows} shadows at keep_fraction {self.keep_fraction:g} leave {n_out} OUT shadow(s) per "
+                "pair; offline LiRA needs two"
+            )
+
+
+@dataclass
+class ClipShadowSet:
+    """Shadow LoRA vectors [N, p] and membership ``in_mask`` [N, n_pool] over the pool's pairs (``row_ids``: their
+    data-set positions, never pair ids). ``client_sizes`` splits the pool's columns into the clients' pairs, in
+    order. ``seconds`` is the training time of each shadow in this set (for the cost report)."""
+
+    thetas: torch.Tensor
+    in_mask: np.ndarray
+    row_ids: np.ndarray
+    client_sizes: list[int]
+    settings: ClipShadowSettings = field(default_factory=ClipShadowSettings)
+    fed_settings: dict[str, Any] = field(default_factory=dict)
+    generation: int = 0
+    seconds: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.thetas.ndim != 2 or self.in_mask.shape != (self.thetas.shape[0], len(self.row_ids)):
+            raise ValueError("thetas [N, p], in_mask [N, n_pool] and row_ids [n_pool] disagree")
+        if sum(self.client_sizes) != len(self.row_ids):
+            raise ValueError("client_sizes must split the pool's columns")
+
+    @property
+    def n_shadows(self) -> int:
+        return int(self.thetas.shape[0])
+
+    def columns_of(self, positions: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Pool columns of the given data-set positions (raises on one not in the pool, e.g. an erased pair)."""
+        lookup = {int(r): j for j, r in enumerate(self.row_ids)}
+        try:
+            return np.array([lookup[int(p)] for p in np.asarray(positions).reshape(-1)], dtype=np.int64)
+        except KeyError as exc:
+            raise ValueError(f"pair position {exc.args[0]} is not in the shadow pool") from exc
+
+
+def _split(mask_row: np.ndarray, clients: Sequence[CaptionDataset]) -> list[CaptionDataset]:
+    out, start = [], 0
+    for client in clients:
+        n = len(client)
+        out.append(client.subset(np.flatnonzero(mask_row[start : start + n])))
+        start += n
+    return out
+
+
+def _train_runs(
+    model: ClipLoRA,
+    theta_init: torch.Tensor,
+    clients: Sequence[CaptionDataset],
+    mask: np.ndarray,
+    fed: FedSettings,
+    rounds: int,
+    progress: ProgressFn | None,
+) -> tuple[torch.Tensor, list[float]]:
+    thetas, seconds = [], []
+    for i, row in enumerate(mask):
+        if not row.any():
+            raise ValueError("a shadow subset is empty: the pool is too small for this keep_fraction")
+        started = time.perf_counter()
+        result = Federation(model, _split(row, clients), fed).train(theta_init, rounds, record_history=False)
+        thetas.append(result.theta.detach().float().clone())
+        seconds.append(time.perf_counter() - started)
+        if progress is not None:
+            progress(i + 1, len(mask))
+    return torch.stack(thetas), seconds
+
+
+def train_clip_shadows(
+    model: ClipLoRA,
+    theta_init: torch.Tensor,
+    clients: Sequence[CaptionDataset],
+    fed_settings: FedSettings,
+    settings: ClipShadowSettings | None = None,
+    row_ids: np.ndarray | None = None,
+    progress: ProgressFn | None = None,
+) -> ClipShadowSet:
+    """``settings.n_shadows`` federated LoRA runs of the model's recipe (FedAvg from θ₀ with ``fed_settings``), each
+    on a balanced random subset of every client's pairs. The pool is the clients' pairs concatenated in order;
+    ``row_ids`` names them (default 0..n−1)."""
+    settings = settings or ClipShadowSettings()
+    sizes = [len(c) for c in clients]
+    n = sum(sizes)
+    if n < 2:
+        raise ValueError("the clients must hold at least two pairs")
+    ids = np.arange(n) if row_ids is None else np.asarray(row_ids, dtype=np.int64)
+    if len(ids) != n or len(np.unique(ids)) != n:
+        raise ValueError("row_ids must be unique and name every pair of the pool")
+    rng = np.random.default_rng([int(settings.seed), 0])
+    mask = balanced_in_mask(int(settings.n_shadows), n, settings.keep_fraction, rng)
+    rounds = int(settings.rounds or fed_settings.rounds)
+    thetas, seconds = _train_runs(model, theta_init, clients, mask, fed_settings, rounds, progress)
+    return ClipShadowSet(thetas, mask, ids, sizes, settings, asdict(fed_settings), 0, seconds)
+
+
+def replace_clip_shadows(
+    shadows: ClipShadowSet,
+    erased_positions: Sequence[int] | np.ndarray,
+    model: ClipLoRA,
+    theta_init: torch.Tensor,
+    clients_remaining: Sequence[CaptionDataset],
+    progress: ProgressFn | None = None,
+) -> tuple[ClipShadowSet, dict[str, Any]]:
+    """Drop every shadow that trained on an erased pair (data-set positions) and train as many on what remains.
+
+    ``clients_remaining``: each client's pairs without the erased ones, in the pool's order (the pool columns minus
+    the erased ones, client by client). Returns the new set and {"dropped", "kept", "trained", "seconds"}.
+    """
+    erased = np.flatnonzero(np.isin(shadows.row_ids, np.asarray(erased_positions, dtype=np.int64)))
+    sizes = [len(c) for c in clients_remaining]
+    if len(sizes) != len(shadows.client_sizes):
+        raise ValueError("clients_remaining must list every client of the pool")
+    plan = replacement_plan(shadows.in_mask, erased, shadows.settings, shadows.generation, sum(sizes))
+    old_client = np.repeat(np.arange(len(shadows.client_sizes)), shadows.client_sizes)[plan.keep_cols]
+    if np.bincount(old_client, minlength=len(sizes)).tolist() != sizes:
+        raise ValueError("clients_remaining does not match the pool without the erased pairs")
+    kept, repl_mask = plan.kept, plan.replacement_mask
+    merged = np.concatenate([shadows.in_mask[kept][:, plan.keep_cols], repl_mask], axis=0)
+    if plan.dropped.size and kept.size and (~merged).sum(axis=0).min() < MIN_OUT_SHADOWS:
+        # a partial replacement's fresh draw can leave a pair IN almost everywhere: redraw the whole set instead
+        kept = np.zeros(0, dtype=np.int64)
+        rng = np.random.default_rng([int(shadows.settings.seed), plan.generation, 1])
+        repl_mask = balanced_in_mask(shadows.n_shadows, sum(sizes), shadows.settings.keep_fraction, rng)
+    mask = shadows.in_mask[kept][:, plan.keep_cols]
+    thetas = shadows.thetas[torch.as_tensor(kept, dtype=torch.long)]
+    seconds: list[float] = []
+    if len(repl_mask):
+        fed = FedSettings(**shadows.fed_settings)
+        rounds = int(shadows.settings.rounds or fed.rounds)
+        new, seconds = _train_runs(model, theta_init, clients_remaining, repl_mask, fed, rounds, progress)
+        mask = np.concatenate([mask, repl_mask], axis=0)
+        thetas = torch.cat([thetas, new], dim=0)
+    result = ClipShadowSet(
+        thetas,
+        mask,
+        shadows.row_ids[plan.keep_cols],
+        sizes,
+        shadows.settings,
+        shadows.fed_settings,
+        plan.generation,
+        seconds,
+    )
+    counts = {
+        "dropped": int(shadows.n_shadows - kept.size),
+        "saw_erased_pairs": int(plan.dropped.size),
+        "kept": int(kept.size),
+        "trained": int(len(repl_mask)),
+        "seconds": round(sum(seconds), 3),
+    }
+    return result, counts
+
+
+def clip_shadows_to_bytes(shadows: ClipShadowSet) -> bytes:
+    meta = {
+        "format": CLIP_SHADOW_FORMAT,
+        "client_sizes": json.dumps([int(s) for s in shadows.client_sizes]),
+        "settings": json.dumps(asdict(shadows.settings), sort_keys=True),
+        "fed_settings": json.dumps(shadows.fed_settings, sort_keys=True),
+        "generation": str(shadows.generation),
+    }
+    return pack_shadows(shadows.thetas, shadows.in_mask, shadows.row_ids, meta)
+
+
+def clip_shadows_from_bytes(data: bytes) -> ClipShadowSet:
+    thetas, in_mask, row_ids, meta = unpack_shadows(data, CLIP_SHADOW_FORMAT)
+    return ClipShadowSet(
+        thetas,
+        in_mask,
+        row_ids,
+        json.loads(meta["client_sizes"]),
+        ClipShadowSettings(**json.loads(meta["settings"])),
+        json.loads(meta["fed_settings"]),
+        int(meta["generation"]),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- the audit
+def pair_phi(model: ClipLoRA, theta: torch.Tensor, pairs: CaptionDataset) -> np.ndarray:
+    """φ of each pair under θ over the gallery of ``pairs`` itself (both directions averaged; float64 [n])."""
+    model.set_theta(theta)
+    with torch.no_grad():
+        img, txt = model.embed(pairs)
+        scale = float(model.model.logit_scale.exp())
+    return clip_pair_confidence(img, txt, scale, captions=pairs.captions)["mean"]
+
+
+def audit_clip_deletion(
+    shadows: ClipShadowSet,
+    model: ClipLoRA,
+    forget: CaptionDataset,
+    forget_positions: Sequence[int] | np.ndarray,
+    nonmembers: CaptionDataset,
+    theta_original: torch.Tensor,
+    theta_unlearned: torch.Tensor,
+    theta_retrained: torch.Tensor | None = None,
+    trained_on_forget: bool = True,
+    policy: VerdictPolicy | None = None,
+    variance: str = "auto",
+    center: str = "mean",
+) -> tuple[dict[str, Any], AuditScores]:
+    """Offline LiRA on the forget pairs against matched non-member pairs, for the original, unlearned (and
+    retrained) LoRA vectors; the report has audit.audit_forget_set's keys (so policy.decide reads it) plus
+    "gallery_size" and "shadow_generation". ``forget_positions`` are the forget pairs' data-set positions (they pick
+    the shadows' membership columns); ``nonmembers`` must be pairs no shadow and no audited model trained on."""
+    if len(forget) == 0 or len(nonmembers) == 0:
+        raise ValueError("the audit needs at least one forget pair and one non-member pair")
+    cols = shadows.columns_of(forget_positions)
+    if len(cols) != len(forget):
+        raise ValueError("forget_positions must name every forget pair")
+    audited = CaptionDataset.concat([forget, nonmembers])
+    k = len(forget)
+    mask = np.concatenate([shadows.in_mask[:, cols], np.zeros((shadows.n_shadows, len(nonmembers)), bool)], axis=1)
+    shadow_phi = np.stack([pair_phi(model, th, audited) for th in shadows.thetas])
+    thetas = {"original": theta_original, "unlearned": theta_unlearned}
+    if theta_retrained is not None:
+        thetas["retrained"] = theta_retrained
+    phis = {name: pair_phi(model, th, audited) for name, th in thetas.items()}
+    scores = scores_from_phi(shadow_phi, mask, phis, k, "offline", variance, center, predictive=True)
+    report = report_from_scores(
+        scores,
+        k,
+        len(nonmembers),
+        policy,
+        center,
+        theta=theta_facts(theta_original, theta_unlearned, trained_on_forget),
+        statistic=STATISTIC,
+    )
+    report["gallery_size"] = len(audited)
+    report["shadow_generation"] = int(shadows.generation)
+    return report, scores

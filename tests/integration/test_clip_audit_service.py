@@ -1,0 +1,69 @@
+"""The federated membership audit through the service (PostgreSQL + Celery, tiny CLIP): shadow LoRA runs trained at
+registration, offline LiRA in the verify step of a deletion, the verdict and certificate carrying its figures, and
+the shadows that saw the erased pairs replaced (the old set queued for shredding) at erasure."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+from app.fedclient import SimulatedClients
+from tests.helpers import wait_for, wait_request
+
+DATA = {"kind": "synthetic", "seed": 0, "n_clients": 3, "pairs_per_client": 30, "n_test": 30}
+FED = {"rounds": 2, "batch_size": 15, "local_epochs": 1.0}
+
+
+def test_a_federated_deletion_is_audited_with_shadow_lora_runs(stack):
+    response = stack.client.post(
+        "/v1/models",
+        json={
+            "name": "fed-audit",
+            "kind": "clip_federated",
+            "data": DATA,
+            "fed_settings": FED,
+            "verification": {"shadows": {"n_shadows": 4}},
+        },
+    )
+    assert response.status_code == 202, response.text
+    model_id = response.json()["id"]
+    model = wait_for(
+        lambda: (b := stack.client.get(f"/v1/models/{model_id}").json())["status"] != "registering" and b,
+        timeout=900,
+        interval=0.5,
+        what="version 1 and the shadow LoRA runs",
+    )
+    assert model["status"] == "ready", model
+    clients = SimulatedClients(stack.client, model_id)
+    for r in range(FED["rounds"]):
+        assert clients.round(r)["status"] == "succeeded"
+
+    response = stack.client.post(
+        "/v1/deletion-requests",
+        json={
+            "subject_ref": "two pairs",
+            "model_id": model_id,
+            "method": "fed_retrain",
+            "scope": {"kind": "samples", "sample_ids": ["c0-00000", "c0-00001"]},
+        },
+    )
+    assert response.status_code == 202, response.text
+    done = wait_request(stack.client, response.json()["id"], timeout=900)
+    report = stack.client.get(done["links"]["reports"]).json()["items"][-1]
+    assert done["status"] == "certified", report
+    attack = report["attack"]
+    assert attack["name"] == "lira" and attack["mode"] == "offline" and attack["n_shadows"] == 4
+    assert attack["min_out_shadows"] >= 2 and report["n_forget"] == 2 and report["n_nonmembers"] == DATA["n_test"]
+    assert {"original", "unlearned", "retrained"} <= set(report["models"])
+    checks = {c["name"]: c for c in report["checks"]}
+    assert {"parameters_changed", "forget_attack", "retain_r1_drop"} <= set(checks)
+    # the attack check counts only when the audit had power on the original model (policy.decide's rule)
+    assert checks["forget_attack"]["passed"] is (True if report["informative"] else None)
+    assert set(report["plots"]) == {"roc.png", "phi_hist.png"}
+    assert stack.client.get(report["plots"]["roc.png"]).content[:4] == b"\x89PNG"
+    # the shadows that trained on the erased pairs are replaced; the old set is queued for shredding
+    assert done["erasure"]["verification_shadows"]["before"] != done["erasure"]["verification_shadows"]["after"]
+    envelope = stack.client.get(done["links"]["certificate"]).json()
+    figures = json.loads(base64.b64decode(envelope["payload"]))["predicate"]
+    text = json.dumps(figures)
+    assert '"forget_attack"' in text and '"lira_tpr_at_fpr"' in text

@@ -1,0 +1,131 @@
+"""Membership audit of federated CLIP deletions (issue 9 item 2): shadow LoRA runs and offline LiRA over a fixed
+caption gallery (app/ml/verification/clip_shadows.py), on the tiny CLIP.
+
+Two models: the barely-pretrained test CLIP (clip_helpers) for the bookkeeping (membership, storage, replacement after
+erasure: cheap), and a CLIP pretrained a little longer whose LoRA memorises a small membership federation (each
+caption carries a nuisance word its image does not show), for the attack's power: its memorised pairs are flagged
+clearly above chance, and a model that never saw them is at chance within the verdict's margin.
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+
+from app.ml.clip import ClipLoRA, ClipSpec, LoraSettings, PretrainSettings, pretrain_tiny_clip
+from app.ml.data.captions import make_membership_federation
+from app.ml.federation import Federation, FedSettings
+from app.ml.verification.clip_shadows import (
+    ClipShadowSettings,
+    audit_clip_deletion,
+    clip_shadows_from_bytes,
+    clip_shadows_to_bytes,
+    replace_clip_shadows,
+    train_clip_shadows,
+)
+from app.ml.verification.plots import audit_plots
+from app.ml.verification.policy import decide
+
+from .clip_helpers import tiny_model
+
+CHEAP = FedSettings(rounds=1, batch_size=8, lr=3e-3)
+
+# the memorising regime (measured while building the audit: the original's memorised pairs are flagged above the
+# chance margin, the retrained model is not)
+MEMO_PRETRAIN = PretrainSettings(n_pairs=1024, steps=150, batch_size=64)
+MEMO_FED = FedSettings(rounds=10, batch_size=16, lr=1e-2, local_epochs=4.0)
+MEMO_PAIRS, MEMO_HELDOUT = 32, 32
+
+
+def _cheap_world():
+    data = make_membership_federation(0, n_clients=2, pairs_per_client=12, n_test=4, n_heldout=12)
+    return tiny_model(), data
+
+
+def test_shadow_runs_leave_every_pair_out_of_half_of_them_and_round_trip():
+    model, data = _cheap_world()
+    shadows = train_clip_shadows(model, model.theta_init, data.clients, CHEAP, ClipShadowSettings(n_shadows=4))
+    assert shadows.thetas.shape == (4, model.num_params) and shadows.client_sizes == [12, 12]
+    assert ((~shadows.in_mask).sum(axis=0) == 2).all()  # balanced: every pair OUT of exactly two runs
+    assert all(not torch.equal(shadows.thetas[0], t) for t in shadows.thetas[1:])  # different subsets, different θ
+    back = clip_shadows_from_bytes(clip_shadows_to_bytes(shadows))
+    assert torch.equal(back.thetas, shadows.thetas) and (back.in_mask == shadows.in_mask).all()
+    assert back.settings == shadows.settings and back.fed_settings == shadows.fed_settings
+    with pytest.raises(ValueError):
+        ClipShadowSettings(n_shadows=3)  # one OUT run per pair cannot fit a Gaussian
+
+
+def test_shadows_that_saw_an_erased_pair_are_replaced_and_the_pair_leaves_the_pool():
+    model, data = _cheap_world()
+    shadows = train_clip_shadows(model, model.theta_init, data.clients, CHEAP, ClipShadowSettings(n_shadows=4))
+    erased = [3]  # client 0's fourth pair
+    saw = set(np.flatnonzero(shadows.in_mask[:, 3]).tolist())
+    remaining = [data.clients[0].subset([i for i in range(12) if i != 3]), data.clients[1]]
+    new, counts = replace_clip_shadows(shadows, erased, model, model.theta_init, remaining)
+    assert counts["saw_erased_pairs"] == len(saw) == 2 and counts["trained"] >= 2
+    assert 3 not in new.row_ids.tolist() and new.in_mask.shape == (4, 23) and new.generation == 1
+    kept = [i for i in range(4) if i not in saw]
+    if counts["kept"]:  # the runs that never saw the pair survive unchanged
+        assert all(any(torch.equal(shadows.thetas[i], t) for t in new.thetas) for i in kept)
+    for i in saw:
+        assert not any(torch.equal(shadows.thetas[i], t) for t in new.thetas)
+    assert ((~new.in_mask).sum(axis=0) >= 2).all()
+    with pytest.raises(ValueError):
+        replace_clip_shadows(shadows, erased, model, model.theta_init, data.clients)  # the pool must shrink
+
+
+@functools.lru_cache(maxsize=1)
+def _memorising_world():
+    torch.manual_seed(0)
+    checkpoint = pretrain_tiny_clip(MEMO_PRETRAIN, cache_dir=tempfile.mkdtemp(prefix="lethe-test-"))
+    model = ClipLoRA(ClipSpec(checkpoint=str(checkpoint), lora=LoraSettings(rank=4)), device="cpu")
+    data = make_membership_federation(0, n_clients=2, pairs_per_client=MEMO_PAIRS, n_test=4, n_heldout=MEMO_HELDOUT)
+    shadows = train_clip_shadows(model, model.theta_init, data.clients, MEMO_FED, ClipShadowSettings(n_shadows=4))
+    original = Federation(model, data.clients, MEMO_FED).train(model.theta_init, record_history=False).theta
+    without = [data.clients[0].subset([]), data.clients[1]]  # client 0's pairs are the forget set
+    retrained = Federation(model, without, MEMO_FED).train(model.theta_init, record_history=False).theta
+    return model, data, shadows, original, retrained
+
+
+def test_memorised_pairs_are_flagged_above_chance_and_a_model_that_never_saw_them_is_not():
+    model, data, shadows, original, retrained = _memorising_world()
+    forget, positions = data.clients[0], np.arange(MEMO_PAIRS)
+    report, scores = audit_clip_deletion(
+        shadows, model, forget, positions, data.heldout, original, retrained, theta_retrained=retrained
+    )
+    assert report["attack"]["mode"] == "offline" and report["attack"]["variance"] == "global"
+    assert report["attack"]["min_out_shadows"] == 2 and report["gallery_size"] == MEMO_PAIRS + MEMO_HELDOUT
+    margin = report["chance"]
+    orig = report["models"]["original"]["lira"]
+    # the audit's power: the original model gives its training pairs away clearly above chance
+    assert orig["tpr_at_fpr"]["0.01"] >= 0.05 and orig["detected_at_fpr"]["0.01"] > margin["max_detected"]
+    assert report["informative"] is True
+    # exact retraining without the pairs: at chance within the binomial/rank margin, so the attack check passes
+    verdict = decide(report, exact=True)
+    attack = next(c for c in verdict["checks"] if c["name"] == "forget_attack")
+    assert attack["passed"] is True, attack["message"]
+    assert report["models"]["unlearned"]["lira"]["detected_at_fpr"]["0.01"] <= margin["max_detected"]
+    # doing nothing fails: the memorised pairs are still flagged, and the parameters did not change
+    same, _ = audit_clip_deletion(shadows, model, forget, positions, data.heldout, original, original.clone())
+    failed = {c["name"] for c in decide(same)["checks"] if c["passed"] is False}
+    assert failed == {"forget_attack", "parameters_changed"}
+    plots = audit_plots(scores)
+    assert set(plots) == {"roc.png", "phi_hist.png"} and all(p[:4] == b"\x89PNG" for p in plots.values())
+
+
+def test_an_uninformative_audit_is_not_a_pass_of_the_attack_check():
+    """A model that never memorised anything (the barely-pretrained CLIP, one round): nothing to detect even before
+    unlearning, so the report says uninformative and the attack check is not counted (policy.decide's rule)."""
+    model, data = _cheap_world()
+    shadows = train_clip_shadows(model, model.theta_init, data.clients, CHEAP, ClipShadowSettings(n_shadows=4))
+    original = Federation(model, data.clients, CHEAP).train(model.theta_init, record_history=False).theta
+    report, _ = audit_clip_deletion(
+        shadows, model, data.clients[0], np.arange(12), data.heldout, original, model.theta_init
+    )
+    assert report["informative"] is False, report["informative_detail"]
+    attack = next(c for c in decide(report)["checks"] if c["name"] == "forget_attack")
+    assert attack["passed"] is None and "uninformative" in attack["message"]
