@@ -32,7 +32,7 @@ class GatedRetrain(ExactRetrain):
     """Exact retraining that first waits at the test's gate (so a watcher sees a running request)."""
 
     def unlearn(self, problem):
-        problem.progress(0.0, "waiting at the test's gate")
+        problem.progress(0.5, "waiting at the test's gate")
         GATE.wait(60)
         return super().unlearn(problem)
 
@@ -102,10 +102,10 @@ def test_watch_shows_a_progress_bar_on_a_running_request_and_ends_with_the_verdi
     seen: list[str] = []
     real_get = LetheClient.get_deletion
 
-    def spy(self, request_id):  # opens the gate once the watcher itself has seen the request running
+    def spy(self, request_id):  # opens the gate once the watcher itself has seen the request running, with progress
         out = real_get(self, request_id)
         seen.append(out.status)
-        if out.status == "running":
+        if out.status == "running" and out.progress > 0:
             GATE.set()
         return out
 
