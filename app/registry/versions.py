@@ -359,6 +359,11 @@ def erase_rows(
         if old_shadows and new_shadows != old_shadows:
             manifest["verification_shadows"] = {"before": old_shadows, "after": new_shadows}
             enqueue_shred(session, [old_shadows], "shadow models replaced after erasure", grace_seconds=0)
+        # stored round files rewritten without a departed client: the originals hold its updates
+        old_rounds = [d for d in model.state.get("rounds", []) if d not in set(state_update.get("rounds", []))]
+        if "rounds" in state_update and old_rounds:
+            manifest["round_files_shredded"] = len(old_rounds)
+            enqueue_shred(session, old_rounds, "round files rewritten without a departed client", grace_seconds=0)
         model.state = {**model.state, **state_update}
     return manifest
 

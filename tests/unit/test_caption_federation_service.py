@@ -192,6 +192,14 @@ def test_a_caption_file_federation_runs_client_class_and_samples_deletions(servi
     # client: a named client leaves; its rounds are rewritten without it and it may not send updates
     done = _delete(client, model_id, {"kind": "client", "client_id": "hospital-a"})
     assert done["status"] == "certified", done
+    rounds = done["erasure"]["rounds"]
+    assert rounds["action"] == "client's updates zeroed" and done["erasure"]["round_files_shredded"] == len(
+        rounds["before"]
+    )
+    from app.storage import get_store  # the original round files held the departed client's updates: shredded
+
+    wait_for(lambda: not any(get_store().exists(d) for d in rounds["before"]), timeout=30, what="old rounds shredded")
+    assert all(get_store().exists(d) for d in rounds["after"])
     model = client.get(f"/v1/models/{model_id}").json()
     assert model["federation"]["removed_clients"] == ["hospital-a"] and model["federation"]["forget_lock_active"]
     assert client.get(f"/v1/models/{model_id}/pairs").json()["clients"]["hospital-a"] == []
