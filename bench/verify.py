@@ -91,9 +91,9 @@ FPR_KEY = lira.fpr_key(0.01)
 FLOAT_EDGE = 1e-9
 MLP_RECIPE = T.TabularRecipe(family="mlp", hidden_units=64, l2=1e-4, max_iter=200, seed=0)
 LR_RECIPE = T.TabularRecipe()
-DEMO_L2UL = {"m": 300, "subset_size": 300, "epochs": 150, "refit_epochs": 20}
+DEMO_L2UL = {"m": 300, "subset_size": 300, "epochs": 150}
 """app/demo.py registers L2UL with these (the Adult-sized registration-like settings)."""
-SMALL_L2UL_MLP = {"m": 40, "subset_size": 100, "t": 20, "epochs": 60, "refit_epochs": 10}
+SMALL_L2UL_MLP = {"m": 40, "subset_size": 100, "t": 20, "epochs": 60}
 """tests/integration/test_l2ul_service.py's registration (m 40, t 20, 60 epochs), subsets of 100 of the 200 rows."""
 L2UL_FIXED = {"workers": 1, "purge_meta_tasks": False, "purge_seeds": False}
 
@@ -123,7 +123,7 @@ def make_plan(mode: str) -> Plan:
             ulira_pairs={"adult_lr": 6, "overfit_mlp": 6},
             timing_reps=3,
             l2ul={
-                "adult_lr": {"m": 60, "subset_size": 300, "epochs": 60, "refit_epochs": 10, "calibration_tasks": 2},
+                "adult_lr": {"m": 60, "subset_size": 300, "epochs": 60, "calibration_tasks": 2},
                 "overfit_mlp": {**SMALL_L2UL_MLP, "m": 16, "epochs": 30, "calibration_tasks": 2},
             },
             clip={"n_clients": 5, "pairs_per_client": 60, "n_test": 100, "rounds": 8},
