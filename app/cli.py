@@ -541,6 +541,7 @@ def list_models(
     name: Annotated[str | None, typer.Option("--name", help="Exact name.")] = None,
     name_contains: Annotated[str | None, typer.Option("--name-contains")] = None,
     kind: Annotated[str | None, typer.Option("--kind", help="tabular | clip_federated")] = None,
+    tag: Annotated[list[str] | None, typer.Option("--tag", help="Repeat for several: models carrying all.")] = None,
     limit: Annotated[int, typer.Option(min=1)] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
 ) -> None:
@@ -550,19 +551,20 @@ def list_models(
     from rich.table import Table
 
     with _api(ctx) as client:
-        rows = list(islice(client.iter_models(name=name, name_contains=name_contains, kind=kind), limit))
+        rows = list(islice(client.iter_models(name=name, name_contains=name_contains, kind=kind, tags=tag), limit))
     if as_json:
         for row in rows:
             typer.echo(row.model_dump_json())
         return
     table = Table(title=f"models ({len(rows)})")
     table.add_column("id", no_wrap=True, min_width=36)
-    for column in ("name", "kind", "status", "version", "methods", "created"):
+    for column in ("name", "kind", "status", "version", "methods", "tags", "created"):
         table.add_column(column)
     for row in rows:
         version = row.current_version.number if row.current_version else "—"
         methods = ", ".join(f"{k}:{v.get('status')}" for k, v in row.unlearning.items()) or "—"
-        table.add_row(row.id, row.name, row.kind, row.status, str(version), methods, _short(row.created_at))
+        tags = ", ".join(row.tags) or "—"
+        table.add_row(row.id, row.name, row.kind, row.status, str(version), methods, tags, _short(row.created_at))
     _console().print(table)
 
 

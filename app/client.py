@@ -99,6 +99,8 @@ class Model(_Out):
     created_at: datetime
     links: dict[str, str] = Field(default_factory=dict)
     federation: dict[str, Any] | None = None
+    requires_approval: bool = False
+    tags: list[str] = Field(default_factory=list)
 
 
 class ModelPage(_Out):
@@ -310,11 +312,13 @@ class LetheClient:
         name_contains: str | None = None,
         kind: str | None = None,
         status: str | None = None,
+        tags: list[str] | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> ModelPage:
-        params = self._params(name=name, name_contains=name_contains, kind=kind, status=status, limit=limit,
-                              cursor=cursor)  # fmt: skip
+        """A page of models; ``tags``: only models carrying every one."""
+        params = self._params(name=name, name_contains=name_contains, kind=kind, status=status, tag=tags or None,
+                              limit=limit, cursor=cursor)  # fmt: skip
         return ModelPage.model_validate(self._json("GET", "/v1/models", params=params))
 
     def iter_models(self, **filters: Any) -> Iterator[Model]:

@@ -7,9 +7,10 @@ from datetime import UTC, datetime, timedelta
 
 from app.client import LetheClient, LetheProblem
 from app.db import session_scope
-from app.registry.tables import Model
+from app.registry.tables import Model, ModelTag
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+TAGS = {"fraud-lr": ["prod", "team:fraud"], "fraud-mlp": ["team:fraud"], "clip-fed": ["prod"]}
 SEED = [  # name, kind, status, minutes after T0 (two share a moment: the id breaks the tie)
     ("fraud-lr", "tabular", "ready", 0),
     ("fraud-mlp", "tabular", "failed", 1),
@@ -28,6 +29,7 @@ def seed_models() -> dict[str, str]:
             )
             session.add(model)
             session.flush()
+            session.add_all(ModelTag(model_id=model.id, tag=t) for t in TAGS.get(name, []))
             ids[name] = model.id
     return ids
 
@@ -63,8 +65,16 @@ def check_listing(http, ids: dict[str, str]) -> None:
     model = client.list_models(name="clip-fed").items[0]
     assert model.kind == "clip_federated" and model.links["self"] == f"/v1/models/{ids['clip-fed']}"
 
+    # tags: every given tag must be carried; each model shows its own
+    assert {m.name for m in client.iter_models(tags=["team:fraud"])} == {"fraud-lr", "fraud-mlp"}
+    assert [m.name for m in client.iter_models(tags=["team:fraud", "prod"])] == ["fraud-lr"]
+    assert {m.name for m in client.iter_models(tags=["prod"], kind="clip_federated")} == {"clip-fed"}
+    assert client.list_models(tags=["nobody"]).items == []
+    assert client.list_models(name="fraud-lr").items[0].tags == ["prod", "team:fraud"]
+
     for params, slug in (
         ({"cursor": "not-a-cursor"}, "invalid-cursor"),
+        ({"tag": "Upper Case"}, "validation-error"),
         ({"kind": "ensemble"}, "validation-error"),
         ({"limit": 0}, "validation-error"),
         ({"tag": "x", "limit": 501}, "validation-error"),

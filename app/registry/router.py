@@ -25,6 +25,7 @@ from app.registry.schemas import (
     ModelOut,
     ModelPage,
     ModelPatch,
+    Tag,
     VersionOut,
 )
 from app.storage import get_store
@@ -154,11 +155,13 @@ def list_models(
     status: Literal["registering", "ready", "failed"] | None = Query(None),
     limit: int = Query(50, ge=1, le=500),
     cursor: str | None = Query(None, max_length=1000, description="`next_cursor` from the previous page."),
+    tag: list[Tag] = Query([], max_length=16, description="Repeat for several: models carrying every one."),
 ):
-    """Registered models, newest first, keyset-paged (the deletion-request list's cursor). Models have no tags, so
-    there is no tag filter: filter by name, kind or status."""
-    rows, next_cursor = service.list_models(session, name, name_contains, kind, status, limit, cursor)
-    return ModelPage(items=[service.model_out(session, m) for m in rows], next_cursor=next_cursor)
+    """Registered models, newest first, keyset-paged (the deletion-request list's cursor); filter by name, kind,
+    status and tags."""
+    rows, next_cursor = service.list_models(session, name, name_contains, kind, status, limit, cursor, tags=tag)
+    tags = service.tags_of(session, [m.id for m in rows])
+    return ModelPage(items=[service.model_out(session, m, tags.get(m.id, [])) for m in rows], next_cursor=next_cursor)
 
 
 @router.get("/{model_id}", response_model=ModelOut)
@@ -177,10 +180,14 @@ def patch_model(
     principal: Principal = Depends(require_scope("admin")),
     session: Session = Depends(get_session),
 ):
-    """Change a model's settings an admin owns: ``requires_approval`` (audited)."""
-    model = service.set_requires_approval(
-        session, principal, service.get_model_or_404(session, model_id), body.requires_approval
-    )
+    """Change a model's settings an admin owns: ``requires_approval`` and ``tags`` (each change audited)."""
+    model = service.get_model_or_404(session, model_id)
+    if body.requires_approval is None and body.tags is None:
+        raise Problem(422, "validation-error", "The request is not valid", "Give requires_approval or tags.")
+    if body.requires_approval is not None:
+        service.set_requires_approval(session, principal, model, body.requires_approval)
+    if body.tags is not None:
+        service.set_tags(session, principal, model, body.tags)
     session.commit()
     return service.model_out(session, model)
 

@@ -50,6 +50,11 @@ class VerificationIn(NoNulModel):
     )
 
 
+Tag = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9._:-]{0,63}$")]
+"""A model tag: lower-case letters, digits and ``._:-`` (``team:fraud``, ``prod``), at most 64 characters."""
+Tags = Annotated[list[Tag], Field(max_length=16, description="Labels to filter models by (GET /v1/models?tag=).")]
+
+
 class ModelCreate(NoNulModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     name: str = Field(..., min_length=1, max_length=200)
@@ -64,13 +69,15 @@ class ModelCreate(NoNulModel):
     holdout_fraction: float = Field(0.2, ge=0.0, lt=0.9, description="Rows kept out of training, for test accuracy.")
     verification: VerificationIn = Field(default_factory=VerificationIn)
     requires_approval: bool = Field(False, description="Every deletion request waits for an admin's approval.")
+    tags: Tags = Field(default_factory=list)
 
 
 class ModelPatch(NoNulModel):
-    """What an admin may change on a registered model."""
+    """What an admin may change on a registered model (each field optional; at least one)."""
 
     model_config = ConfigDict(extra="forbid")
-    requires_approval: bool
+    requires_approval: bool | None = None
+    tags: Tags | None = Field(None, description="The model's new tags (replaces the old ones).")
 
 
 class VersionOut(BaseModel):
@@ -101,6 +108,7 @@ class ModelOut(BaseModel):
     federation: dict[str, Any] | None = None
     requires_approval: bool = False
     subject_column: str | None = None
+    tags: list[str] = Field(default_factory=list)
 
 
 class ModelPage(BaseModel):
@@ -212,6 +220,7 @@ class ClipModelCreate(NoNulModel):
     unlearning: list[str] = Field(default_factory=lambda: ["ease"], max_length=16)
     method_settings: FederatedMethodSettings = Field(default_factory=dict, description="Per method: bounded settings.")
     requires_approval: bool = Field(False, description="Every deletion request waits for an admin's approval.")
+    tags: Tags = Field(default_factory=list)
 
 
 class ForgetLockOut(BaseModel):

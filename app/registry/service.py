@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from app.audit.service import append_event
@@ -23,7 +23,7 @@ from app.problems import Problem
 from app.registry.caption_files import check_caption_files
 from app.registry.schemas import CaptionFilesFederationIn, ClipModelCreate, ModelCreate, ModelOut, VersionOut
 from app.registry.settings import TINY_ARCH
-from app.registry.tables import Dataset, DatasetRow, Model, ModelVersion, first_line
+from app.registry.tables import Dataset, DatasetRow, Model, ModelTag, ModelVersion, first_line
 from app.storage import get_store
 
 _BAD_NAME = re.compile(r"[\x00-\x1f\x7f]")
@@ -156,10 +156,15 @@ def check_methods(kind: str, names: list[str]) -> None:
             )
 
 
-def _add_with_training_job(session: Session, principal: Principal, model: Model, payload) -> None:
-    """The registration's one transaction: the model row, its version-1 job (the outbox) and the audit event."""
+def _add_with_training_job(
+    session: Session, principal: Principal, model: Model, payload, tags: list[str] | None = None
+) -> None:
+    """The registration's one transaction: the model row, its tags, its version-1 job (the outbox) and the audit
+    event."""
     session.add(model)
     session.flush()
+    tags = list(dict.fromkeys(tags or []))
+    session.add_all(ModelTag(model_id=model.id, tag=t) for t in tags)
     job = new_job(session, kind="train_model", model_id=model.id, model_kind=model.kind)
     append_event(
         session,
@@ -167,8 +172,38 @@ def _add_with_training_job(session: Session, principal: Principal, model: Model,
         action="model.registered",
         entity_type="model",
         entity_id=model.id,
-        payload=payload(job.id),
+        payload={**payload(job.id), **({"tags": tags} if tags else {})},
     )
+
+
+def tags_of(session: Session, model_ids: list[str]) -> dict[str, list[str]]:
+    """Each model's tags, sorted (one query for a page of models)."""
+    out: dict[str, list[str]] = {}
+    if model_ids:
+        rows = session.execute(
+            select(ModelTag.model_id, ModelTag.tag).where(ModelTag.model_id.in_(model_ids)).order_by(ModelTag.tag)
+        )
+        for model_id, tag in rows:
+            out.setdefault(model_id, []).append(tag)
+    return out
+
+
+def set_tags(session: Session, principal: Principal, model: Model, tags: list[str]) -> Model:
+    """Replace a model's tags (admin, audited)."""
+    tags = sorted(dict.fromkeys(tags))
+    before = tags_of(session, [model.id]).get(model.id, [])
+    if before != tags:
+        session.execute(delete(ModelTag).where(ModelTag.model_id == model.id))
+        session.add_all(ModelTag(model_id=model.id, tag=t) for t in tags)
+        append_event(
+            session,
+            actor=principal.actor,
+            action="model.updated",
+            entity_type="model",
+            entity_id=model.id,
+            payload={"tags": tags, "tags_before": before},
+        )
+    return model
 
 
 def register_model(
@@ -245,6 +280,7 @@ def register_model(
             "requires_approval": body.requires_approval,
             **({"subject_column": spec["subject_column"]} if "subject_column" in spec else {}),
         },
+        tags=body.tags,
     )
     return model
 
@@ -286,7 +322,8 @@ def _method_status(model: Model, name: str) -> str:
     return "failed" if model.status == "failed" else "preparing"
 
 
-def model_out(session: Session, model: Model) -> ModelOut:
+def model_out(session: Session, model: Model, tags: list[str] | None = None) -> ModelOut:
+    """``tags``: the model's tags when the caller read a page's at once (``tags_of``); else one query."""
     current = session.get(ModelVersion, model.current_version_id) if model.current_version_id else None
     methods = {
         name: {"status": entry.get("status"), "info": entry.get("info", {})}
@@ -327,6 +364,7 @@ def model_out(session: Session, model: Model) -> ModelOut:
         federation=federation,
         requires_approval=bool(model.requires_approval),
         subject_column=model.spec.get("subject_column"),
+        tags=tags_of(session, [model.id]).get(model.id, []) if tags is None else tags,
     )
 
 
@@ -338,10 +376,13 @@ def list_models(
     status: str | None = None,
     limit: int = 50,
     cursor: str | None = None,
+    tags: list[str] | None = None,
 ) -> tuple[list[Model], str | None]:
-    """Models newest first, keyset-paged like the deletion-request list. Models carry no tags: the filters are the
-    name (exact, or a case-insensitive substring), the kind and the status."""
+    """Models newest first, keyset-paged like the deletion-request list. Filters: the name (exact, or a
+    case-insensitive substring), the kind, the status, and tags (a model must carry every one given)."""
     query = select(Model)
+    for tag in dict.fromkeys(tags or []):
+        query = query.where(select(ModelTag.tag).where(ModelTag.model_id == Model.id, ModelTag.tag == tag).exists())
     if name is not None:
         query = query.where(Model.name == name)
     if name_contains:
@@ -426,6 +467,7 @@ def register_clip_model(session: Session, principal: Principal, body: ClipModelC
         principal,
         model,
         lambda job_id: {"name": body.name, "kind": body.kind, "arch": body.clip.arch, "job_id": job_id},
+        tags=body.tags,
     )
     return model
 

@@ -46,6 +46,16 @@ class DatasetRow(Base):
     deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
+class ModelTag(Base):
+    """A label an owner gives a model at registration (team, product, environment): what ``GET /v1/models?tag=``
+    filters on. A table, not a JSON column, so the filter is one indexed lookup on PostgreSQL and SQLite alike."""
+
+    __tablename__ = "model_tags"
+
+    model_id: Mapped[str] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), primary_key=True)
+    tag: Mapped[str] = mapped_column(String(64), primary_key=True, index=True)
+
+
 class Model(Base):
     __tablename__ = "models"
 
