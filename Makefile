@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration bench-quick install clean
+.PHONY: demo test lint unit integration bench-quick install clean chromium
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,7 +30,12 @@ unit: $(STAMP)
 integration: $(STAMP)
 	$(BIN)/python -m pytest tests/integration -q
 
-test: lint
+# the dashboard's browser tests drive Debian's Chromium (never a downloaded browser); installed when missing
+chromium:
+	@test -x /usr/bin/chromium || { echo "installing Debian's chromium for the browser tests"; \
+	  apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+
+test: lint chromium
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 bench-quick: $(STAMP)
