@@ -141,3 +141,17 @@ def test_sql_parameters_stay_hidden_in_logged_database_errors(tmp_path):
         assert "parameters hidden" in stream.getvalue() and secret not in stream.getvalue()
     finally:
         configure_logging("INFO")
+
+
+def test_httpx_request_lines_stay_out_at_info():
+    """The client's polls (httpx logs one INFO line per call) would bury a CLI's or the demo's output."""
+    import io
+    import logging
+
+    from app.logs import configure_logging
+
+    stream = io.StringIO()
+    configure_logging("INFO", stream=stream)
+    logging.getLogger("httpx").info("HTTP Request: GET http://127.0.0.1/x")
+    logging.getLogger("httpx").warning("a retry")
+    assert "HTTP Request" not in stream.getvalue() and "a retry" in stream.getvalue()
