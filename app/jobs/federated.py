@@ -420,7 +420,7 @@ class Deletion:
                 state_update=refreshed,
                 notes={"rounds": {"action": "kept", "reason": "holders' updates mix erased and retained pairs"}},
             )
-        ctx.progress(0.92, f"rewriting {len(rounds)} stored rounds without the departed client")
+        ctx.progress(0.96, f"rewriting {len(rounds)} stored rounds without the departed client")
         rewritten = []
         for digest in rounds:
             tensors = dict(load_tensors(get_store().get_bytes(digest)))
@@ -459,7 +459,7 @@ def _refresh_shadows(work: DeletionWork, unlearned: Unlearned, ctx: JobContext) 
     for client in data.clients:
         clients.append(client.subset([i for i in range(len(client)) if offset + i in remaining]))
         offset += len(client)
-    ctx.progress(0.95, "replacing verification shadow runs that saw the erased pairs")
+    ctx.progress(0.91, "replacing verification shadow runs that saw the erased pairs")
     new, counts = replace_clip_shadows(
         shadows, sorted(gone), work.inputs.problem.get_model(), weights(work.model.state["theta_init"]), clients
     )
