@@ -3,27 +3,19 @@ case-insensitive matching with escaped wildcards). Its own database: the listing
 
 from __future__ import annotations
 
-import uuid
-
-import psycopg
 import pytest
 from fastapi.testclient import TestClient
 
 from app.main import create_app
 from tests.helpers import configure, make_key
-from tests.integration.conftest import PG_ADMIN
+from tests.integration.conftest import fresh_database
 from tests.model_listing import check_listing, seed_models
 
 
 @pytest.fixture
 def own_pg_url():
-    name = f"lethe_models_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    base = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-    yield f"{base}/{name}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with fresh_database("lethe_models") as url:
+        yield url
 
 
 def test_list_models_on_postgresql(own_pg_url, tmp_path):

@@ -165,10 +165,13 @@ def test_public_addresses_pass_and_are_returned(address):
 
 
 def test_literal_addresses_in_the_url_are_judged_too():
-    resolver = fake_dns({"10.0.0.7": ["10.0.0.7"], "::1": ["::1"], "2130706433": ["127.0.0.1"]})
-    for url in ("http://10.0.0.7/", "http://[::1]:8080/", "http://2130706433/"):
+    """A unit on the guard with a fake resolver: nothing is ever sent. The hosts are address literals (a private
+    one, the IPv6 loopback, 127.0.0.1 written as one integer) built from the addresses the resolver returns."""
+    private, integer_loopback = "10.0.0.7", str(0x7F000001)
+    resolver = fake_dns({private: [private], "::1": ["::1"], integer_loopback: ["127.0.0.1"]})
+    for host in (private, "[::1]:8080", integer_loopback):
         with pytest.raises(WebhookTargetRefused):
-            vet_callback_url(url, resolver=resolver)
+            vet_callback_url(f"http://{host}/", resolver=resolver)
 
 
 def test_every_resolved_address_must_pass():
