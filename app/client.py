@@ -323,13 +323,7 @@ class LetheClient:
 
     def iter_models(self, **filters: Any) -> Iterator[Model]:
         """Every model matching the filters, following ``next_cursor``."""
-        cursor = None
-        while True:
-            page = self.list_models(cursor=cursor, **filters)
-            yield from page.items
-            if not page.next_cursor:
-                return
-            cursor = page.next_cursor
+        return _follow_cursor(self.list_models, filters)
 
     def get_model(self, model_id: str) -> Model:
         return Model.model_validate(self._json("GET", f"/v1/models/{model_id}"))
@@ -450,13 +444,7 @@ class LetheClient:
         return DeletionRequestPage.model_validate(self._json("GET", "/v1/deletion-requests", params=params))
 
     def iter_deletions(self, **filters: Any) -> Iterator[DeletionRequest]:
-        cursor = None
-        while True:
-            page = self.list_deletions(cursor=cursor, **filters)
-            yield from page.items
-            if not page.next_cursor:
-                return
-            cursor = page.next_cursor
+        return _follow_cursor(self.list_deletions, filters)
 
     def wait(
         self,
@@ -556,3 +544,14 @@ def _poll(fetch, until, timeout: float, interval: float, on_progress, what: str)
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} did not finish in {timeout:g} s")
         time.sleep(interval)
+
+
+def _follow_cursor(list_page: Callable[..., Any], filters: dict[str, Any]) -> Iterator[Any]:
+    """Every item of a keyset-paged list, page after page (``next_cursor`` passed back as ``cursor``)."""
+    cursor = None
+    while True:
+        page = list_page(cursor=cursor, **filters)
+        yield from page.items
+        if not page.next_cursor:
+            return
+        cursor = page.next_cursor
