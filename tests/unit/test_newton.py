@@ -13,6 +13,7 @@ import torch
 import app.ml.unlearning.newton  # noqa: F401 - registers "newton" and "influence" (the lead adds it to the builtins)
 from app.ml import tabular as T
 from app.ml.unlearning.base import InvalidMethodSettingsError, TabularProblem, get_method
+from app.ml.unlearning.newton import method as method_module
 from app.ml.unlearning.newton.method import (
     ARTIFACT_STATE,
     GAUSS_NEWTON_DAMPING,
@@ -208,6 +209,28 @@ def test_newton_and_influence_match_retraining(lr):
         _, g = T.objective_gradient(lr.recipe, res_n.theta, lr.X[~f], lr.y[~f], lr.C)
         assert info["retained_grad_norm"] == pytest.approx(float(g.norm()), rel=1e-9)
         assert info["bound"]["bound"] is not None
+
+
+@pytest.mark.parametrize("purge", ["recompute", "downdate"])
+def test_woodbury_step_equals_the_factorised_step(lr, purge, monkeypatch):
+    """Binary LR: small requests are solved by Woodbury's identity in the stored pencil basis, without forming or
+    factorising H_R. Same answer as factorising it, also when the stored Hessian sits at an earlier model (a second
+    request under purge="downdate")."""
+    if lr.C != 2:
+        pytest.skip("Woodbury's path is the binary (rank-one per row) case")
+    rng = np.random.default_rng(5)
+    first_f = mask(lr.n, rng.choice(lr.n, 3, replace=False))
+    method = NewtonUnlearning(NewtonConfig(purge=purge))
+    first = lr.unlearn(method, first_f)
+    for k in (1, 4):
+        f = mask(lr.n, rng.choice(np.flatnonzero(~first_f), k, replace=False))
+        answers = []
+        for max_rows in (method_module.WOODBURY_MAX_ROWS_PER_PARAM, 0.0):
+            monkeypatch.setattr(method_module, "WOODBURY_MAX_ROWS_PER_PARAM", max_rows)
+            res = lr.unlearn(method, f, theta=first.theta, artifacts=first.artifacts, tombstone=first_f)
+            answers.append(res.theta.to(torch.float64))
+        move = float((answers[1] - first.theta.to(torch.float64)).norm())
+        assert float((answers[0] - answers[1]).norm()) <= 1e-5 * move, (purge, k)
 
 
 def test_exact_steps_reach_retraining(lr):

@@ -10,7 +10,8 @@ over R (the mean's denominator changes from n to n - k):
     grad L_R(theta) = (n r - G_f - k l2 M theta) / (n - k)                  (M: the weight mask)
     H_R(theta_H)    = (n (H_D - l2 M) - sum_{i in f} hess loss_i(theta_H)) / (n - k) + l2 M    (O(k p^2))
 with theta_H the point the stored Hessian is at (theta itself unless ``purge="downdate"``, below):
-``newton``:    theta' = theta - H_R(theta_H)^-1 grad L_R(theta)   (Cholesky of the downdated matrix, O(p^3)).
+``newton``:    theta' = theta - H_R(theta_H)^-1 grad L_R(theta)   (Cholesky of the downdated matrix, O(p^3); binary LR
+               with k <= p / 2: Woodbury's identity in a generalised eigenbasis kept with the state, O(k p^2 + k^3)).
 ``influence``: theta' = theta - H_D(theta_H)^-1 grad L_R(theta)   (the cached factor: no downdate, O(p^2)).
 ``exact_steps`` more steps each take one full pass over R for the exact gradient and reuse the factor (chord steps;
 they converge linearly at rate ~||I - H^-1 H_R(theta')||, i.e. to retraining's float32 floor in one or two).
@@ -212,10 +213,9 @@ def retained_gradient(
     return (n * residual - G_f_sum - k * l2_mask * theta) / (n - k)
 
 
-PCG_MAX_ROWS = 16
-"""Up to this many rows, the Newton step solves H_R x = g by conjugate gradients preconditioned with the stored
-factor of H_D (about k + 3 products of O(p^2) each) instead of factorising H_R (O(p^3))."""
-PCG_TOL = 1e-13
+WOODBURY_MAX_ROWS_PER_PARAM = 0.5
+"""Binary LR, newton: up to k <= this x p erased rows the step is solved by Woodbury's identity on a generalised
+eigenbasis kept with the state (O(k p^2 + k^3), exact); above it H_R is formed and factorised (O(k p^2 + p^3))."""
 
 
 def _lr_sums(
@@ -252,26 +252,6 @@ def _lr_sums(
     return G, Hb[np.ix_(idx, idx)]
 
 
-def _pcg(apply, precondition, b: np.ndarray, max_iter: int) -> np.ndarray | None:
-    """Preconditioned conjugate gradients for a symmetric positive-definite system; None if not converged to
-    PCG_TOL (relative residual) within ``max_iter`` products."""
-    x = precondition(b)
-    r = b - apply(x)
-    z = precondition(r)
-    p, rz, stop = z.copy(), float(r @ z), PCG_TOL * float(np.linalg.norm(b))
-    for _ in range(max_iter):
-        if float(np.linalg.norm(r)) <= stop:
-            return x
-        q = apply(p)
-        alpha = rz / float(p @ q)
-        x += alpha * p
-        r -= alpha * q
-        z = precondition(r)
-        rz, rz_old = float(r @ z), rz
-        p = z + (rz / rz_old) * p
-    return x if float(np.linalg.norm(r)) <= stop else None
-
-
 @dataclass
 class _LRFast:
     """Per-state numpy views and precomputed terms for the logistic-regression step (kept with the warm state, so a
@@ -284,6 +264,8 @@ class _LRFast:
     n_data_hessian: np.ndarray  # n * (H_D - l2 M): the summed loss Hessians
     cholesky: np.ndarray  # lower factor of H_D + damping I (Fortran order, for LAPACK)
     n: int
+    eigvecs: np.ndarray | None = None  # V with V^T (H_D + b I) V = I and V^T (l2 M + b I) V = diag(gamma)
+    gamma: np.ndarray | None = None
 
     @classmethod
     def of(cls, state: NewtonState, recipe: tabular.TabularRecipe, d: int, C: int) -> _LRFast:
@@ -302,8 +284,42 @@ class _LRFast:
                 np.asfortranarray(state.cholesky.numpy()),
                 n,
             )
+            if _n_out(recipe, d, C) == 1 and state.damping == state.base_damping:
+                fast.eigvecs, fast.gamma = fast._pencil(state.hessian.numpy(), state.base_damping)
             state._lr_fast = fast  # type: ignore[attr-defined]  # the state is immutable once built
         return fast
+
+    def _pencil(self, H_D: np.ndarray, base: float) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The generalised eigenbasis of (l2 M + b I, H_D + b I), O(p^3) once per state. Deleting k rows scales the
+        data part of H by n / (n - k) but not the penalty, so H_R is not a low-rank change of H_D; in this basis both
+        are diagonal, and H_R + b I = V^-T diag(c - (c - 1) gamma) V^-1 - W W^T with c = n / (n - k) and W the erased
+        rows' scaled features: Woodbury's identity then costs O(k p^2 + k^3). gamma lies in [0, 1] (the data
+        Hessian is positive semi-definite), so the diagonal is >= 1: no cancellation."""
+        penalty = np.diag(self.mask + base)
+        try:
+            gamma, V = scipy.linalg.eigh(penalty, (H_D + H_D.T) / 2 + base * np.eye(len(H_D)), check_finite=False)
+        except np.linalg.LinAlgError:  # H_D + b I not positive definite: the factor-and-solve path handles it
+            return None, None
+        return np.ascontiguousarray(V), np.clip(gamma, 0.0, 1.0)
+
+
+def _woodbury_step(f: _LRFast, A: np.ndarray, s_f: np.ndarray, grad: np.ndarray, k: int) -> np.ndarray:
+    """(H_R + b I)^-1 grad for binary LR via the pencil basis (_LRFast._pencil): with D = diag(1 / (c - (c-1) gamma)),
+    B = (A V) * sqrt(s / (n - k)) (k x p) and w = V^T grad,  x = V (D w + D B^T (I - B D B^T)^-1 B D w)."""
+    V = f.eigvecs
+    n = f.n
+    c = n / (n - k)
+    Dinv = 1.0 / (c - (c - 1.0) * f.gamma)
+    z = Dinv * (grad @ V)  # D V^T grad (grad @ V == V^T grad)
+    B = (A @ V) * np.sqrt(s_f / (n - k))[:, None]
+    BD = B * Dinv
+    if k == 1:
+        b = BD[0]
+        z = z + b * (float(B[0] @ z) / (1.0 - float(B[0] @ b)))  # Sherman-Morrison
+    else:
+        t = np.linalg.solve(np.eye(k) - BD @ B.T, B @ z)
+        z = z + BD.T @ t
+    return V @ z
 
 
 def _lr_step(
@@ -317,7 +333,7 @@ def _lr_step(
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, float, np.ndarray]:
     """The Newton (or influence) step for logistic regression, in plain float64 numpy and LAPACK on views kept with
     the state: the same algebra as the general path (module docstring). Returns theta', H_R (newton when it was
-    formed; None when conjugate gradients solved without it), H_R's factor (lower triangle meaningful; None
+    formed; None when Woodbury's identity solved without it), H_R's factor (lower triangle meaningful; None
     likewise), the damping and the retained gradient at theta."""
     d, k = Xf.shape[1], len(Xf)
     f = _LRFast.of(state, recipe, d, C)
@@ -335,17 +351,9 @@ def _lr_step(
     if H_f is None:
         step, _ = scipy.linalg.lapack.dpotrs(f.cholesky, grad, lower=1)
         return finish(step), None, None, state.damping, grad
-    if isinstance(H_f, tuple) and k <= PCG_MAX_ROWS and state.damping == base:
-        # H_D^-1 H_R is (n / (n - k)) I minus a rank-k term minus a diagonal of relative size ~k / n, so conjugate
-        # gradients preconditioned by the stored factor converge in about k + 3 matrix-vector products
+    if isinstance(H_f, tuple) and f.eigvecs is not None and k <= WOODBURY_MAX_ROWS_PER_PARAM * len(grad):
         A, s_f = H_f
-
-        def apply(v: np.ndarray) -> np.ndarray:
-            return (f.n_data_hessian @ v - A.T @ (s_f * (A @ v))) / (n - k) + (f.mask + base) * v
-
-        step = _pcg(apply, lambda r: scipy.linalg.lapack.dpotrs(f.cholesky, r, lower=1)[0], grad, k + 8)
-        if step is not None:
-            return finish(step), None, None, base, grad
+        return finish(_woodbury_step(f, A, s_f, grad, k)), None, None, base, grad
     if isinstance(H_f, tuple):
         A, s_f = H_f
         H_f = (A * s_f[:, None]).T @ A
@@ -358,6 +366,13 @@ def _lr_step(
         L = np.asfortranarray(Lt.numpy())
     step, _ = scipy.linalg.lapack.dpotrs(L, grad, lower=1)
     return finish(step), H_R, L, damping, grad
+
+
+def warm_views(state: NewtonState, recipe: tabular.TabularRecipe, d: int, C: int) -> NewtonState:
+    """Build the step's precomputed views now (upkeep, not the next request's latency)."""
+    if recipe.family == "logistic_regression":
+        _LRFast.of(state, recipe, d, C)
+    return state
 
 
 # ---------------------------------------------------------------------------------------------- the methods
@@ -390,8 +405,18 @@ class NewtonUnlearning:
         base = self._base_damping(recipe, X.shape[1], C, kind)
         L, damping = factor(H, base)
         t3 = time.perf_counter()
-        state = NewtonState(theta.clone(), theta.clone(), H, L, damping, residual, rows.copy(), kind, base)
-        timings = {"gradient_s": t1 - t0, "hessian_s": t2 - t1, "cholesky_s": t3 - t2}
+        state = warm_views(
+            NewtonState(theta.clone(), theta.clone(), H, L, damping, residual, rows.copy(), kind, base),
+            recipe,
+            X.shape[1],
+            C,
+        )
+        timings = {
+            "gradient_s": t1 - t0,
+            "hessian_s": t2 - t1,
+            "cholesky_s": t3 - t2,
+            "views_s": time.perf_counter() - t3,
+        }
         return state, timings
 
     def _base_damping(self, recipe: tabular.TabularRecipe, d: int, C: int, kind: str) -> float:
@@ -457,6 +482,9 @@ class NewtonUnlearning:
         if reason is not None:
             state, refresh = self._state(problem, theta, present)
             timings["refresh_seconds"] = sum(refresh.values())
+        t0 = time.perf_counter()
+        warm_views(state, problem.recipe, problem.X.shape[1], problem.n_classes)  # a cold state: built once, here
+        timings["views_seconds"] = time.perf_counter() - t0
         return state, reason, timings
 
     def unlearn(self, problem: TabularProblem) -> UnlearningResult:
@@ -532,10 +560,11 @@ class NewtonUnlearning:
             H_new = downdated()
             L_new, damping_new = factor(H_new, base)
             H_at = state.hessian_theta
-        timings["purge_seconds"] = time.perf_counter() - t0
         new_state = NewtonState(
             theta_new, H_at, H_new, L_new, damping_new, residual, retained, state.hessian_kind, base, state.requests + 1
         )
+        warm_views(new_state, recipe, d, C)  # the next request's precomputed views: upkeep, timed with the purge
+        timings["purge_seconds"] = time.perf_counter() - t0
 
         bound = None
         if cfg.certify and recipe.family == "logistic_regression":
@@ -605,10 +634,10 @@ class NewtonUnlearning:
             H = downdate(state.hessian, state.n, H_f, int(erased.sum()), l2_mask)
             L, damping = factor(H, state.base_damping)
             _, residual = tabular.objective_gradient(recipe, theta, X[rows], y[rows], C)
-            new_state = NewtonState(
+            new_state = warm_views(NewtonState(
                 theta.clone(), state.hessian_theta, H, L, damping, residual, rows.copy(), kind, state.base_damping,
                 state.requests,
-            )  # fmt: skip
+            ), recipe, X.shape[1], C)  # fmt: skip
         else:
             new_state, _ = self._state(problem, theta, rows)
             new_state.requests = state.requests
