@@ -208,6 +208,8 @@ def run_scenario(
         )
 
     record("ease", "ease", ease_settings)
+    if scenario == "client":  # the server-only fallback (issue 11 item 6): always measured, it is a service path
+        record("ease_offline", "ease", {**ease_settings, "leaving_client": "offline"})
     if sizes.baselines:
         for label, name in BASELINES:
             record(label, name, {})
@@ -459,12 +461,16 @@ def markdown_table(report: dict[str, Any]) -> str:
                 n_all = report["summary"][scenario]["seeds"]
                 seeds = f" ({m['seeds']} of {n_all} seeds)" if m and m["seeds"] != n_all else ""
                 cells.append(f"{m['forget_r1_gap_pts']:.2f} / {m['retain_r1_drop_pts']:.2f}{seeds}" if m else "–")
-            name = OFFLINE_LABEL if label == "ease_no_excision" else label
+            name = LABELS.get(label, label)
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-OFFLINE_LABEL = "ease_no_excision (no BKE, no probes: in client scope, what runs without the leaving client)"
+LABELS = {
+    "ease_offline": "ease, leaving client offline (server only: its stored share removed at scale 0.5, 2 protected "
+    "repair rounds; no BKE, no probes)",
+    "ease_no_excision": "ease_no_excision (no BKE, no probes, one repair round)",
+}
 
 
 def git_commit() -> dict[str, Any]:

@@ -137,12 +137,12 @@ class EaseSettings(_Settings):
     delta_deg: float = Field(65.0, ge=0, le=90)
     max_rank: int | None = Field(None, ge=1, le=100_000)
     history_rounds: int | None = Field(None, ge=1, le=10_000)
-    replay_points: int = Field(4, ge=1, le=1000)
+    replay_points: int = Field(2, ge=1, le=1000)
     replay_max_pairs: int | None = Field(64, ge=1, le=1_000_000)
     gsd: Literal["exclusive", "whole", "none"] = "exclusive"
     theta_ref: Literal["forget_contribution", "init", "zero"] = "init"
-    excision_steps: int = Field(20, ge=0, le=100_000)
-    excision_lr: Rate = 2e-3
+    excision_steps: int = Field(6, ge=0, le=100_000)
+    excision_lr: Rate = 1e-2
     excision_batch: int = Field(64, ge=1, le=65_536)
     excision_objective: Literal["uce", "hinge", "reference"] = "reference"
     excision_optimizer: Literal["sgd", "adam"] = "sgd"
@@ -162,6 +162,9 @@ class EaseSettings(_Settings):
     repair_rounds: int = Field(1, ge=0, le=1000)
     repair_epochs: float | None = Field(None, gt=0, le=1000)
     lock_excision: bool = True
+    leaving_client: Literal["online", "offline"] = "online"
+    offline_scale: float = Field(0.5, ge=0, le=1e3)
+    offline_repair_rounds: int = Field(2, ge=0, le=1000)
     seed: Seed = 0
 
 

@@ -113,3 +113,32 @@ def test_config_validation():
         EaseConfig(delta_deg=120)
     with pytest.raises(ValueError):
         EaseConfig(gsd="partial")
+
+
+def test_offline_leaving_client_runs_from_the_stored_updates_alone():
+    """leaving_client="offline" (client scope): no step reads the leaving client's pairs — the excision is its stored
+    FedAvg share, the strength is not probed — and the result still moves off the original and is locked."""
+    demo = tiny_demo()
+    problem = demo.problem("client")
+    leaving = int(problem.forget_client)
+    read = []
+    original = type(problem).forget_data
+
+    def forget_data(self, *args, **kwargs):
+        read.append(args)
+        return original(self, *args, **kwargs)
+
+    problem.forget_data = forget_data.__get__(problem)
+    result = get_method("ease").build({**FAST, "leaving_client": "offline"}).unlearn(problem)
+    assert read == [], "an offline leaving client's pairs were read"
+    info = result.info
+    assert info["leaving_client"] == "offline" and info["strength"]["mode"] == "offline"
+    assert info["strength"]["probes"] == [] and info["pair_grads"] > 0  # the repair rounds, at retained clients only
+    assert info["bke"][0]["client"] == leaving and info["bke"][0]["pair_grads"] == 0
+    assert not any("BKE" in item or "probes" in item for side in info["bytes_by_item"].values() for item in side)
+    lock = ForgetLock.from_bytes(result.artifacts["forget_lock"])
+    assert lock.drift(result.theta) == pytest.approx(0.0, abs=1e-6)
+    assert float((result.theta - demo.theta).norm()) > 0
+    # the same settings on a class deletion are refused: its holders' pairs are indispensable there
+    with pytest.raises(ValueError, match="client scope only"):
+        get_method("ease").build({**FAST, "leaving_client": "offline"}).unlearn(demo.problem("class"))

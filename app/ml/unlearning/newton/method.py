@@ -266,6 +266,9 @@ class _LRFast:
     n: int
     eigvecs: np.ndarray | None = None  # V with V^T (H_D + b I) V = I and V^T (l2 M + b I) V = diag(gamma)
     gamma: np.ndarray | None = None
+    v_residual: np.ndarray | None = None  # V^T n grad L_D(theta)
+    v_penalty: np.ndarray | None = None  # V^T l2 M theta
+    points: np.ndarray | None = None  # [theta, at] as columns: both logits of a row in one product
 
     @classmethod
     def of(cls, state: NewtonState, recipe: tabular.TabularRecipe, d: int, C: int) -> _LRFast:
@@ -286,6 +289,10 @@ class _LRFast:
             )
             if _n_out(recipe, d, C) == 1 and state.damping == state.base_damping:
                 fast.eigvecs, fast.gamma = fast._pencil(state.hessian.numpy(), state.base_damping)
+                if fast.eigvecs is not None:
+                    fast.v_residual = fast.n_residual @ fast.eigvecs
+                    fast.v_penalty = (fast.mask * fast.theta) @ fast.eigvecs
+                    fast.points = np.ascontiguousarray(np.stack([fast.theta, fast.at], axis=1))
             state._lr_fast = fast  # type: ignore[attr-defined]  # the state is immutable once built
         return fast
 
@@ -303,23 +310,32 @@ class _LRFast:
         return np.ascontiguousarray(V), np.clip(gamma, 0.0, 1.0)
 
 
-def _woodbury_step(f: _LRFast, A: np.ndarray, s_f: np.ndarray, grad: np.ndarray, k: int) -> np.ndarray:
-    """(H_R + b I)^-1 grad for binary LR via the pencil basis (_LRFast._pencil): with D = diag(1 / (c - (c-1) gamma)),
-    B = (A V) * sqrt(s / (n - k)) (k x p) and w = V^T grad,  x = V (D w + D B^T (I - B D B^T)^-1 B D w)."""
-    V = f.eigvecs
+def _woodbury_step(f: _LRFast, Xf: np.ndarray, yf: np.ndarray) -> np.ndarray:
+    """theta' for binary LR by Woodbury's identity in the pencil basis (_LRFast._pencil), all of it in that basis:
+    with U = X_f V (the erased rows, bias column appended), e_i = sigma(x_i theta) - y_i, s_i = sigma'(x_i at),
+    D = diag(1 / (c - (c-1) gamma)) and B = U * sqrt(s / (n - k)),
+        w = V^T grad L_R(theta) = (V^T n r - U^T e - k V^T l2 M theta) / (n - k)
+        theta' = theta - V (D w + D B^T (I - B D B^T)^-1 B D w).
+    Two products with V and O(k^2 p + k^3) besides; the retained gradient itself is never formed (only its norm is
+    reported, computed after the step)."""
+    k, d = Xf.shape
     n = f.n
+    Xa = np.empty((k, d + 1))
+    Xa[:, :d], Xa[:, d] = Xf, 1.0
+    P = scipy.special.expit(Xa @ f.points)  # [k, 2]: sigma at theta and at the Hessian's point
+    e = P[:, 0] - yf
+    U = Xa @ f.eigvecs
     c = n / (n - k)
     Dinv = 1.0 / (c - (c - 1.0) * f.gamma)
-    z = Dinv * (grad @ V)  # D V^T grad (grad @ V == V^T grad)
-    B = (A @ V) * np.sqrt(s_f / (n - k))[:, None]
+    z = Dinv * ((f.v_residual - e @ U - k * f.v_penalty) / (n - k))
+    B = U * np.sqrt(P[:, 1] * (1.0 - P[:, 1]) / (n - k))[:, None]
     BD = B * Dinv
-    if k == 1:
-        b = BD[0]
-        z = z + b * (float(B[0] @ z) / (1.0 - float(B[0] @ b)))  # Sherman-Morrison
+    if k == 1:  # Sherman-Morrison
+        b, bd = B[0], BD[0]
+        z += bd * (float(b @ z) / (1.0 - float(b @ bd)))
     else:
-        t = np.linalg.solve(np.eye(k) - BD @ B.T, B @ z)
-        z = z + BD.T @ t
-    return V @ z
+        z += BD.T @ np.linalg.solve(np.eye(k) - BD @ B.T, B @ z)
+    return f.theta - f.eigvecs @ z
 
 
 def _lr_step(
@@ -334,10 +350,13 @@ def _lr_step(
     """The Newton (or influence) step for logistic regression, in plain float64 numpy and LAPACK on views kept with
     the state: the same algebra as the general path (module docstring). Returns theta', H_R (newton when it was
     formed; None when Woodbury's identity solved without it), H_R's factor (lower triangle meaningful; None
-    likewise), the damping and the retained gradient at theta."""
+    likewise), the damping and the retained gradient at theta (None from Woodbury's path: the caller forms it after
+    the step, for the report)."""
     d, k = Xf.shape[1], len(Xf)
     f = _LRFast.of(state, recipe, d, C)
     n = f.n
+    if mode == "newton" and f.eigvecs is not None and k <= WOODBURY_MAX_ROWS_PER_PARAM * (d + 1):
+        return _woodbury_step(f, Xf, yf), None, None, base, None
     Xf = np.asarray(Xf, np.float64)
     G, H_f = _lr_sums(recipe, f.theta, Xf, np.asarray(yf), C, f.at if mode == "newton" else None)
     grad = (f.n_residual - G - k * f.mask * f.theta) / (n - k)
@@ -351,9 +370,6 @@ def _lr_step(
     if H_f is None:
         step, _ = scipy.linalg.lapack.dpotrs(f.cholesky, grad, lower=1)
         return finish(step), None, None, state.damping, grad
-    if isinstance(H_f, tuple) and f.eigvecs is not None and k <= WOODBURY_MAX_ROWS_PER_PARAM * len(grad):
-        A, s_f = H_f
-        return finish(_woodbury_step(f, A, s_f, grad, k)), None, None, base, grad
     if isinstance(H_f, tuple):
         A, s_f = H_f
         H_f = (A * s_f[:, None]).T @ A
@@ -526,6 +542,9 @@ class NewtonUnlearning:
             new64 = theta64 - _shift_free(torch.cholesky_solve(grad[:, None], L)[:, 0], n_out)
         timings["method_seconds"] = time.perf_counter() - t0
         if recipe.family == "logistic_regression":  # _load made the state describe theta
+            if grad_np is None:  # Woodbury's path never forms it: the report's retained gradient, after the step
+                G_f = tabular.data_gradient_sum(recipe, theta64, X[f_idx], y[f_idx], C)
+                grad_np = retained_gradient(state.residual, n, G_f, k, l2_mask, theta64).numpy()
             new64, grad = torch.from_numpy(new_np), torch.from_numpy(grad_np)
             H_R = torch.from_numpy(np.tril(H_np) + np.tril(H_np, -1).T) if H_np is not None else None
             L = torch.from_numpy(np.tril(L_np)) if L_np is not None else None
