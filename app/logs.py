@@ -70,7 +70,8 @@ def configure_logging(level: str | int = "INFO", stream: IO[str] | None = None, 
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(numeric)
-    for chatty in ("httpx", "httpcore"):  # a line per outgoing call at INFO (the client's polls); the API logs its own
+    # a line per outgoing call at INFO (the client's polls; the API logs its own); httpx2 is Starlette's TestClient's
+    for chatty in ("httpx", "httpx2", "httpcore"):
         logging.getLogger(chatty).setLevel(max(numeric, logging.WARNING))
 
 

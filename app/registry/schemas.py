@@ -12,6 +12,7 @@ from app.registry.settings import (
     LoraSettingsJSON,
     TabularMethodSettings,
     TabularRecipeIn,
+    VerdictPolicySettings,
     check_clip_arch,
 )
 from app.validation import NoNulModel
@@ -43,7 +44,7 @@ class VerificationIn(NoNulModel):
 
     model_config = ConfigDict(extra="forbid")
     shadows: int = Field(64, ge=4, le=512, description="Shadow models (global variance below 64, per-example above).")
-    policy: dict[str, Any] = Field(
+    policy: VerdictPolicySettings = Field(
         default_factory=dict,
         description="VerdictPolicy settings: attack_fpr, confidence, margin, max_utility_loss_points, "
         "max_proven_distance, fail_when_uninformative.",
@@ -196,10 +197,10 @@ class ClipVerificationIn(NoNulModel):
 
     model_config = ConfigDict(extra="forbid")
     shadows: ClipShadowSettingsJSON = Field(default_factory=dict, description="ClipShadowSettings fields, bounded.")
-    policy: dict[str, Any] = Field(
+    policy: VerdictPolicySettings = Field(
         default_factory=dict,
-        description="VerdictPolicy settings: attack_fpr, confidence, margin, fail_when_uninformative (the utility "
-        "check of a federated model is its retain R@1 drop).",
+        description="VerdictPolicy settings: attack_fpr, confidence, margin, fail_when_uninformative, "
+        "max_retain_r1_drop_points (the utility check of a federated model is its retain R@1 drop; default 5).",
     )
 
 

@@ -217,6 +217,21 @@ def _checked(model: type[BaseModel]):
     return BeforeValidator(check)
 
 
+class VerdictPolicyIn(_Settings):
+    """app.ml.verification.policy.VerdictPolicy: checked at registration, so a bad policy is a 422 at the door
+    rather than a failed job at the first verdict."""
+
+    attack_fpr: float = Field(0.01, gt=0, lt=1)
+    confidence: float = Field(0.95, ge=0.5, lt=1)
+    margin: Literal["rank", "binomial"] = "rank"
+    max_utility_loss_points: float | None = Field(1.0, ge=0, le=100)
+    max_proven_distance: float | None = Field(None, ge=0, le=1e9)
+    unchanged_atol: float = Field(1e-12, ge=0, le=1)
+    fail_when_uninformative: bool = False
+    max_retain_r1_drop_points: float = Field(5.0, ge=0, le=100)
+
+
+VerdictPolicySettings = Annotated[dict[str, Any], _checked(VerdictPolicyIn)]
 TabularMethodSettings = Annotated[dict[str, dict[str, Any]], _checked(TabularMethodSettingsIn)]
 FederatedMethodSettings = Annotated[dict[str, dict[str, Any]], _checked(FederatedMethodSettingsIn)]
 

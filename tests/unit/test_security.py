@@ -504,6 +504,11 @@ def test_item11_the_api_bounds_match_the_method_configs():
     assert set(ClipShadowSettingsIn.model_fields) == {f.name for f in dataclasses.fields(ClipShadowSettings)}
     assert ClipShadowSettings(**ClipShadowSettingsIn().model_dump()) == ClipShadowSettings()  # the defaults agree
     assert set(TabularRecipeIn.model_fields) <= {f.name for f in dataclasses.fields(TabularRecipe)}
+    from app.ml.verification.policy import VerdictPolicy
+    from app.registry.settings import VerdictPolicyIn
+
+    assert set(VerdictPolicyIn.model_fields) == {f.name for f in dataclasses.fields(VerdictPolicy)}
+    assert VerdictPolicy.from_dict(VerdictPolicyIn().model_dump()) == VerdictPolicy()  # the defaults agree
 
 
 # ---------------------------------------------------------------- item 12: clip.arch allowlist
@@ -763,3 +768,15 @@ def test_item18_sql_parameters_are_hidden(tmp_path, caplog):
     with pytest.raises(IntegrityError) as info, session_scope() as session:
         session.add(ApiKey(name="b", prefix="p", key_hash=secret_hash, scopes=["admin"]))
     assert secret_hash not in str(info.value) and "hidden" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("policy", "field"),
+    [({"no_such_key": 1}, "no_such_key"), ({"max_retain_r1_drop_points": 101}, "max_retain_r1_drop_points"),
+     ({"attack_fpr": 1.5}, "attack_fpr")],
+)  # fmt: skip
+def test_a_bad_verdict_policy_is_refused_at_registration(api, policy, field):
+    """Checked at the door (app/registry/settings.VerdictPolicyIn), not at the first verdict in a worker."""
+    response = api.post("/v1/models", json={"name": "f", "kind": "clip_federated", "verification": {"policy": policy}})
+    problem = _problem(response, 422, "validation-error")
+    assert field in problem["errors"][0]["location"]

@@ -407,3 +407,21 @@ def test_exact_retraining_is_judged_at_a_stricter_confidence():
     exact = P.decide(flagged(5), exact=True)
     assert exact["verdict"] == "pass" and "judged at 99.9 %" in exact["checks"][1]["message"]
     assert P.decide(flagged(20), exact=True)["verdict"] == "fail"
+
+
+def test_federated_verdict_follows_the_policy():
+    """A federated model's utility check is its retain R@1 drop against the model's ``max_retain_r1_drop_points``
+    (default 5); exact retraining's drop is reported, never judged."""
+    import torch
+
+    from app.jobs.federated import _retain_check
+    from app.jobs.work import Unlearned
+
+    drop_8 = Unlearned(torch.zeros(1), "ease", {"before": {"retain_r1": 70.0}, "after": {"retain_r1": 62.0}}, [0])
+    VerdictPolicy = P.VerdictPolicy
+    default = _retain_check(drop_8, VerdictPolicy())
+    assert default["passed"] is False and default["threshold"] == 5.0 and default["figure"] == 8.0
+    assert _retain_check(drop_8, VerdictPolicy(max_retain_r1_drop_points=10.0))["passed"] is True
+    assert _retain_check(drop_8, VerdictPolicy(), exact=True)["passed"] is None
+    with pytest.raises(ValueError):
+        VerdictPolicy(max_retain_r1_drop_points=-1)

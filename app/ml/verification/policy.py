@@ -57,6 +57,12 @@ UTILITY_RESOLUTION_ROWS = 2
 rows one changed prediction is 1.25 points, which a one-row exact retrain can cause."""
 
 
+DEFAULT_MAX_RETAIN_R1_DROP_POINTS = 5.0
+"""[INFERENCE] The most retain R@1 (points) a federated deletion may cost before its verdict fails; the measured
+retain drops are 1–4 points in the client and samples scenarios and up to ~9 for a class (README), retraining's own
+noise about 2. An operator can set it per model (``verification.policy``)."""
+
+
 @dataclass
 class VerdictPolicy:
     """Thresholds of the verdict; stored per model (``to_dict`` / ``from_dict``)."""
@@ -68,6 +74,8 @@ class VerdictPolicy:
     max_proven_distance: float | None = None
     unchanged_atol: float = UNCHANGED_ATOL
     fail_when_uninformative: bool = False
+    max_retain_r1_drop_points: float = DEFAULT_MAX_RETAIN_R1_DROP_POINTS
+    """Federated CLIP models: the most retain R@1 (points) a deletion may cost (their utility check)."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.attack_fpr < 1.0:
@@ -80,6 +88,8 @@ class VerdictPolicy:
             raise ValueError("max_utility_loss_points must be >= 0")
         if self.max_proven_distance is not None and self.max_proven_distance < 0:
             raise ValueError("max_proven_distance must be >= 0")
+        if not 0 <= self.max_retain_r1_drop_points <= 100:
+            raise ValueError("max_retain_r1_drop_points must lie in [0, 100]")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
