@@ -11,8 +11,9 @@ Scenarios (app/ml/data/captions.py): ``client`` (the client holding the novel sh
 with the novel colour), ``samples`` (one data subject's pairs of a novel shape) on the concept federation, and
 ``membership`` (30 % of the data subjects of a same-distribution federation whose captions carry a per-pair nuisance
 word; the matched held-out split is EASE's non-member target). For each seed and scenario the original federation is
-trained once (cached), then every method unlearns from the same state: retrain (the reference), EASE, the baselines
-(projected gradient ascent, FedEraser, FedOSD) and the ablations — one-tower excision *matched by displacement norm*
+trained once (cached), then every method unlearns from the same state: retrain (the reference), EASE, in the client
+scenario EASE's server-only fallback for an offline leaving client (``ease_offline``), the baselines (projected
+gradient ascent, FedEraser, FedOSD) and the ablations — one-tower excision *matched by displacement norm*
 (the norm EASE's search chose), the whole forget subspace, no GSD, no excision, and the fixed strength (scale 1).
 
 Figures (issue 11 "Benchmark"): forget / retain / test R@1 (mean of both directions, points; forget and retain

@@ -364,6 +364,7 @@ class Deletion:
         problem, positions = work.inputs.problem, work.inputs.positions
         model, name = work.model, work.method_name
         ctx.progress(0.1, f"unlearning {sum(int(m.sum()) for m in problem.forget_masks)} pairs with {name}")
+        problem.progress = ctx.scaled(0.1, 0.7, name)  # this attempt's method (an escalation reuses the problem)
         started = time.perf_counter()
         result = work.method.unlearn(problem)
         seconds = time.perf_counter() - started
