@@ -143,11 +143,9 @@ def _ready(client, model_id: str) -> dict:
     return model
 
 
-def _delete(client, model_id: str, scope: dict) -> dict:
-    response = client.post(
-        "/v1/deletion-requests",
-        json={"subject_ref": f"{scope['kind']} deletion", "model_id": model_id, "method": "ease", "scope": scope},
-    )
+def _delete(client, model_id: str, scope: dict, **settings) -> dict:
+    body = {"subject_ref": f"{scope['kind']} deletion", "model_id": model_id, "method": "ease", "scope": scope}
+    response = client.post("/v1/deletion-requests", json={**body, "method_settings": settings})
     assert response.status_code == 202, response.text
     return wait_request(client, response.json()["id"], timeout=600)
 
@@ -189,9 +187,13 @@ def test_a_caption_file_federation_runs_client_class_and_samples_deletions(servi
     assert clients.round(FED["rounds"])["status"] == "succeeded"  # the clients drop the deleted pairs first
     assert not any("purple" in c for d in clients.fed.clients for c in d.captions)
 
-    # client: a named client leaves; its rounds are rewritten without it and it may not send updates
-    done = _delete(client, model_id, {"kind": "client", "client_id": "hospital-a"})
+    # client: a named client leaves — offline (the server-only path, said by the request); its rounds are rewritten
+    # without it and it may not send updates
+    done = _delete(client, model_id, {"kind": "client", "client_id": "hospital-a"}, leaving_client="offline")
     assert done["status"] == "certified", done
+    info = client.get(f"/v1/models/{model_id}/versions").json()[-1]["metrics"]["method_info"]
+    assert info["leaving_client"] == "offline" and info["strength"]["mode"] == "offline"
+    assert info["strength"]["probes"] == [] and info["bke"][0]["pair_grads"] == 0
     rounds = done["erasure"]["rounds"]
     assert rounds["action"] == "client's updates zeroed" and done["erasure"]["round_files_shredded"] == len(
         rounds["before"]

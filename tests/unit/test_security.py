@@ -413,6 +413,7 @@ def test_item11_a_request_may_not_change_method_settings(live):
         ("retrain", {"purge_meta_tasks": False}, "purge_meta_tasks"),
         ("l2ul", {"workers": 64}, "workers"),
         ("auto", {"seed": 1}, "seed"),
+        ("ease", {"excision_steps": 100}, "excision_steps"),  # ease allows leaving_client only
     ):
         response = live.post("/v1/deletion-requests", json={**body, "method": method, "method_settings": settings})
         problem = _problem(response, 422, "method-setting-not-allowed")
