@@ -16,7 +16,7 @@ import httpx
 import uvicorn
 
 from app.main import create_app
-from tests.helpers import configure, make_key, wait_for, write_table
+from tests.helpers import configure, make_key, wait_for, wait_model, write_table
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu"]
@@ -86,8 +86,9 @@ class Stack:
             )
             assert response.status_code == 202, response.text
             model_id = response.json()["id"]
-            model = wait_for(
-                lambda: (b := client.get(f"/v1/models/{model_id}").json())["status"] != "registering" and b,
+            model = wait_model(
+                client,
+                model_id,
                 timeout=300,
                 interval=0.2,
                 what="model training",

@@ -73,6 +73,16 @@ def wait_for(predicate: Callable[[], object], timeout: float = 120, interval: fl
         time.sleep(interval)
 
 
+def wait_model(client, model_id: str, timeout: float = 300, interval: float = 0.1, what: str = "registration") -> dict:
+    """Poll a model until it has left ``registering`` (ready or failed); returns its last representation."""
+    return wait_for(
+        lambda: (b := client.get(f"/v1/models/{model_id}").json())["status"] != "registering" and b,
+        timeout=timeout,
+        interval=interval,
+        what=what,
+    )
+
+
 def wait_request(client, request_id: str, timeout: float = 600, interval: float = 0.3) -> dict:
     """Poll a deletion request until it completes, fails or is rejected; returns its last representation."""
     return wait_for(

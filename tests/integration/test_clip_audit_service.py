@@ -8,7 +8,7 @@ import base64
 import json
 
 from app.fedclient import SimulatedClients
-from tests.helpers import wait_for, wait_request
+from tests.helpers import wait_model, wait_request
 
 DATA = {"kind": "synthetic", "seed": 0, "n_clients": 3, "pairs_per_client": 30, "n_test": 30}
 FED = {"rounds": 2, "batch_size": 15, "local_epochs": 1.0}
@@ -27,8 +27,9 @@ def test_a_federated_deletion_is_audited_with_shadow_lora_runs(stack):
     )
     assert response.status_code == 202, response.text
     model_id = response.json()["id"]
-    model = wait_for(
-        lambda: (b := stack.client.get(f"/v1/models/{model_id}").json())["status"] != "registering" and b,
+    model = wait_model(
+        stack.client,
+        model_id,
         timeout=900,
         interval=0.5,
         what="version 1 and the shadow LoRA runs",

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import save as save_tensors
 
 from app.fedclient import SimulatedClients
-from tests.helpers import wait_for, wait_request
+from tests.helpers import wait_for, wait_model, wait_request
 
 DATA = {"kind": "synthetic", "seed": 0, "n_clients": 4, "pairs_per_client": 40, "n_test": 40}
 FED = {"rounds": 5, "batch_size": 20, "local_epochs": 1.0}
@@ -31,8 +31,9 @@ def test_client_deletion_with_ease(stack):
     )
     assert response.status_code == 202, response.text
     model_id = response.json()["id"]
-    model = wait_for(
-        lambda: (b := stack.client.get(f"/v1/models/{model_id}").json())["status"] != "registering" and b,
+    model = wait_model(
+        stack.client,
+        model_id,
         timeout=900,
         interval=0.5,
         what="version 1 (tiny CLIP, LoRA init)",

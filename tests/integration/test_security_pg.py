@@ -23,7 +23,7 @@ from app.auth.service import hash_key, lookup_key
 from app.auth.tables import ApiKey
 from app.db import session_scope, utcnow
 from app.requests.schemas import DeletionRequestCreate, SamplesScope
-from tests.helpers import configure, make_key, wait_for, write_table
+from tests.helpers import configure, make_key, wait_model, write_table
 from tests.integration.conftest import PG_ADMIN, Services
 
 PROBLEM = "application/problem+json"
@@ -76,8 +76,9 @@ def model(stack):
         )
     assert response.status_code == 202, response.text
     model_id = response.json()["id"]
-    body = wait_for(
-        lambda: (b := stack.client.get(f"/v1/models/{model_id}").json())["status"] != "registering" and b,
+    body = wait_model(
+        stack.client,
+        model_id,
         timeout=120,
         what="version 1",
     )

@@ -13,7 +13,7 @@ from sqlalchemy import func, select, text
 
 from app.db import session_scope
 from app.requests.tables import DeletionRequest
-from tests.helpers import make_key, wait_for, wait_request, write_table
+from tests.helpers import make_key, wait_model, wait_request, write_table
 
 PROBLEM = "application/problem+json"
 
@@ -29,8 +29,9 @@ def model(stack, tmp_path_factory):
         )
     assert response.status_code == 202, response.text
     model_id = response.json()["id"]
-    body = wait_for(
-        lambda: (b := stack.client.get(f"/v1/models/{model_id}").json())["status"] != "registering" and b,
+    body = wait_model(
+        stack.client,
+        model_id,
         timeout=120,
         what="version 1 trained by the Celery worker",
     )

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from app.db import session_scope
 from app.jobs.tables import Job
 from app.registry.tables import ModelVersion
-from tests.helpers import wait_for, wait_request
+from tests.helpers import wait_for, wait_model, wait_request
 
 
 def _slow_table(path, n=20000, d=20, seed=3):
@@ -41,8 +41,9 @@ def test_sigkill_mid_job_finishes_after_lease_expiry_with_one_version(stack, tmp
             "/v1/models", data={"metadata": json.dumps(metadata)}, files={"file": ("slow.csv", handle, "text/csv")}
         )
     model_id = response.json()["id"]
-    model = wait_for(
-        lambda: (b := stack.client.get(f"/v1/models/{model_id}").json())["status"] != "registering" and b,
+    model = wait_model(
+        stack.client,
+        model_id,
         timeout=600,
         interval=0.5,
         what="version 1",

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.main import create_app
-from tests.helpers import configure, make_key, wait_for, write_table
+from tests.helpers import configure, make_key, wait_for, wait_model, write_table
 
 
 @pytest.fixture
@@ -34,8 +34,9 @@ def _register(client, tmp_path, suffix=".csv", **extra):
         )
     assert response.status_code == 202, response.text
     model_id = response.json()["id"]
-    model = wait_for(
-        lambda: (b := client.get(f"/v1/models/{model_id}").json())["status"] != "registering" and b,
+    model = wait_model(
+        client,
+        model_id,
         timeout=60,
         what="model training",
     )

@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from app.main import create_app
 from app.ml.clip import create_clip
 from app.ml.data.captions import export_karpathy, make_synthetic_federation
-from tests.helpers import configure, make_key, wait_for, wait_request
+from tests.helpers import configure, make_key, wait_for, wait_model, wait_request
 
 ARCH = "lethe-mini-vit"
 CLIENTS = ["hospital-a", "hospital-b", "hospital-c"]
@@ -133,8 +133,9 @@ def test_bad_caption_federations_are_refused_at_registration(service, tmp_path):
 
 
 def _ready(client, model_id: str) -> dict:
-    model = wait_for(
-        lambda: (b := client.get(f"/v1/models/{model_id}").json())["status"] != "registering" and b,
+    model = wait_model(
+        client,
+        model_id,
         timeout=300,
         interval=0.2,
         what="version 1",

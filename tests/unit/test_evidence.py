@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from app.certificates.verify_cli import verify_file
 from app.main import create_app
 from app.ml.unlearning import base
-from tests.helpers import configure, make_key, wait_for, wait_request, write_table
+from tests.helpers import configure, make_key, wait_model, wait_request, write_table
 
 DO_NOTHING = "app.ml.unlearning.baselines.sisa:DoNothing"
 DO_NOTHING_CONFIG = "app.ml.unlearning.baselines.sisa:DoNothingConfig"
@@ -60,8 +60,9 @@ def _register(client, tmp_path):
             "/v1/models", data={"metadata": json.dumps(metadata)}, files={"file": ("t.csv", handle, "text/csv")}
         )
     model_id = response.json()["id"]
-    model = wait_for(
-        lambda: (b := client.get(f"/v1/models/{model_id}").json())["status"] != "registering" and b,
+    model = wait_model(
+        client,
+        model_id,
         timeout=120,
         what="registration",
     )

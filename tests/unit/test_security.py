@@ -30,7 +30,7 @@ from sqlalchemy.exc import IntegrityError
 from app.config import Settings, get_settings
 from app.db import session_scope
 from app.main import create_app
-from tests.helpers import TEST_SECRET, configure, make_key, wait_for, write_table
+from tests.helpers import TEST_SECRET, configure, make_key, wait_model, write_table
 
 PROBLEMS = "https://lethe.dev/problems/"
 
@@ -65,8 +65,9 @@ def live(tmp_path):
         response = _upload(client, path)
         assert response.status_code == 202, response.text
         model_id = response.json()["id"]
-        model = wait_for(
-            lambda: (b := client.get(f"/v1/models/{model_id}").json())["status"] != "registering" and b,
+        model = wait_model(
+            client,
+            model_id,
             timeout=60,
             what="training",
         )
