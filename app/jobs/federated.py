@@ -351,7 +351,6 @@ class Deletion:
             fed_settings=FedSettings(**model.spec.get("fed_settings", {})),
             weights=torch.tensor(model.state["client_sizes"], dtype=torch.float32),
             model=clip,
-            progress=ctx.scaled(0.1, 0.7, work.method_name),
             removed=removed,
             forget_lock=ForgetLock.from_bytes(get_store().get_bytes(lock_entry["digest"])) if lock_entry else None,
             gallery=data.test,
@@ -361,10 +360,10 @@ class Deletion:
         return FederatedInputs(problem, positions)
 
     def unlearn(self, work: DeletionWork, ctx: JobContext) -> Unlearned:
-        problem, positions = work.inputs.problem, work.inputs.positions
-        model, name = work.model, work.method_name
+        model, name, positions = work.model, work.method_name, work.inputs.positions
+        # this attempt's progress sink (an escalation runs another method on the same loaded inputs)
+        problem = dataclasses.replace(work.inputs.problem, progress=ctx.scaled(0.1, 0.7, name))
         ctx.progress(0.1, f"unlearning {sum(int(m.sum()) for m in problem.forget_masks)} pairs with {name}")
-        problem.progress = ctx.scaled(0.1, 0.7, name)  # this attempt's method (an escalation reuses the problem)
         started = time.perf_counter()
         result = work.method.unlearn(problem)
         seconds = time.perf_counter() - started
