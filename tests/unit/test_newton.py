@@ -213,8 +213,9 @@ def test_newton_and_influence_match_retraining(lr):
 
 @pytest.mark.parametrize("purge", ["recompute", "downdate"])
 def test_woodbury_step_equals_the_factorised_step(lr, purge, monkeypatch):
-    """Binary LR: small requests are solved by Woodbury's identity in the stored pencil basis, without forming or
-    factorising H_R. Same answer as factorising it, also when the stored Hessian sits at an earlier model (a second
+    """Binary LR: small requests are solved by Woodbury's identity in the stored pencil basis (one row: by
+    Sherman-Morrison from terms kept with the state), without forming or factorising H_R. Same answer as factorising
+    it, also when the stored Hessian sits at an earlier model (a second
     request under purge="downdate")."""
     if lr.C != 2:
         pytest.skip("Woodbury's path is the binary (rank-one per row) case")
@@ -222,15 +223,19 @@ def test_woodbury_step_equals_the_factorised_step(lr, purge, monkeypatch):
     first_f = mask(lr.n, rng.choice(lr.n, 3, replace=False))
     method = NewtonUnlearning(NewtonConfig(purge=purge))
     first = lr.unlearn(method, first_f)
+    woodbury = method_module.WOODBURY_MAX_ROWS_PER_PARAM
     for k in (1, 4):
         f = mask(lr.n, rng.choice(np.flatnonzero(~first_f), k, replace=False))
         answers = []
-        for max_rows in (method_module.WOODBURY_MAX_ROWS_PER_PARAM, 0.0):
+        # the one-row path (k = 1), Woodbury's identity, and the factorised step
+        for max_rows, one_row in ((woodbury, True), (woodbury, False), (0.0, False)):
             monkeypatch.setattr(method_module, "WOODBURY_MAX_ROWS_PER_PARAM", max_rows)
+            monkeypatch.setattr(method_module, "ONE_ROW_PATH", one_row)
             res = lr.unlearn(method, f, theta=first.theta, artifacts=first.artifacts, tombstone=first_f)
             answers.append(res.theta.to(torch.float64))
-        move = float((answers[1] - first.theta.to(torch.float64)).norm())
-        assert float((answers[0] - answers[1]).norm()) <= 1e-5 * move, (purge, k)
+        move = float((answers[2] - first.theta.to(torch.float64)).norm())
+        for a in answers[:2]:
+            assert float((a - answers[2]).norm()) <= 1e-5 * move, (purge, k)
 
 
 def test_exact_steps_reach_retraining(lr):
