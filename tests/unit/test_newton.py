@@ -408,3 +408,12 @@ def test_purge_by_another_method_describes_the_new_model(lr):
     ensemble = torch.cat([theta_new, theta_new])  # a SISA version: no single model for the state to describe
     problem = TabularProblem(lr.recipe, lr.X, lr.y, lr.C, ensemble, ~gone, gone, lr.none, artifacts={})
     assert "prepare again" in NewtonUnlearning().purge(problem).info["needs_prepare"]
+
+
+def test_one_row_sigmoid_is_the_logistic_function_without_overflow():
+    """The one-row step evaluates sigma on Python floats; a confidently classified row (|logit| in the hundreds) must
+    not raise OverflowError, and the values must match scipy's expit."""
+    import scipy.special
+
+    for z in (-1000.0, -30.0, -1.5, 0.0, 2.0, 40.0, 1000.0):
+        assert method_module._sigmoid(z) == pytest.approx(float(scipy.special.expit(z)), rel=1e-12, abs=1e-300)
