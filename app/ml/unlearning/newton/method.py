@@ -312,6 +312,8 @@ class _LRFast:
             theta' = (theta - a1) + q (e / m - s (h - e g / m) / (m - s g)),   q = M1 x, g = x^T q, h = x^T a1.
         q, x theta, x at and h are one product with the stacked rows [M1; theta; at; a1]."""
         m = self.n - 1
+        if m < 1:  # a one-row table: no row can be erased (unlearn refuses k >= n)
+            return
         c = self.n / m
         dinv = 1.0 / (c - (c - 1.0) * self.gamma)
         M1 = (self.eigvecs * dinv) @ self.eigvecs.T
@@ -405,7 +407,7 @@ def _lr_step(
     f = _LRFast.of(state, recipe, d, C)
     n = f.n
     if mode == "newton" and f.eigvecs is not None and k <= WOODBURY_MAX_ROWS_PER_PARAM * (d + 1):
-        if k == 1 and ONE_ROW_PATH:
+        if k == 1 and ONE_ROW_PATH and f.one_row_w is not None:
             i = int(f_idx[0])  # a plain index: a view of the row, no fancy-indexing copy
             return _one_row_step(f, np.asarray(X[i], np.float64), float(y[i])), None, None, base, None
         return _woodbury_step(f, X[f_idx], y[f_idx]), None, None, base, None
