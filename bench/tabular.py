@@ -833,11 +833,15 @@ def markdown_table(results: dict[str, Any]) -> str:
     sizes = sorted({k for per in settings.values() for k in per}, key=int)
     head = " | ".join(f"\\|D_f\\| = {k}: ratio · speed-up · e2e · gap" for k in sizes)
     lines = [f"| setting | method | {head} | purge_s |", "|---|---|" + "---|" * len(sizes) + "---:|"]
+    not_run = results.get("halves_not_run", {})
     for setting, per in settings.items():
         for m in (*METHODS[:-1], "auto"):
             cells, purge = [], []
             for k in sizes:
                 e = per.get(k, {}).get(m)
+                if m == "auto" and "service" in not_run.get(setting, []):
+                    cells.append("service half not run")
+                    continue
                 if e is None:
                     cells.append("")
                     continue
