@@ -802,9 +802,10 @@ def merge(paths: list[Path], out_path: Path) -> int:
     # an older part's plan may have skipped a setting that a newer part ran; say which halves are missing instead
     merged["skipped"] = {k: v for k, v in merged["skipped"].items() if k not in merged["settings"]}
     merged["halves_not_run"] = {
-        key: [h for h in ("quality", "service") if h not in res] for key, res in merged["settings"].items()
+        key: missing
+        for key, res in merged["settings"].items()
+        if (missing := [h for h in ("quality", "service") if h not in res])
     }
-    merged["halves_not_run"] = {k: v for k, v in merged["halves_not_run"].items() if v}
     merged["parts"].sort(key=lambda p: p["started_utc"] or "")
     merged["wall_time_s_sum"] = sum(p["wall_time_s"] or 0 for p in merged["parts"])
     merged["summary"] = build_summary(merged["settings"])
