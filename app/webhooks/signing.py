@@ -74,8 +74,8 @@ def sign_headers(
 def verify(secret: str, payload: bytes | str, headers: Mapping[str, str]) -> Any:
     """Check a delivery like a receiver does (5-minute timestamp tolerance); returns the parsed JSON body.
 
-    Raises :class:`WebhookVerificationError` for every failure, including malformed signature headers, which the
-    library itself would let through as other exceptions.
+    Raises :class:`WebhookVerificationError` for every failure, including what the library lets through as other
+    exceptions: a correctly signed body that is not JSON, and (before standardwebhooks 1.3) a malformed signature.
     """
     try:
         return standardwebhooks.Webhook(secret).verify(payload, dict(headers))
