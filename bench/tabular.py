@@ -649,6 +649,9 @@ def build_summary(settings: dict[str, dict]) -> dict[str, dict]:
                     "acc_test": q["acc_test"],
                     "acc_forget": q["acc_forget"],
                 }
+                if m in e2e:  # why a method has no e2e figure: not asked, or refused / not completed (problem names)
+                    entry[m]["e2e_asked"] = e2e[m]["asked"]
+                    entry[m]["e2e_not_completed"] = e2e[m]["not_completed"]
                 if m in ("newton", "influence"):
                     entry[m]["upkeep_s"] = q["upkeep_s"]
                     entry[m]["validated_param_ratio"] = validation.get(m)
@@ -663,6 +666,7 @@ def build_summary(settings: dict[str, dict]) -> dict[str, dict]:
                     "ran": e2e["auto"]["ran"],
                     "speedup_e2e": e2e["auto"]["speedup_e2e"],
                     "e2e_s": e2e["auto"]["e2e_s"],
+                    "e2e_asked": e2e["auto"]["asked"],
                 }
             entry["retrain"]["time_s_sklearn"] = res["quality"]["sklearn_fit"]["seconds"]
             summary[f"{key}_{k}"] = entry
@@ -826,6 +830,12 @@ def markdown_table(results: dict[str, Any]) -> str:
     def f(v, spec, suffix=""):
         return format(v, spec) + suffix if v is not None else "—"
 
+    def e2e_cell(e):
+        """The e2e speed-up, else why there is none: the problems of the requests that did not complete."""
+        if e.get("speedup_e2e") is not None or not e.get("e2e_not_completed"):
+            return f(e.get("speedup_e2e"), ".2f", "×")
+        return "/".join(sorted({str(x) for x in e["e2e_not_completed"]}))
+
     summary = results["summary"]
     settings: dict[str, dict[str, dict]] = {}
     for key, entry in summary.items():
@@ -846,6 +856,9 @@ def markdown_table(results: dict[str, Any]) -> str:
                 if e is None:
                     cells.append("")
                     continue
+                if m == "auto" and e.get("e2e_asked") == 0:
+                    cells.append("not run through the service")
+                    continue
                 if m == "auto":
                     ran = "/".join(e["ran"]) or "—"
                     cells.append(f"→ {ran} · e2e {f(e['speedup_e2e'], '.2f', '×')}")
@@ -853,7 +866,7 @@ def markdown_table(results: dict[str, Any]) -> str:
                 ratio = "0 (reference)" if m == "retrain" else f(e["param_ratio"], ".2g")
                 spec = ",.0f" if (e["speedup"] or 0) >= 10 else ".2g"
                 speed = f(e["time_s"], ".3g", " s") if m == "retrain" else f(e["speedup"], spec, "×")
-                cells.append(f"{ratio} · {speed} · {f(e['speedup_e2e'], '.2f', '×')} · {f(e['acc_gap_pts'], '+.2f')}")
+                cells.append(f"{ratio} · {speed} · {e2e_cell(e)} · {f(e['acc_gap_pts'], '+.2f')}")
                 if m in LEARNED:
                     purge.append(f(e.get("purge_s"), ".3f"))
             lines.append(f"| {setting} | {m} | " + " | ".join(cells) + f" | {' / '.join(purge)} |")
