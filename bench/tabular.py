@@ -150,7 +150,7 @@ def make_plan(mode: str) -> Plan:
         sizes=[1, 100, 1000],
         reps=5,
         reps_e2e={"lr": 5, "mlp": 2},
-        e2e_sizes={"lr": [1, 100, 1000], "mlp": [1, 100]},
+        e2e_sizes={"lr": [1, 100, 1000], "mlp": [1, 100, 1000]},
         reps_override={"synthetic_mlp": 3},
         reps_override_reason={
             "synthetic_mlp": "3 requests per |D_f| in process instead of 5: every retrain (the reference of each "
