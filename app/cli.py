@@ -385,13 +385,15 @@ def _print_verdict(client, request, console) -> None:
             console.print(f"  {mark} {check.message or check.name}")
         if report.informative is not None:
             power = "informative" if report.informative else "UNINFORMATIVE"
-            console.print(f"  audit power: {power}" + (f" — {report.informative_detail}" if report.informative_detail
-                                                        else ""))  # fmt: skip
+            console.print(f"  membership audit: {power}" + (f" — {report.informative_detail}"
+                                                             if report.informative_detail else ""))  # fmt: skip
+        console.print(f"  evidence class: {', '.join(report.evidence) or 'none'}", markup=False)
     if "certificate" in request.links:
         console.print(f"certificate: {request.links['certificate']}")
     style = _STATUS_STYLE.get(request.status, "white")
-    console.print(
-        f"[{style}]{request.status}[/{style}]" + (f": {request.error.get('detail')}" if request.error else "")
+    console.print(  # one line however long the reason: the last line says how the request ended
+        f"[{style}]{request.status}[/{style}]" + (f": {request.error.get('detail')}" if request.error else ""),
+        soft_wrap=True,
     )
 
 

@@ -161,6 +161,11 @@ class Check(_Out):
     threshold: float | None = None
     passed: bool | None = None
     message: str | None = None
+    evidence: bool = False
+    """True for a piece of evidence (app/ml/verification/evidence.py, or the membership attack)."""
+    informative: bool | None = None
+    power: float | None = None
+    """How many times above the threshold doing nothing would sit: the check's power to fail."""
 
 
 class Report(_Out):
@@ -173,6 +178,8 @@ class Report(_Out):
     created_at: datetime
     method: str | None = None
     checks: list[Check] = Field(default_factory=list)
+    evidence: list[str] = Field(default_factory=list)
+    """The evidence class: the informative evidence that passed (empty on a failed verdict)."""
     reasons: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
     informative: bool | None = None

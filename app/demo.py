@@ -184,8 +184,9 @@ def _evidence(client: LetheClient, request: DeletionRequest, label: str) -> None
         for check in report.checks:
             mark = {True: "✓", False: "✗", None: "·"}[check.passed]
             print(f"     {mark} {check.message}")
-        print(f"     audit power: {'informative' if report.informative else 'UNINFORMATIVE'} — "
+        print(f"     membership audit: {'informative' if report.informative else 'UNINFORMATIVE'} — "
               f"{report.informative_detail or ''}")  # fmt: skip
+        print(f"     evidence class: {', '.join(report.evidence) or 'none'}")
     manifest = request.erasure or {}
     if manifest:
         methods = ", ".join(f"{k}: {v['action']}" for k, v in manifest.get("method_state", {}).items()) or "none"

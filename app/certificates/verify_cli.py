@@ -123,12 +123,32 @@ def describe(certificate: VerifiedCertificate) -> str:
     method = predicate.get("method") if isinstance(predicate.get("method"), dict) else {}
     verification = predicate.get("verification") if isinstance(predicate.get("verification"), dict) else {}
     timestamps = predicate.get("timestamps") if isinstance(predicate.get("timestamps"), dict) else {}
-    return (
-        f"VALID: deletion certificate for {certificate.subject_name} sha256:{certificate.subject_digest}\n"
+    figures = verification.get("figures") if isinstance(verification.get("figures"), dict) else {}
+    lines = [
+        f"VALID: deletion certificate for {certificate.subject_name} sha256:{certificate.subject_digest}",
         f"  request {predicate.get('request_id')}, model {predicate.get('model_id')}, "
-        f"method {method.get('name')}, verdict {verification.get('verdict')}\n"
-        f"  issued {timestamps.get('issued_at')}, signed by key {certificate.key_id}"
-    )
+        f"method {method.get('name')}, verdict {verification.get('verdict')}",
+        f"  evidence class: {', '.join(map(str, figures.get('evidence_class') or [])) or 'none stated'}",
+    ]
+    for item in figures.get("evidence") or []:
+        if isinstance(item, dict):
+            lines.append(
+                f"    {item.get('name')}: figure {_num(item.get('figure'))} threshold {_num(item.get('threshold'))} "
+                f"power {_num(item.get('power'))}x informative {item.get('informative')} passed {item.get('passed')}"
+            )
+    guarantee = figures.get("certified_removal")
+    if isinstance(guarantee, dict):
+        lines.append(
+            f"  certified removal (Guo et al. 2020): epsilon {guarantee.get('epsilon')}, delta {guarantee.get('delta')}"
+            f", residual budget used {_num(guarantee.get('spent'))} of {_num(guarantee.get('budget'))}"
+        )
+    lines.append(f"  issued {timestamps.get('issued_at')}, signed by key {certificate.key_id}")
+    return "\n".join(lines)
+
+
+def _num(value: Any) -> str:
+    """A figure from a certificate, short: numbers to 3 significant digits, anything else as it is."""
+    return f"{value:.3g}" if isinstance(value, int | float) and not isinstance(value, bool) else str(value)
 
 
 def verify_file(path: Path | str, keys_source: str) -> tuple[bool, str]:

@@ -28,10 +28,10 @@ from app.ml.data.tabular import TableEncoder, load_table
 from app.ml.unlearning import validation
 from app.ml.unlearning.base import TabularProblem, UnlearningResult, explain_choice, get_method
 from app.ml.unlearning.newton.probe import determinism_probe
-from app.ml.verification.audit import run_audit
-from app.ml.verification.bounds import gradient_norm_bound
+from app.ml.verification.audit import run_audit, theta_facts
+from app.ml.verification.evidence import tabular_evidence
 from app.ml.verification.plots import audit_plots
-from app.ml.verification.policy import VerdictPolicy, decide, theta_unchanged
+from app.ml.verification.policy import VerdictPolicy, decide
 from app.ml.verification.shadows import (
     ShadowSettings,
     positions_of,
@@ -49,6 +49,8 @@ DEFAULT_SHADOWS = 64
 """LiRA shadows per model unless the registration says otherwise (Carlini et al. use 64 for per-example variance)."""
 HOLDOUT_SEED_OFFSET = 7919
 """The held-out split's random stream is the recipe's seed plus this (kept apart from the training seed's)."""
+MAX_SHADOW_KEEP = 0.9
+"""The largest share of the pool a shadow trains on (every row keeps OUT shadows: 10 % of them at this share)."""
 ENCODED_CACHE_SIZE = 4
 """Encoded tables a worker keeps in memory (keyed by data-set digest and encoder)."""
 FRAME_CACHE_SIZE = 2
@@ -333,11 +335,21 @@ def train(job: Job, ctx: JobContext) -> None:
     finish(job.id, ctx.owner, {"version_id": version_id, "preparations": preparations})
 
 
+def shadow_keep_fraction(holdout_fraction: float) -> float:
+    """Shadows train on the share of the pool the audited model trained on (1 − holdout; LiRA's own advice,
+    shadows.py): a shadow trained on half the rows is a weaker model than the audited one and costs the audit power.
+    Kept within [0.5, MAX_SHADOW_KEEP] so every row still has OUT shadows (LiRA needs both sides)."""
+    return float(min(max(1.0 - float(holdout_fraction), 0.5), MAX_SHADOW_KEEP))
+
+
 def train_verification_shadows(ctx: JobContext, model: Model, recipe, data: TabularData) -> None:
     """LiRA's shadow models for this model (issue 9; notes Part 2): the model's own recipe on random halves of the
     rows it holds (training and held-out alike), so every row is IN about half the shadows and OUT of the rest. Pool
     columns are positions, never sample ids. Stored with the model; replaced when rows are erased."""
-    settings = ShadowSettings(n_shadows=int(model.spec.get("verification", {}).get("shadows", DEFAULT_SHADOWS)))
+    settings = ShadowSettings(
+        n_shadows=int(model.spec.get("verification", {}).get("shadows", DEFAULT_SHADOWS)),
+        keep_fraction=shadow_keep_fraction(model.spec.get("holdout_fraction", 0.2)),
+    )
     pool = np.flatnonzero(data.present)
     started = time.perf_counter()
     shadows = train_shadows(
@@ -664,11 +676,12 @@ def erase_copies(work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> E
 
 # ------------------------------------------------------------------------------------------------------ verification
 def verify_deletion(work: DeletionWork, unlearned: Unlearned) -> Verification:
-    """LiRA on the forget rows against the original and the new parameters (matched non-members: held-out rows),
-    the audit's power, test accuracy against the original, and — for L2-regularised LR — the proven distance to the
-    retrained optimum; the model's verdict policy decides (app/ml/verification, issue 9)."""
+    """The evidence that the published parameters are the retained optimum or close to it (evidence.py: the proven
+    distance for LR, the retained gradient for the MLP), LiRA on the forget rows against the original and the new
+    parameters (matched non-members: held-out rows) with the audit's power, and test accuracy against the original;
+    the model's verdict policy decides (policy.decide: no certificate without informative evidence)."""
     inputs: TabularInputs = work.inputs
-    data, recipe = inputs.data, inputs.recipe
+    data = inputs.data
     policy = VerdictPolicy.from_dict(work.model.spec.get("verification", {}).get("policy"))
     theta_parent = weights(work.parent.digest)
     trained = np.flatnonzero(inputs.forget & ~inputs.holdout & ~inputs.tombstone)
@@ -678,20 +691,26 @@ def verify_deletion(work: DeletionWork, unlearned: Unlearned) -> Verification:
             "verdict": "pass",
             "reasons": ["every deleted row was held out of training: no version carries a trace of it"],
             "checks": [],
+            "evidence": ["held_out"],
             "notes": [],
             "policy": policy.to_dict(),
         }
         return Verification(report, verdict)
     test = inputs.holdout & data.present & ~inputs.forget
-    proven = _proven_distance(recipe, unlearned.theta, data, inputs.retain)
+    exact = work.spec.exact
+    evidence = _evidence(work, unlearned, theta_parent, policy)
+    proven = next((c["detail"] for c in evidence if c["name"] == "proven_distance"), None)
+    bound = proven.get("bound") if proven else None
     if "verification" not in work.model.state:  # registered before verification existed
-        return _verify_without_attack(policy, theta_parent, unlearned.theta, len(trained), proven, "no shadow models")
+        return _verify_without_attack(
+            policy, theta_parent, unlearned.theta, len(trained), evidence, exact, "no shadows"
+        )
     shadows = shadows_from_bytes(get_store().get_bytes(work.model.state["verification"]["shadows"]))
     pool = np.asarray(shadows.row_ids, dtype=np.int64)
     nonmembers = np.flatnonzero(np.isin(pool, np.flatnonzero(test)))
     if len(nonmembers) == 0:
         reason = "no held-out rows to serve as non-members"
-        return _verify_without_attack(policy, theta_parent, unlearned.theta, len(trained), proven, reason)
+        return _verify_without_attack(policy, theta_parent, unlearned.theta, len(trained), evidence, exact, reason)
     try:
         report, scores = run_audit(
             shadows,
@@ -701,68 +720,54 @@ def verify_deletion(work: DeletionWork, unlearned: Unlearned) -> Verification:
             nonmembers,
             theta_parent,
             unlearned.theta,
-            theta_retrained=unlearned.theta if work.spec.exact else None,
+            theta_retrained=None,  # exact retraining is judged by its evidence, never against itself
             X_test=data.X[test],
             y_test=data.y[test],
             trained_on_forget=True,
             policy=policy,
         )
     except ValueError as exc:  # e.g. too few shadows on one side of a row: say so instead of failing the job
-        return _verify_without_attack(policy, theta_parent, unlearned.theta, len(trained), proven, str(exc))
-    report["proven"] = proven
-    verdict = decide(report, policy, proven_distance=proven.get("bound") if proven else None, exact=work.spec.exact)
+        return _verify_without_attack(policy, theta_parent, unlearned.theta, len(trained), evidence, exact, str(exc))
+    report["proven"] = proven  # the evidence checks themselves are in the verdict's checks
+    verdict = decide(report, policy, proven_distance=bound, exact=exact, evidence=evidence)
     return Verification(report, verdict, audit_plots(scores))
 
 
-def _proven_distance(recipe, theta, data: TabularData, retain: np.ndarray) -> dict[str, Any] | None:
-    """‖∇L_retained(θ′)‖ and, for L2-regularised LR, the proven bound on ‖θ′ − θ_retrain‖ (bounds.py); None for an
-    ensemble (e.g. sharded training), whose parameters are not one model's."""
-    if tabular.ensemble_size(recipe, theta, data.X.shape[1], data.encoder.n_classes) > 1:
-        return None
-    return gradient_norm_bound(recipe, theta, data.X, data.y, data.encoder.n_classes, retain)
+def _evidence(work: DeletionWork, unlearned: Unlearned, theta_parent, policy: VerdictPolicy) -> list[dict[str, Any]]:
+    """evidence.py's checks for the published model; for an ensemble method (SISA) for each constituent the deletion
+    retrained, against the rows that constituent must now be the optimum of (the method's ``evidence_parts``)."""
+    inputs: TabularInputs = work.inputs
+    data, n_classes = inputs.data, inputs.data.encoder.n_classes
+    ratio, exact = policy.max_residual_ratio, work.spec.exact
+    parts = getattr(work.method, "evidence_parts", None)
+    if parts is not None and unlearned.method_artifacts and unlearned.method == work.method_name:
+        evidence = []
+        for part in parts(method_artifacts(work.model, unlearned.method), unlearned.method_artifacts):
+            rows = part["rows"] & inputs.retain
+            for check in tabular_evidence(
+                inputs.recipe, part["theta_before"], part["theta_after"], data.X, data.y, n_classes, rows, exact, ratio
+            ):
+                evidence.append({**check, "name": f"{check['name']}[part {part['part']}]"})
+        return evidence
+    return tabular_evidence(
+        inputs.recipe, theta_parent, unlearned.theta, data.X, data.y, n_classes, inputs.retain, exact, ratio
+    )
 
 
-def _verify_without_attack(policy, theta, theta_new, k: int, proven, reason: str) -> Verification:
+def _verify_without_attack(policy, theta, theta_new, k: int, evidence, exact: bool, reason: str) -> Verification:
     """The attack cannot run (no held-out rows to serve as non-members, or no shadows), and the report says so; the
-    verdict rests on the parameters having changed and on a proven bound where one exists."""
-    unchanged = theta_unchanged(theta, theta_new, policy.unchanged_atol)
-    checks = [
-        {
-            "name": "parameters_changed",
-            "figure": None,
-            "threshold": policy.unchanged_atol,
-            "passed": not unchanged,
-            "message": "the model was returned unchanged" if unchanged else "the parameters changed",
-        }
-    ]
-    bound = proven.get("bound") if proven else None
-    if bound is not None and policy.max_proven_distance is not None:
-        ok = bound <= policy.max_proven_distance
-        checks.append(
-            {
-                "name": "proven_distance",
-                "figure": bound,
-                "threshold": policy.max_proven_distance,
-                "passed": ok,
-                "message": f"proven ‖θ′ − θ_retrain‖ ≤ {bound:.3g}",
-            }
-        )
-    failed = [c["message"] for c in checks if c["passed"] is False]
+    verdict rests on the evidence checks and on the parameters having changed."""
+    proven = next((c["detail"] for c in evidence if c["name"] == "proven_distance"), None)
     report = {
         "n_forget": k,
         "n_nonmembers": 0,
         "informative": False,
         "informative_detail": f"{reason}: the membership attack could not run",
+        "theta": theta_facts(theta, theta_new, trained_on_forget=True),
         "proven": proven,
     }
-    verdict = {
-        "verdict": "fail" if failed else "pass",
-        "reasons": failed or [c["message"] for c in checks],
-        "checks": checks,
-        "notes": [report["informative_detail"]],
-        "policy": policy.to_dict(),
-    }
-    return Verification(report, verdict)
+    bound = proven.get("bound") if proven else None
+    return Verification(report, decide(report, policy, proven_distance=bound, exact=exact, evidence=evidence))
 
 
 def _replace_shadows(entry: dict[str, Any], data: TabularData, erased: np.ndarray, ctx: JobContext) -> dict[str, Any]:

@@ -102,13 +102,20 @@ class Verification:
         return self.verdict["verdict"] == "pass"
 
     def figures(self) -> dict[str, Any]:
-        """What the certificate states: the verdict's checks (figure, threshold, outcome) and the audit's power (the
-        membership attack's TPRs on the original model next to the unlearned one, and which attack it was)."""
+        """What the certificate states: the verdict's checks (figure, threshold, outcome), the evidence class (the
+        informative evidence that passed) with each piece's figures and power, and the membership attack's TPRs on
+        the original model next to the unlearned one."""
         models = self.report.get("models") or {}
         attack = self.report.get("attack") or {}
         return {
             "checks": [
                 {k: c.get(k) for k in ("name", "figure", "threshold", "passed")} for c in self.verdict["checks"]
+            ],
+            "evidence_class": self.verdict.get("evidence") or [],
+            "evidence": [
+                {k: c.get(k) for k in ("name", "figure", "threshold", "power", "informative", "passed")}
+                for c in self.verdict["checks"]
+                if c.get("evidence")
             ],
             "informative": self.report.get("informative"),
             "n_forget": self.report.get("n_forget"),

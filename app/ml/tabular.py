@@ -185,9 +185,21 @@ def _pick_device(recipe: TabularRecipe, n: int, d: int) -> torch.device:
 
 
 class _Objective:
-    """Mean cross-entropy + (l2/2)||weights||^2 with analytic gradient (and Hessian for LR), float64."""
+    """Mean cross-entropy + (l2/2)||weights||^2 with analytic gradient (and Hessian for LR), float64.
 
-    def __init__(self, recipe: TabularRecipe, X: np.ndarray, y: np.ndarray, n_classes: int, device: torch.device):
+    ``linear`` (a vector b of the parameter vector's length) adds b . theta / n: Guo et al.'s (2020) objective
+    perturbation, written per row like the rest (app/ml/unlearning/certified.py). It adds b / n to the gradient and
+    nothing to the Hessian."""
+
+    def __init__(
+        self,
+        recipe: TabularRecipe,
+        X: np.ndarray,
+        y: np.ndarray,
+        n_classes: int,
+        device: torch.device,
+        linear: np.ndarray | torch.Tensor | None = None,
+    ):
         self.recipe, self.C, self.device = recipe, n_classes, device
         self.X = torch.as_tensor(np.asarray(X), dtype=torch.float64, device=device)
         self.n, self.d = self.X.shape
@@ -208,6 +220,12 @@ class _Objective:
         for name, shape in self.shapes:
             mask.append(torch.full((math.prod(shape),), 1.0 if name.endswith("weight") else 0.0, dtype=torch.float64))
         self.reg_mask = torch.cat(mask).to(device)
+        self.linear: torch.Tensor | None = None
+        if linear is not None:
+            lin = torch.as_tensor(linear).detach().to(device, torch.float64).reshape(-1)
+            if lin.numel() != self.size:
+                raise ValueError(f"linear has {lin.numel()} elements, the model has {self.size} parameters")
+            self.linear = lin
         # One-hot encoded tables are mostly zeros (Adult: 14 of 105 entries per row). For LR on CPU the objective
         # and gradient then run on a CSR copy of [X, 1]: n * nnz_row work per evaluation instead of n * d.
         if recipe.family == "logistic_regression" and device.type == "cpu" and self.d >= 8:
@@ -256,6 +274,14 @@ class _Objective:
         return 0.5 * l2 * (wt * theta).sum(), l2 * wt
 
     def value_grad(self, theta: torch.Tensor, need_grad: bool = True) -> tuple[float, torch.Tensor | None]:
+        if self.linear is None:
+            return self._value_grad(theta, need_grad)
+        value, grad = self._value_grad(theta, need_grad)
+        lin = self.linear.to(theta.device)
+        value += float(lin @ theta.to(torch.float64)) / self.n
+        return value, (None if grad is None else grad + lin.to(grad.device) / self.n)
+
+    def _value_grad(self, theta: torch.Tensor, need_grad: bool) -> tuple[float, torch.Tensor | None]:
         if self._Xa_sparse is not None:
             return self._sparse_value_grad(theta, need_grad)
         n = self.n
@@ -385,14 +411,20 @@ def _as_theta64(theta: torch.Tensor | np.ndarray) -> torch.Tensor:
 
 
 def objective_gradient(
-    recipe: TabularRecipe, theta: torch.Tensor, X: np.ndarray, y: np.ndarray, n_classes: int
+    recipe: TabularRecipe,
+    theta: torch.Tensor,
+    X: np.ndarray,
+    y: np.ndarray,
+    n_classes: int,
+    linear: np.ndarray | torch.Tensor | None = None,
 ) -> tuple[float, torch.Tensor]:
-    """Value and gradient of the training objective (mean cross-entropy over these rows + (l2/2)||weights||^2) at
-    ``theta``: the very function ``fit`` minimises, float64 on the CPU. One pass over the rows."""
+    """Value and gradient of the training objective (mean cross-entropy over these rows + (l2/2)||weights||^2, plus
+    ``linear . theta / n`` when given) at ``theta``: the very function ``fit`` minimises, float64 on the CPU. One pass
+    over the rows."""
     X = np.asarray(X)
     if len(X) == 0:
         raise ValueError("the objective over no rows is undefined")
-    obj = _Objective(recipe, X, np.asarray(y), n_classes, _pick_device(recipe, *X.shape))
+    obj = _Objective(recipe, X, np.asarray(y), n_classes, _pick_device(recipe, *X.shape), linear)
     value, grad = obj.value_grad(_as_theta64(theta).to(obj.device))
     return value, grad.to("cpu", torch.float64)
 
@@ -607,6 +639,7 @@ def fit(
     y: np.ndarray,
     n_classes: int,
     init: torch.Tensor | np.ndarray | None = None,
+    linear: np.ndarray | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """``train`` plus solver facts (iterations, status, final loss and max |gradient|)."""
     X = np.asarray(X)
@@ -615,7 +648,7 @@ def fit(
         raise ValueError(f"X must be [n, d] with n = len(y) > 0; got {X.shape} and {y.shape}")
     n, d = X.shape
     device = _pick_device(recipe, n, d)
-    obj = _Objective(recipe, X, y, n_classes, device)
+    obj = _Objective(recipe, X, y, n_classes, device, linear)
     x0 = _init_theta(recipe, d, n_classes) if init is None else np.asarray(torch.as_tensor(init), dtype=np.float64)
     if x0.shape != (obj.size,):
         raise ValueError(f"init has shape {x0.shape}, the model needs ({obj.size},)")
@@ -637,12 +670,14 @@ def train(
     y: np.ndarray,
     n_classes: int,
     init: torch.Tensor | np.ndarray | None = None,
+    linear: np.ndarray | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Fit the recipe's model on (X, y) and return its flat float32 CPU parameter vector (deterministic per seed).
 
     ``init`` warm-starts the solver (SISA continues a constituent from its previous slice checkpoint with it).
+    ``linear`` (b) adds b . theta / n to the objective (Guo et al.'s objective perturbation; n = len(X)).
     """
-    return fit(recipe, X, y, n_classes, init)[0]
+    return fit(recipe, X, y, n_classes, init, linear)[0]
 
 
 # ---------------------------------------------------------------------------------------------- prediction

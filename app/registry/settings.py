@@ -67,7 +67,11 @@ class NewtonSettings(_Settings):
     purge: Literal["recompute", "downdate"] = "recompute"
     exact_hessian_max_params: int = Field(2048, ge=0, le=8192, description="A dense p x p float64 Hessian.")
     gauss_newton_damping: float = Field(1e-2, ge=0, le=1e6)
-    certify: bool = True
+    certify: bool = Field(
+        False,
+        description="Also compute the proven bound inside the step. The verify step computes it at the published "
+        "parameters anyway (its proven_distance evidence), so on by request only (it doubled the cost).",
+    )
 
 
 class L2ULNSettings(_Settings):
@@ -229,6 +233,12 @@ class VerdictPolicyIn(_Settings):
     unchanged_atol: float = Field(1e-12, ge=0, le=1)
     fail_when_uninformative: bool = False
     max_retain_r1_drop_points: float = Field(5.0, ge=0, le=100)
+    max_residual_ratio: float = Field(
+        0.1, gt=0, lt=1, description="An approximate method may keep at most this share of doing nothing's distance."
+    )
+    require_informative_evidence: bool = Field(
+        True, description="No certificate without informative evidence that passed (README, 'What certified means')."
+    )
 
 
 VerdictPolicySettings = Annotated[dict[str, Any], _checked(VerdictPolicyIn)]

@@ -191,7 +191,7 @@ def test_downdate_equals_the_retained_rows_hessian(family):
 
 # ---------------------------------------------------------------------------------------------- LR accuracy
 def test_newton_and_influence_match_retraining(lr):
-    newton, influence = NewtonUnlearning(), InfluenceUnlearning()
+    newton, influence = NewtonUnlearning(NewtonConfig(certify=True)), InfluenceUnlearning()
     rng = np.random.default_rng(0)
     for k in (1, 1, 20):
         f = mask(lr.n, rng.choice(lr.n, k, replace=False))
@@ -244,8 +244,8 @@ def test_exact_steps_reach_retraining(lr):
     solver along the flat shared-bias direction) is ~3e-4 of this move."""
     f = mask(lr.n, np.random.default_rng(1).choice(lr.n, 20, replace=False))
     theta_r = lr.retrain(~f)
-    plain = lr.unlearn(NewtonUnlearning(), f)
-    stepped = lr.unlearn(NewtonUnlearning(NewtonConfig(exact_steps=1)), f)
+    plain = lr.unlearn(NewtonUnlearning(NewtonConfig(certify=True)), f)
+    stepped = lr.unlearn(NewtonUnlearning(NewtonConfig(exact_steps=1, certify=True)), f)
     before, after = plain.info["bound"]["bound"], stepped.info["bound"]["bound"]
     r_plain, r_stepped = lr.ratio(plain.theta, theta_r), lr.ratio(stepped.theta, theta_r)
     print(f"C={lr.C} k=20: newton {r_plain:.2e} (proven {before:.1e} from the optimum), + 1 exact step {r_stepped:.2e} "
@@ -335,7 +335,7 @@ def test_refuses_what_it_cannot_do(lr):
 def test_mlp_newton_influence_and_exact_step(mlp):
     f = mask(mlp.n, [11])
     theta_r = mlp.retrain(~f)
-    res_n = mlp.unlearn(NewtonUnlearning(), f)
+    res_n = mlp.unlearn(NewtonUnlearning(NewtonConfig(certify=True)), f)
     res_i = mlp.unlearn(InfluenceUnlearning(), f)
     res_e = mlp.unlearn(NewtonUnlearning(NewtonConfig(exact_steps=1)), f)
     r_n, r_i, r_e = (mlp.ratio(r.theta, theta_r) for r in (res_n, res_i, res_e))

@@ -26,7 +26,26 @@ def test_retrain_equals_training_on_retained_rows():
     assert spec.method_cls is ExactRetrain and spec.model_kinds == {"tabular"}
     assert spec.scopes == {"samples", "class"} and not spec.needs_preparation
     res = spec.build({}).unlearn(problem)
-    assert torch.equal(res.theta, T.train(r, X[retain], y[retain], 2))
+    # LR is strictly convex: the retrain warm-started at the served θ lands on the cold start's optimum (to float32
+    # resolution) in fewer Newton iterations
+    cold, cold_info = T.fit(r, X[retain], y[retain], 2)
+    assert res.info["warm_start"] is True
+    assert float((res.theta - cold).abs().max()) <= 1e-5 * float(cold.abs().max())
+    assert res.info["solver"]["iterations"] < cold_info["iterations"]
     assert not torch.allclose(res.theta, theta)
     assert res.info["rows_used"] == 596 and res.info["rows_forgotten"] == 3 and res.info["wall_time_s"] > 0
     assert ExactRetrain(RetrainConfig()).unlearn(problem).info["solver"]["status"] == "converged"
+
+
+def test_mlp_retrain_starts_cold():
+    """The MLP's optimum depends on its start: the retrain starts where registration did, never at the served θ."""
+    X, y = make_classification(n_samples=200, n_features=4, random_state=0)
+    X = X.astype(np.float32)
+    r = T.TabularRecipe(family="mlp", hidden_units=3, max_iter=30)
+    theta = T.train(r, X, y, 2)
+    retain = np.ones(200, bool)
+    retain[0] = False
+    problem = TabularProblem(r, X, y, 2, theta, retain, ~retain, np.zeros(200, bool))
+    res = ExactRetrain().unlearn(problem)
+    assert res.info["warm_start"] is False
+    assert torch.equal(res.theta, T.train(r, X[retain], y[retain], 2))

@@ -22,6 +22,7 @@ from sklearn.metrics import roc_auc_score
 
 from app.ml import tabular as T
 from app.ml.verification import audit as A
+from app.ml.verification import evidence as E
 from app.ml.verification import lira as L
 from app.ml.verification import mia as M
 from app.ml.verification import plots
@@ -335,8 +336,17 @@ def test_uninformative_audit_is_reported_as_such(lr_world):
     attack = next(c for c in v["checks"] if c["name"] == "forget_attack")
     assert attack["passed"] is None and "uninformative" in attack["message"]
     assert any("uninformative" in note for note in v["notes"])
-    assert v["verdict"] == "pass"  # exact retrain: nothing else fails; the notes say the attack proved nothing
-    assert P.decide(rep, P.VerdictPolicy(fail_when_uninformative=True))["verdict"] == "fail"
+    # an uninformative attack is no evidence: utility and "θ changed" alone never certify (issue 20)
+    assert v["verdict"] == "fail"
+    assert [c["name"] for c in v["checks"] if c["passed"] is False] == ["informative_evidence"]
+    # the exact retrain is certified by the independent evidence: θ_r is the retained optimum to float32 resolution
+    retain = np.zeros(len(w["y"]), bool)
+    retain[w["retain"]] = True
+    evidence = E.tabular_evidence(LR, w["theta"], w["theta_r"], w["X"], w["y"], 2, retain, exact=True)
+    v = P.decide(rep, evidence=evidence, exact=True)
+    assert v["verdict"] == "pass" and v["evidence"] == ["proven_distance"], v["reasons"]
+    policy = P.VerdictPolicy(fail_when_uninformative=True)
+    assert P.decide(rep, policy, evidence=evidence, exact=True)["verdict"] == "fail"
     # do nothing still fails: the parameters rule does not need an informative attack
     nothing = A.audit_forget_set(w["shadows"], w["X"], w["y"], w["forget"], w["nonmembers"], w["theta"], w["theta"])
     assert P.decide(nothing)["verdict"] == "fail"

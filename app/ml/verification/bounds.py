@@ -94,9 +94,14 @@ def strong_convexity_bound(
     X: np.ndarray,
     n_classes: int,
     grad: torch.Tensor | np.ndarray,
+    others: dict[str, torch.Tensor | np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """The bound of the module docstring for theta, given the retained rows ``X`` and the retained objective's
     gradient ``grad`` at theta (callers that already hold it, such as the Newton method, skip a pass).
+
+    ``others``: further gradients of the same objective (at other parameters, e.g. the parent version's); the result's
+    ``newton_step_norms`` gives ||H'^-1 g|| for each, the length of the Newton step that the curvature at theta
+    would take from there (an estimate of that point's distance to the optimum, first-order exact near theta*).
 
     Cost: the float64 Hessian (O(n d^2 C^2)), its eigendecomposition (O(p^3)) and rho (O(n C p^2)).
     """
@@ -154,6 +159,13 @@ def strong_convexity_bound(
     rho_h *= slack
     a = 1.0 if k == 1 else SOFTMAX_LOGIT_FACTOR
     out["newton_step_norm"] = step_norm
+    if others:
+        out["newton_step_norms"] = {
+            name: float(
+                np.linalg.norm((V.T @ (Q.T @ np.asarray(torch.as_tensor(o), dtype=np.float64).reshape(-1))) / lam)
+            )
+            for name, o in others.items()
+        }
     for factor in RADIUS_FACTORS:
         radius = factor * 2.0 * g_dual  # in the H'-norm
         t = a * radius * rho_h

@@ -21,9 +21,14 @@ Checks, each naming its figure and threshold:
 4. Do-nothing: θ′ equal to θ (bitwise, or max |θ′ − θ| ≤ ``unchanged_atol``) while the forget rows were trained on
    fails: whatever the attack says, the model still holds exactly what it learned from them.
 
-When the audit is uninformative (the attack could not tell the forget rows from non-members on the ORIGINAL model
-either), check 1 carries no evidence. The verdict then rests on the other checks and says so in ``notes``; set
-``fail_when_uninformative`` to make that a failure instead.
+5. Evidence (evidence.py): the proven distance to the retained optimum (logistic regression) or the retained
+   gradient (MLP), each against doing nothing and the float32 floor, with its power.
+
+A pass needs at least one piece of INFORMATIVE evidence that passed (``require_informative_evidence``, on by default):
+an informative attack (check 1 with the original model's forget rows flagged above chance) or an informative check of
+evidence.py. Utility and "θ changed" are necessary, never sufficient: a one-ulp edit passes both. When the audit is
+uninformative (the attack could not tell the forget rows from non-members on the ORIGINAL model either), check 1
+carries no evidence and says so; ``fail_when_uninformative`` makes that alone a failure.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import numpy as np
 import torch
 from scipy import stats
 
+from app.ml.verification.evidence import DEFAULT_MAX_RESIDUAL_RATIO
 from app.ml.verification.lira import fpr_key
 
 MARGINS = ("rank", "binomial")
@@ -76,6 +82,10 @@ class VerdictPolicy:
     fail_when_uninformative: bool = False
     max_retain_r1_drop_points: float = DEFAULT_MAX_RETAIN_R1_DROP_POINTS
     """Federated CLIP models: the most retain R@1 (points) a deletion may cost (their utility check)."""
+    max_residual_ratio: float = DEFAULT_MAX_RESIDUAL_RATIO
+    """Approximate methods: the most of doing nothing's distance (or retained gradient) θ′ may keep (evidence.py)."""
+    require_informative_evidence: bool = True
+    """No certificate without at least one informative piece of evidence that passed (module docstring)."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.attack_fpr < 1.0:
@@ -90,6 +100,8 @@ class VerdictPolicy:
             raise ValueError("max_proven_distance must be >= 0")
         if not 0 <= self.max_retain_r1_drop_points <= 100:
             raise ValueError("max_retain_r1_drop_points must lie in [0, 100]")
+        if not 0.0 < self.max_residual_ratio < 1.0:
+            raise ValueError("max_residual_ratio must lie in (0, 1)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -162,15 +174,18 @@ def decide(
     proven_distance: float | None = None,
     exact: bool = False,
     extra_checks: list[dict[str, Any]] | None = None,
+    evidence: list[dict[str, Any]] | None = None,
 ) -> dict:
-    """Verdict on one deletion from its audit report (audit.audit_forget_set) and an optional proven distance bound.
+    """Verdict on one deletion from its audit report (audit.audit_forget_set; a report without attack figures says
+    why in ``informative_detail``), an optional proven distance bound and the evidence checks of evidence.py.
 
     ``extra_checks`` are a model family's own checks in the same shape (name, figure, threshold, passed, message),
     decided alongside (a federated model's retain R@1 drop stands in for the test-accuracy check).
 
     Returns {"verdict": "pass" | "fail", "reasons": [the failed checks' messages, or on a pass those of the checks
-    that passed], "checks": [every check with figure, threshold,
-    passed (True / False / None = not evaluated)], "notes": [...], "policy": policy.to_dict()}.
+    that passed], "checks": [every check with figure, threshold, passed (True / False / None = not evaluated); evidence
+    checks also carry informative and power], "evidence": [the names of the informative evidence that passed],
+    "notes": [...], "policy": policy.to_dict()}.
     """
     policy = policy or VerdictPolicy()
     checks: list[dict[str, Any]] = []
@@ -197,47 +212,10 @@ def decide(
         )
 
     # 1. forget-set attack on the unlearned model
-    key = fpr_key(policy.attack_fpr)
-    unl = ((report.get("models") or {}).get("unlearned") or {}).get("lira")
-    if unl is None or key not in unl.get("detected_at_fpr", {}):
-        raise ValueError(f"the report has no LiRA figures for the unlearned model at FPR {key}")
-    k, m = int(report["n_forget"]), int(report["n_nonmembers"])
-    confidence = max(policy.confidence, EXACT_CONFIDENCE) if exact else policy.confidence
-    margin = chance_margin(k, policy.attack_fpr, confidence, m, policy.margin)
-    detected = int(unl["detected_at_fpr"][key])
-    tpr = float(unl["tpr_at_fpr"][key])
-    informative = bool(report.get("informative", True))
-    attack_ok = detected <= margin["max_detected"]
-    msg = (
-        f"forget-set LiRA TPR@{policy.attack_fpr:g}FPR on the unlearned model = {tpr:.4f} ({detected}/{k} rows) "
-        f"{'≤' if attack_ok else '>'} max {margin['max_tpr']:.4f} ({margin['max_detected']}/{k}: chance "
-        f"{policy.attack_fpr:g} + one-sided {confidence:.1%} {margin['method']} margin, {margin['formula']})"
-        + (" [exact retraining: judged at 99.9 %, a detection can only be chance]" if exact else "")
-    )
-    if not informative:
-        notes.append(
-            "the audit was uninformative: on the ORIGINAL model the attack could not tell the forget rows from "
-            f"non-members either ({report.get('informative_detail', '')}); the attack check carries no evidence"
-        )
-        checks.append(
-            {
-                "name": "forget_attack",
-                "figure": tpr,
-                "threshold": margin["max_tpr"],
-                "passed": False if policy.fail_when_uninformative else None,
-                "message": msg + " [uninformative audit]",
-            }
-        )
+    if report.get("models"):
+        checks.append(_attack_check(report, policy, exact, notes))
     else:
-        checks.append(
-            {
-                "name": "forget_attack",
-                "figure": tpr,
-                "threshold": margin["max_tpr"],
-                "passed": attack_ok,
-                "message": msg,
-            }
-        )
+        notes.append(f"no membership attack: {report.get('informative_detail', 'it did not run')}")
 
     # 2. utility
     utility = report.get("utility")
@@ -265,25 +243,41 @@ def decide(
         else:
             notes.append("no test set in the report: the utility check was not evaluated")
 
-    # 3. proven distance
-    if proven_distance is not None and policy.max_proven_distance is not None:
-        ok = float(proven_distance) <= policy.max_proven_distance
+    # 3. proven distance: a configured maximum that cannot be certified fails (closed)
+    if policy.max_proven_distance is not None:
+        ok = proven_distance is not None and float(proven_distance) <= policy.max_proven_distance
+        shown = "none could be certified" if proven_distance is None else f"{float(proven_distance):.4g}"
         checks.append(
             {
-                "name": "proven_distance",
-                "figure": float(proven_distance),
+                "name": "max_proven_distance",
+                "figure": None if proven_distance is None else float(proven_distance),
                 "threshold": policy.max_proven_distance,
                 "passed": ok,
-                "message": (
-                    f"proven ‖θ′ − θ_retrain‖ bound = {float(proven_distance):.4g} "
-                    f"{'≤' if ok else '>'} max {policy.max_proven_distance:g}"
-                ),
+                "message": f"proven ‖θ′ − θ_retrain‖ bound: {shown} {'≤' if ok else '>'} "
+                f"max {policy.max_proven_distance:g}",
             }
         )
     elif proven_distance is not None:
         notes.append(f"proven distance bound {float(proven_distance):.4g} reported; the policy sets no maximum")
 
+    # 5. evidence
+    checks += list(evidence or [])
     checks += list(extra_checks or [])
+    supporting = [c["name"] for c in checks if c.get("evidence") and c.get("informative") and c["passed"] is True]
+    evidence_failed = any(c.get("evidence") and c["passed"] is False for c in checks)
+    if policy.require_informative_evidence and not supporting and not evidence_failed:
+        weak = [c["name"] for c in checks if c.get("evidence")]
+        checks.append(
+            {
+                "name": "informative_evidence",
+                "figure": 0,
+                "threshold": 1,
+                "passed": False,
+                "message": "no informative evidence that the erased rows were removed"
+                + (f" (uninformative: {', '.join(weak)})" if weak else " (no evidence class applies to this model)")
+                + ": utility and a changed θ alone prove nothing — a one-ulp edit passes them",
+            }
+        )
     failed = [c["message"] for c in checks if c["passed"] is False]
     # the reasons are the checks that decided the verdict: the failures, or on a pass every check evaluated
     reasons = failed or [c["message"] for c in checks if c["passed"] is True]
@@ -291,6 +285,45 @@ def decide(
         "verdict": "fail" if failed else "pass",
         "reasons": reasons,
         "checks": checks,
+        "evidence": supporting,
         "notes": notes,
         "policy": policy.to_dict(),
     }
+
+
+def _attack_check(report: dict[str, Any], policy: VerdictPolicy, exact: bool, notes: list[str]) -> dict[str, Any]:
+    """Check 1; evidence when informative, with its power: the original model's flagged rows over the chance margin
+    (1 = at chance; the attack can only show unlearning above 1)."""
+    key = fpr_key(policy.attack_fpr)
+    models = report.get("models") or {}
+    unl = (models.get("unlearned") or {}).get("lira")
+    if unl is None or key not in unl.get("detected_at_fpr", {}):
+        raise ValueError(f"the report has no LiRA figures for the unlearned model at FPR {key}")
+    k, m = int(report["n_forget"]), int(report["n_nonmembers"])
+    confidence = max(policy.confidence, EXACT_CONFIDENCE) if exact else policy.confidence
+    margin = chance_margin(k, policy.attack_fpr, confidence, m, policy.margin)
+    detected = int(unl["detected_at_fpr"][key])
+    tpr = float(unl["tpr_at_fpr"][key])
+    informative = bool(report.get("informative", True))
+    original = ((models.get("original") or {}).get("lira") or {}).get("detected_at_fpr", {}).get(key)
+    power = None if original is None else int(original) / max(margin["max_detected"], 1)
+    attack_ok = detected <= margin["max_detected"]
+    msg = (
+        f"forget-set LiRA TPR@{policy.attack_fpr:g}FPR on the unlearned model = {tpr:.4f} ({detected}/{k} rows) "
+        f"{'≤' if attack_ok else '>'} max {margin['max_tpr']:.4f} ({margin['max_detected']}/{k}: chance "
+        f"{policy.attack_fpr:g} + one-sided {confidence:.1%} {margin['method']} margin, {margin['formula']})"
+        + (" [exact retraining: judged at 99.9 %, a detection can only be chance]" if exact else "")
+    )
+    check = {"name": "forget_attack", "evidence": True, "figure": tpr, "threshold": margin["max_tpr"]}
+    check.update(informative=informative, power=power)
+    if not informative:
+        notes.append(
+            "the audit was uninformative: on the ORIGINAL model the attack could not tell the forget rows from "
+            f"non-members either ({report.get('informative_detail', '')}); the attack check carries no evidence"
+        )
+        return {
+            **check,
+            "passed": False if policy.fail_when_uninformative else None,
+            "message": msg + " [uninformative audit]",
+        }
+    return {**check, "passed": attack_ok, "message": msg}

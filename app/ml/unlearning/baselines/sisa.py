@@ -146,6 +146,25 @@ class SISA:
         return self.unlearn(problem)
 
     @staticmethod
+    def evidence_parts(before: dict[str, bytes], after: dict[str, bytes]) -> list[dict]:
+        """The single models a SISA version is made of that this deletion retrained, each with the rows it must now
+        be trained on exactly (its shard's remaining rows): {"part", "theta_before" (the constituent that held the
+        erased rows), "theta_after", "rows" (bool mask)}. The verify step checks each against its shard's objective
+        (verification/evidence.py): the ensemble as a whole is no one model's optimum."""
+        b, a = st_load(before[ARTIFACT_SISA]), st_load(after[ARTIFACT_SISA])
+        was, now = b["shard_of"].numpy(), a["shard_of"].numpy()
+        affected = sorted({int(k) for k in was[(was >= 0) & (now < 0)]})
+        return [
+            {
+                "part": k,
+                "theta_before": b["checkpoints"][k, -1],
+                "theta_after": a["checkpoints"][k, -1],
+                "rows": now == k,
+            }
+            for k in affected
+        ]
+
+    @staticmethod
     def _save(shard_of: np.ndarray, slice_of: np.ndarray, checkpoints: torch.Tensor, state: dict) -> dict[str, bytes]:
         tensors = {
             "shard_of": torch.from_numpy(np.ascontiguousarray(shard_of, dtype=np.int32)),

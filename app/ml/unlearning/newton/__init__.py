@@ -1,4 +1,6 @@
-"""Newton and influence-function removal for tabular models (Guo et al. 2020, "Certified data removal").
+"""Newton and influence-function removal for tabular models (the removal step of Guo et al. 2020, §3). Without the
+objective perturbation of their Theorem 3 this step carries no (ε, δ) guarantee: it is NOT certified removal (that
+is app/ml/unlearning/certified.py); a deletion by it is certified only by its evidence (verification/evidence.py).
 
 Registered by reference ("module:Class") so that reading the method registry (the API does, to validate requests)
 never imports torch; the names below load their modules on first use (PEP 562). See method.py for the algorithm,

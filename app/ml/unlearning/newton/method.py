@@ -1,4 +1,5 @@
-"""Newton / influence-function removal (Guo et al. 2020, "Certified data removal", §3: theta^- = theta + H^-1 Delta).
+"""Newton / influence-function removal (the step of Guo et al. 2020, §3: theta^- = theta + H^-1 Delta), without their
+objective perturbation: no (ε, δ) guarantee, so not "certified removal" (app/ml/unlearning/certified.py is).
 
 The objective is the one app/ml/tabular.py minimises, over the rows a model version was trained on (set D, n rows):
     L_D(theta) = (1/n) sum_{i in D} loss_i(theta) + (l2/2) ||weights||^2      (biases unpenalised).
@@ -87,7 +88,10 @@ class NewtonConfig:
     purge: str = "recompute"
     exact_hessian_max_params: int = 2048
     gauss_newton_damping: float = GAUSS_NEWTON_DAMPING
-    certify: bool = True  # logistic regression: the proven ||theta' - theta_retrain|| bound (verification/bounds.py)
+    certify: bool = False
+    """Logistic regression: also compute the proven ||theta' - theta_retrain|| bound here (verification/bounds.py).
+    Off by default: the service's verify step computes it at the published parameters (evidence.py); computing it
+    here too doubled that cost per request (issue 21). Benchmarks and tests that read info["bound"] ask for it."""
 
     def __post_init__(self) -> None:
         if int(self.exact_steps) < 0:
