@@ -710,7 +710,7 @@ def verify_deletion(work: DeletionWork, unlearned: Unlearned) -> Verification:
     nonmembers = np.flatnonzero(np.isin(pool, np.flatnonzero(test)))
     if len(nonmembers) == 0:
         reason = "no held-out rows to serve as non-members"
-        return _verify_without_attack(policy, theta_parent, unlearned.theta, len(trained), evidence, exact, reason)
+        return _verify_without_attack(policy, theta_parent, unlearned, len(trained), evidence, exact, reason)
     try:
         report, scores = run_audit(
             shadows,
@@ -727,8 +727,9 @@ def verify_deletion(work: DeletionWork, unlearned: Unlearned) -> Verification:
             policy=policy,
         )
     except ValueError as exc:  # e.g. too few shadows on one side of a row: say so instead of failing the job
-        return _verify_without_attack(policy, theta_parent, unlearned.theta, len(trained), evidence, exact, str(exc))
+        return _verify_without_attack(policy, theta_parent, unlearned, len(trained), evidence, exact, str(exc))
     report["proven"] = proven  # the evidence checks themselves are in the verdict's checks
+    _state_guarantee(report, unlearned)
     verdict = decide(report, policy, proven_distance=bound, exact=exact, evidence=evidence)
     return Verification(report, verdict, audit_plots(scores))
 
@@ -743,9 +744,10 @@ def _evidence(work: DeletionWork, unlearned: Unlearned, theta_parent, policy: Ve
     if parts is not None and unlearned.method_artifacts and unlearned.method == work.method_name:
         evidence = []
         for part in parts(method_artifacts(work.model, unlearned.method), unlearned.method_artifacts):
-            rows = part["rows"] & inputs.retain
+            rows = inputs.retain if part["rows"] is None else part["rows"] & inputs.retain
+            before, after, linear = part["theta_before"], part["theta_after"], part.get("linear")
             for check in tabular_evidence(
-                inputs.recipe, part["theta_before"], part["theta_after"], data.X, data.y, n_classes, rows, exact, ratio
+                inputs.recipe, before, after, data.X, data.y, n_classes, rows, exact, ratio, linear=linear
             ):
                 evidence.append({**check, "name": f"{check['name']}[part {part['part']}]"})
         return evidence
@@ -754,7 +756,7 @@ def _evidence(work: DeletionWork, unlearned: Unlearned, theta_parent, policy: Ve
     )
 
 
-def _verify_without_attack(policy, theta, theta_new, k: int, evidence, exact: bool, reason: str) -> Verification:
+def _verify_without_attack(policy, theta, unlearned: Unlearned, k: int, evidence, exact: bool, reason: str):
     """The attack cannot run (no held-out rows to serve as non-members, or no shadows), and the report says so; the
     verdict rests on the evidence checks and on the parameters having changed."""
     proven = next((c["detail"] for c in evidence if c["name"] == "proven_distance"), None)
@@ -763,11 +765,18 @@ def _verify_without_attack(policy, theta, theta_new, k: int, evidence, exact: bo
         "n_nonmembers": 0,
         "informative": False,
         "informative_detail": f"{reason}: the membership attack could not run",
-        "theta": theta_facts(theta, theta_new, trained_on_forget=True),
+        "theta": theta_facts(theta, unlearned.theta, trained_on_forget=True),
         "proven": proven,
     }
+    _state_guarantee(report, unlearned)
     bound = proven.get("bound") if proven else None
     return Verification(report, decide(report, policy, proven_distance=bound, exact=exact, evidence=evidence))
+
+
+def _state_guarantee(report: dict[str, Any], unlearned: Unlearned) -> None:
+    """A certified-removal version's (ε, δ) and budget, for the report and the certificate."""
+    if guarantee := unlearned.metrics.get("method_info", {}).get("certified_removal"):
+        report["certified_removal"] = guarantee
 
 
 def _replace_shadows(entry: dict[str, Any], data: TabularData, erased: np.ndarray, ctx: JobContext) -> dict[str, Any]:

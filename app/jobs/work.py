@@ -122,6 +122,7 @@ class Verification:
             "n_nonmembers": self.report.get("n_nonmembers"),
             "attack": {k: attack.get(k) for k in ("name", "mode", "n_shadows")} if attack else None,
             "lira_tpr_at_fpr": {n: m["lira"]["tpr_at_fpr"] for n, m in models.items() if "lira" in m} or None,
+            "certified_removal": self.report.get("certified_removal"),
         }
 
 

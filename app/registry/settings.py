@@ -100,6 +100,15 @@ class SISASettings(_Settings):
     seed: Seed = 0
 
 
+class CertifiedRemovalSettings(_Settings):
+    """app.ml.unlearning.certified.CertifiedRemovalConfig: the (ε, δ) of Guo et al.'s Theorem 3 and the residual
+    budget ε′ (sum-form gradient norm) each version may spend before an exact retrain with fresh noise."""
+
+    epsilon: float = Field(1.0, gt=0, le=100)
+    delta: float = Field(1e-4, gt=0, lt=1)
+    residual_budget: float = Field(2.28, gt=0, le=1e12)
+
+
 class FedRetrainSettings(_Settings):
     """app.ml.unlearning.baselines.fed_retrain.FedRetrainConfig."""
 
@@ -179,6 +188,7 @@ METHOD_SETTINGS: dict[str, type[_Settings]] = {
     "newton": NewtonSettings,
     "influence": NewtonSettings,
     "sisa": SISASettings,
+    "certified_removal": CertifiedRemovalSettings,
     "fed_retrain": FedRetrainSettings,
     "fedosd": FedOSDSettings,
     "fed_gradient_ascent": GradientAscentSettings,
@@ -197,6 +207,7 @@ class TabularMethodSettingsIn(_Settings):
     newton: NewtonSettings | None = None
     influence: NewtonSettings | None = None
     sisa: SISASettings | None = None
+    certified_removal: CertifiedRemovalSettings | None = None
 
 
 class FederatedMethodSettingsIn(_Settings):

@@ -298,6 +298,7 @@ _BUILTIN_MODULES = (
     "app.ml.unlearning.l2ul",
     "app.ml.unlearning.baselines",
     "app.ml.unlearning.ease",
+    "app.ml.unlearning.certified_removal",
 )
 
 
