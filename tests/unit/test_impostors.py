@@ -122,3 +122,24 @@ def test_configured_bound_that_cannot_be_certified_fails_closed():
     v = P.decide(report, P.VerdictPolicy(max_proven_distance=1.0, require_informative_evidence=False))
     assert v["verdict"] == "fail"
     assert [c["name"] for c in v["checks"] if c["passed"] is False] == ["max_proven_distance"]
+
+
+def test_an_unconverged_nonconvex_retrain_is_evidenced_by_an_independent_replay():
+    """A recipe with a fixed iteration budget stops far from any stationary point: the retained gradient cannot place
+    its retrain, the verifier's own replay of the recipe on the retained rows can — and a retrain that kept the row
+    (or dropped another one) does not match it."""
+    recipe = T.TabularRecipe(family="mlp", hidden_units=8, l2=1e-4, max_iter=30)
+    X, y = make_classification(n_samples=300, n_features=6, flip_y=0.2, random_state=1)
+    X, y = X.astype(np.float32), y.astype(np.int64)
+    train = np.ones(300, bool)
+    theta = T.train(recipe, X, y, 2)
+    w = {"recipe": recipe, "X": X, "y": y, "train": train, "theta": theta}
+    rng = np.random.default_rng(0)
+    forget = np.zeros(300, bool)
+    forget[[5, 17]] = True
+    case = I.ImpostorCase(recipe, X, y, 2, theta, train & ~forget, forget)
+    v = _verdict(w, case.retain, I.retrained(case), exact=True)
+    assert v["verdict"] == "pass" and v["evidence"] == ["replay"], v["reasons"]
+    for name in sorted(I.EXACT_IMPOSTORS):
+        v = _verdict(w, case.retain, I.IMPOSTORS[name](case, rng), exact=True)
+        assert v["verdict"] == "fail" and "replay" in {c["name"] for c in v["checks"] if c["passed"] is False}, name

@@ -28,6 +28,11 @@ does not (it still feels the erased rows' pull). Two evidence classes follow, ea
             at a stationary point of the retained objective, not provably at the retrain's (bounds.py): the evidence
             says "the erased rows' pull was removed", which doing nothing, noise and partial steps do not achieve.
 
+``replay`` (exact methods on a non-convex recipe whose retrain stops short of a stationary point, e.g. a fixed
+iteration budget: the gradient then cannot decide) — the recipe run again by the verifier on the rows IT determined
+as retained; θ′ must equal that replay (the recipe is deterministic). Not a comparison of the retrain with itself:
+an independent recomputation, which a retrain that kept a row or dropped another one cannot match.
+
 Informative: d₀ (or g₀) is at least ``MIN_POWER`` times the threshold, i.e. doing nothing would fail with margin. A
 check that cannot tell is reported with ``informative: False`` and is no evidence (policy.decide: an approximate
 method without informative evidence is not certified).
@@ -53,6 +58,9 @@ FLOOR_DRAWS = 2
 GRADIENT_FLOOR_FACTOR = 4.0
 """[INFERENCE] margin over the largest measured rounding-induced gradient change (a different rounding pattern of the
 same size can move the gradient by a few times more; the solver's own residual adds to it)."""
+REPLAY_RTOL = 1e-5
+"""[INFERENCE] a replayed recipe agrees with the original run to float32 storage and thread-order rounding; a
+retrain on other rows, after the hundreds of iterations an MLP fit takes, differs by far more (impostor panel)."""
 MIN_POWER = 2.0
 """Evidence is informative when doing nothing would sit at least this many times above the threshold."""
 EXACT_MAX_RATIO = 0.01
@@ -251,4 +259,40 @@ def tabular_evidence(
         if proven["figure"] is not None:
             return [proven]
         return [proven, retained_gradient_evidence(*args)]
-    return [retained_gradient_evidence(*args)]
+    gradient = retained_gradient_evidence(*args)
+    if not exact or (gradient["informative"] and gradient["passed"]):
+        return [gradient]
+    # an exact method on a non-convex recipe that does not reach a stationary point (a fixed iteration budget): the
+    # gradient cannot place θ′; an independent replay of the recipe on the retained rows can
+    gradient = {**gradient, "passed": None, "informative": False, "message": gradient["message"] + " [not decisive "
+                "for an exact method on a non-convex recipe: the replay below decides]"}  # fmt: skip
+    return [gradient, replay_evidence(recipe, theta_parent, theta_new, Xr, yr, n_classes)]
+
+
+def replay_evidence(
+    recipe: tabular.TabularRecipe,
+    theta_parent: torch.Tensor | np.ndarray,
+    theta_new: torch.Tensor | np.ndarray,
+    Xr: np.ndarray,
+    yr: np.ndarray,
+    n_classes: int,
+) -> dict[str, Any]:
+    """``replay`` (exact methods, non-convex recipes): the recipe run again, independently, on the rows the verifier
+    itself determined as retained, from the recipe's seeded start; θ′ must equal it to ``REPLAY_RTOL`` (the recipe is
+    deterministic). A retrain that kept a row or dropped another one lands elsewhere; doing nothing is as far from the
+    replay as the erased rows moved the recipe (the power). One more training run: only when the gradient could not
+    decide."""
+    replay = _vec64(tabular.train(recipe, Xr, yr, n_classes))
+    scale = float(replay.abs().max()) or 1.0
+    tolerance = REPLAY_RTOL * scale
+    figure = float((_vec64(theta_new) - replay).abs().max())
+    d0 = float((_vec64(theta_parent) - replay).abs().max())
+    power = d0 / tolerance
+    informative = power >= MIN_POWER
+    passed = (figure <= tolerance) if informative else None
+    message = (
+        f"independent replay of the recipe on the {len(yr)} retained rows: max |θ′ − replay| = {figure:.3g} "
+        f"{'≤' if figure <= tolerance else '>'} {tolerance:.3g}; doing nothing: {d0:.3g} (power {power:.3g}×)"
+    )
+    detail = {"max_abs_diff": figure, "do_nothing_max_abs_diff": d0, "tolerance": tolerance, "rows": int(len(yr))}
+    return _check("replay", figure, tolerance, passed, informative, power, message, detail)
