@@ -28,7 +28,7 @@ from app.ml.data.tabular import TableEncoder, load_table
 from app.ml.unlearning import validation
 from app.ml.unlearning.base import TabularProblem, UnlearningResult, explain_choice, get_method
 from app.ml.unlearning.newton.probe import determinism_probe
-from app.ml.verification.audit import run_audit, theta_facts
+from app.ml.verification.audit import MIN_SHADOWS_PER_SIDE, run_audit, theta_facts
 from app.ml.verification.evidence import tabular_evidence
 from app.ml.verification.plots import plot_data
 from app.ml.verification.policy import VerdictPolicy, decide
@@ -336,21 +336,22 @@ def train(job: Job, ctx: JobContext) -> None:
     finish(job.id, ctx.owner, {"version_id": version_id, "preparations": preparations})
 
 
-def shadow_keep_fraction(holdout_fraction: float) -> float:
+def shadow_keep_fraction(holdout_fraction: float, n_shadows: int) -> float:
     """Shadows train on the share of the pool the audited model trained on (1 − holdout; LiRA's own advice,
     shadows.py): a shadow trained on half the rows is a weaker model than the audited one and costs the audit power.
-    Kept within [0.5, MAX_SHADOW_KEEP] so every row still has OUT shadows (LiRA needs both sides)."""
-    return float(min(max(1.0 - float(holdout_fraction), 0.5), MAX_SHADOW_KEEP))
+    Kept within [0.5, MAX_SHADOW_KEEP] and so that every row stays OUT of at least MIN_SHADOWS_PER_SIDE shadows (LiRA
+    fits both sides): a small pool (4 shadows) stays at halves."""
+    most = min(MAX_SHADOW_KEEP, 1.0 - (MIN_SHADOWS_PER_SIDE + 1) / max(int(n_shadows), 1))  # +1: replacement draws
+    return float(min(max(1.0 - float(holdout_fraction), 0.5), max(most, 0.5)))
 
 
 def train_verification_shadows(ctx: JobContext, model: Model, recipe, data: TabularData) -> None:
     """LiRA's shadow models for this model (issue 9; notes Part 2): the model's own recipe on random halves of the
     rows it holds (training and held-out alike), so every row is IN about half the shadows and OUT of the rest. Pool
     columns are positions, never sample ids. Stored with the model; replaced when rows are erased."""
-    settings = ShadowSettings(
-        n_shadows=int(model.spec.get("verification", {}).get("shadows", DEFAULT_SHADOWS)),
-        keep_fraction=shadow_keep_fraction(model.spec.get("holdout_fraction", 0.2)),
-    )
+    n_shadows = int(model.spec.get("verification", {}).get("shadows", DEFAULT_SHADOWS))
+    keep = shadow_keep_fraction(model.spec.get("holdout_fraction", 0.2), n_shadows)
+    settings = ShadowSettings(n_shadows=n_shadows, keep_fraction=keep)
     pool = np.flatnonzero(data.present)
     started = time.perf_counter()
     shadows = train_shadows(
