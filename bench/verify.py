@@ -32,9 +32,23 @@ indistinguishable. The "never" side is the method's own learning algorithm witho
 methods, a SISA ensemble trained on B'_j for SISA (whose published model is an ensemble: comparing it with a single
 model would measure the architecture, not the forgetting). Retrain's own U-LiRA is the noise floor of the test at M.
 
-L2UL runs with its small registration-like settings (``L2UL_SETTINGS``: for Adult the ones ``make demo`` registers;
-for the 200-row MLP the integration test's, with subsets of 100 rows) and its privacy purge off: the purge changes
-only L2UL's stored state for later requests, not theta' (bench/tabular.py measures it).
+L2UL runs with its small registration-like settings (``L2UL_SETTINGS``: for Adult the ones ``make demo`` registers,
+in 4 units; for the 200-row MLP the integration test's m, t and epochs in 4 units of 50 rows, subsets capped at a
+unit's block). Its purge (dropping the units that held erased rows) changes only L2UL's stored state for later
+requests, not theta', and every deletion here starts from the state prepared on the original model
+(bench/tabular.py measures the purge).
+
+Impostor panel (issue 20, "A verdict that can fail"; ``impostors`` in the JSON, verify_impostors.png): per setting
+and scenario (``random_1``: one random training row; ``random_50``: 50; ``most_exposed``: k rows drawn per trial from
+the 4k training rows most exposed by d'), ``impostor_trials`` deletions, each judged for every impostor of
+app/ml/verification/impostors.py (parameter vectors that are NOT an unlearning: do nothing, one ulp, noise, scaling,
+half a Newton step, gradient ascent, a retrain that kept the rows or dropped others) and every genuine method (retrain,
+newton, influence, l2ul, sisa, prepared once on the original) by the worker's verdict: LiRA with the stored shadows,
+the evidence of evidence.py and ``decide`` (default policy; exact for retrain and the exact impostors). Every impostor
+must fail every trial; exact retraining should pass. The parameter-only impostors also run through the federated
+verdict on the CLIP demo (``clip.impostors``), reported as measured: that wing has no evidence class yet. The panels
+run after every timed section, in two forked processes (``--impostor-workers``): their counts are the result, and no
+timing is measured beside them.
 
 Audit cost (``tabular_audit_s``): what the service pays per request in its verify step, timed next to exact retraining
 in the same run: load the stored shadows (``shadows_from_bytes``), LiRA on the forget rows and the held-out rows
@@ -62,14 +76,15 @@ import torch
 from safetensors.torch import load as st_load
 
 from app.ml import tabular as T
-from app.ml.unlearning.base import TabularProblem
+from app.ml.unlearning.base import TabularProblem, UnknownMethodError, get_method
 from app.ml.unlearning.baselines.sisa import ARTIFACT_SISA, SISA, DoNothing, SISAConfig
 from app.ml.unlearning.l2ul import L2UL, L2ULConfig
 from app.ml.unlearning.newton import InfluenceUnlearning, NewtonConfig, NewtonUnlearning
 from app.ml.unlearning.retrain import ExactRetrain
+from app.ml.verification import impostors as I
 from app.ml.verification import lira
-from app.ml.verification.audit import run_audit
-from app.ml.verification.bounds import gradient_norm_bound
+from app.ml.verification.audit import AuditScores, forget_set_scores, report_from_scores, run_audit, theta_facts
+from app.ml.verification.evidence import EXACT_MAX_RATIO, tabular_evidence
 from app.ml.verification.plots import audit_plots
 from app.ml.verification.policy import VerdictPolicy, decide
 from app.ml.verification.shadows import (
@@ -91,11 +106,12 @@ FPR_KEY = lira.fpr_key(0.01)
 FLOAT_EDGE = 1e-9
 MLP_RECIPE = T.TabularRecipe(family="mlp", hidden_units=64, l2=1e-4, max_iter=200, seed=0)
 LR_RECIPE = T.TabularRecipe()
-DEMO_L2UL = {"m": 300, "subset_size": 300, "epochs": 150}
+DEMO_L2UL = {"m": 300, "subset_size": 300, "epochs": 150, "units": 4}
 """app/demo.py registers L2UL with these (the Adult-sized registration-like settings)."""
-SMALL_L2UL_MLP = {"m": 40, "subset_size": 100, "t": 20, "epochs": 60}
-"""tests/integration/test_l2ul_service.py's registration (m 40, t 20, 60 epochs), subsets of 100 of the 200 rows."""
-L2UL_FIXED = {"workers": 1, "purge_meta_tasks": False, "purge_seeds": False}
+SMALL_L2UL_MLP = {"m": 40, "subset_size": 100, "t": 20, "epochs": 60, "units": 4}
+"""tests/integration/test_l2ul_service.py's registration (m 40, t 20, 60 epochs, 4 units); subsets of up to 100 rows
+(capped at a unit's 50-row block of the 200 training rows)."""
+L2UL_FIXED = {"workers": 1}
 
 
 @dataclass
@@ -109,6 +125,10 @@ class Plan:
     timing_reps: int
     l2ul: dict[str, dict[str, Any]]
     clip: dict[str, int]
+    impostor_trials: dict[str, int] = field(default_factory=dict)
+    impostor_method_trials: dict[str, dict[str, int]] = field(default_factory=dict)
+    clip_impostor_trials: int = 3
+    """Fewer trials per scenario for an expensive genuine method (``{setting: {method: trials}}``), recorded."""
     sisa: dict[str, Any] = field(default_factory=lambda: asdict(SISAConfig()))
 
 
@@ -123,10 +143,11 @@ def make_plan(mode: str) -> Plan:
             ulira_pairs={"adult_lr": 6, "overfit_mlp": 6},
             timing_reps=3,
             l2ul={
-                "adult_lr": {"m": 60, "subset_size": 300, "epochs": 60, "calibration_tasks": 2},
+                "adult_lr": {"m": 60, "subset_size": 300, "epochs": 60, "units": 4, "calibration_tasks": 2},
                 "overfit_mlp": {**SMALL_L2UL_MLP, "m": 16, "epochs": 30, "calibration_tasks": 2},
             },
             clip={"n_clients": 5, "pairs_per_client": 60, "n_test": 100, "rounds": 8},
+            impostor_trials={"adult_lr": 5, "overfit_mlp": 5},
         )
     return Plan(
         mode="full",
@@ -138,6 +159,8 @@ def make_plan(mode: str) -> Plan:
         timing_reps=5,
         l2ul={"adult_lr": dict(DEMO_L2UL), "overfit_mlp": dict(SMALL_L2UL_MLP)},
         clip={"n_clients": 5, "pairs_per_client": 200, "n_test": 300, "rounds": 20},
+        impostor_trials={"adult_lr": 20, "overfit_mlp": 20},
+        impostor_method_trials={"overfit_mlp": {"sisa": 10}},
     )
 
 
@@ -145,7 +168,10 @@ NOTES = [
     "methods.<m>.<setting>: tpr_at_1fpr = forget-set LiRA TPR at 1 % FPR on the unlearned model (the verdict's "
     "figure); tpr_original / tpr_retrained = the same attack on the original model (the audit's power) and on exact "
     "retraining without the forget rows; informative = the original's figure is above the chance margin; verdict = "
-    "decide() with the default VerdictPolicy (proven LR bound passed in, exact=True for retrain only)",
+    "decide() with the default VerdictPolicy and the evidence the worker computes (evidence.py: proven_distance for "
+    "LR, retained_gradient for the MLP, per retrained constituent for SISA; exact as the method registry says: "
+    "retrain only); evidence lists each "
+    "check's figure, threshold, ratio to doing nothing, power and outcome",
     "ulira_auc = mean per-example AUC of U-LiRA (0.5 indistinguishable from never-trained; retrain's value is the "
     "noise floor at this number of pairs; ulira_auc_over_retrain_floor subtracts it)",
     "forget sets: the k training rows most exposed by d' over separate selection shadows (settings.<s>."
@@ -252,10 +278,26 @@ def prepare(
     return dict(result.artifacts), time.perf_counter() - start, result.info
 
 
-def unlearn(method: Any, world, theta, trained, forget, artifacts) -> tuple[torch.Tensor, float, dict]:
+def unlearn_result(method: Any, world, theta, trained, forget, artifacts) -> tuple[Any, float]:
+    """The method's UnlearningResult (θ′, info and its new state, the artifacts) and the seconds it took."""
     start = time.perf_counter()
     result = method.unlearn(problem(world, theta, trained, forget, artifacts))
-    return result.theta, time.perf_counter() - start, result.info
+    return result, time.perf_counter() - start
+
+
+def unlearn(method: Any, world, theta, trained, forget, artifacts) -> tuple[torch.Tensor, float, dict]:
+    result, seconds = unlearn_result(method, world, theta, trained, forget, artifacts)
+    return result.theta, seconds, result.info
+
+
+def is_exact(name: str) -> bool:
+    """The worker's ``work.spec.exact``: the method registry's flag (retrain); the exact impostors claim it too."""
+    if name in I.EXACT_IMPOSTORS:
+        return True
+    try:
+        return get_method(name).exact
+    except UnknownMethodError:  # do_nothing and the other impostors are not registered methods
+        return False
 
 
 def sisa_ensemble(artifacts: dict[str, bytes]) -> torch.Tensor:
@@ -280,6 +322,7 @@ def select_forget(world: World, plan: Plan, k: int) -> dict[str, Any]:
     order = np.argsort(-d, kind="stable")
     return {
         "rows": np.sort(rows[order[:k]]),
+        "ranked": rows[order],  # every training row, most exposed first (the impostor panel's most_exposed pool)
         "info": {
             "rule": f"top {k} training rows by d' over {plan.selection_shadows} selection shadows (seed "
             f"{SELECTION_SEED}, halves of the training rows, per-example variance); audit shadows are separate",
@@ -296,23 +339,63 @@ def select_forget(world: World, plan: Plan, k: int) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- the audit
-def proven(world: World, theta: torch.Tensor, retain: np.ndarray) -> dict[str, Any] | None:
-    """As the worker's ``_proven_distance``: None for an ensemble (SISA), else the gradient-norm bound."""
-    if T.ensemble_size(world.recipe, theta, world.X.shape[1], world.n_classes) > 1:
-        return None
-    return gradient_norm_bound(world.recipe, theta, world.X, world.y, world.n_classes, retain)
+def evidence_for(
+    world: World,
+    theta,
+    theta_new,
+    retain: np.ndarray,
+    exact: bool,
+    policy: VerdictPolicy,
+    method: Any = None,
+    before: dict[str, bytes] | None = None,
+    after: dict[str, bytes] | None = None,
+) -> list:
+    """The worker's evidence (app/jobs/tabular.py ``_evidence``): the proven distance for a single LR (the retained
+    gradient where no bound certifies itself), the retained gradient for the MLP, at the policy's
+    ``max_residual_ratio``; for a method with ``evidence_parts`` (SISA) given its state before (``before``) and after
+    (``after``) the deletion, the same checks on every constituent the deletion retrained, against its shard's rows."""
+    ratio, C = policy.max_residual_ratio, world.n_classes
+    parts = getattr(method, "evidence_parts", None)
+    if parts is not None and after:
+        evidence = []
+        for part in parts(before or {}, after):
+            rows = retain if part["rows"] is None else part["rows"] & retain
+            extra = {"linear": part["linear"]} if part.get("linear") is not None else {}
+            before_theta, after_theta = part["theta_before"], part["theta_after"]
+            for check in tabular_evidence(
+                world.recipe, before_theta, after_theta, world.X, world.y, C, rows, exact, ratio, **extra
+            ):
+                evidence.append({**check, "name": f"{check['name']}[part {part['part']}]"})
+        return evidence
+    return tabular_evidence(world.recipe, theta, theta_new, world.X, world.y, C, retain, exact, ratio)
 
 
-def service_audit(world, shadow_blob: bytes, forget, theta, theta_new, exact: bool, plots: bool = False):
-    """The verify step as the worker runs it (shadows loaded from their stored bytes; no retrained reference)."""
+def proven_of(evidence: list[dict]) -> dict[str, Any] | None:
+    """The worker's ``report["proven"]``: the proven_distance check's detail (None when no such check)."""
+    return next((c["detail"] for c in evidence if c["name"] == "proven_distance"), None)
+
+
+def evidence_verdict(report: dict, evidence: list[dict], exact: bool, policy: VerdictPolicy) -> dict:
+    """``decide`` exactly as verify_deletion calls it."""
+    proven = proven_of(evidence)
+    bound = proven.get("bound") if proven else None
+    return decide(report, policy, proven_distance=bound, exact=exact, evidence=evidence)
+
+
+def service_audit(
+    world, shadow_blob: bytes, forget, theta, theta_new, exact: bool, plots: bool = False, parts: tuple = ()
+):
+    """The verify step as the worker runs it (shadows loaded from their stored bytes; no retrained reference; the
+    evidence of evidence.py, ``parts`` = (method, state before, state after) for SISA; decide, default policy)."""
+    policy = VerdictPolicy()
     shadows = shadows_from_bytes(shadow_blob)
     hold = world.holdout
     retain = world.train & ~world.mask(forget)
+    evidence = evidence_for(world, theta, theta_new, retain, exact, policy, *parts)
     report, scores = run_audit(
-        shadows, world.X, world.y, forget, hold, theta, theta_new, None, world.X[hold], world.y[hold]
+        shadows, world.X, world.y, forget, hold, theta, theta_new, None, world.X[hold], world.y[hold], policy=policy
     )
-    bound = proven(world, theta_new, retain)
-    verdict = decide(report, VerdictPolicy(), proven_distance=bound.get("bound") if bound else None, exact=exact)
+    verdict = evidence_verdict(report, evidence, exact, policy)
     if plots:
         audit_plots(scores)
     return verdict
@@ -342,10 +425,10 @@ def audit_cost(world: World, plan: Plan, shadow_blob: bytes, forget: np.ndarray,
     report, _ = run_audit(shadows, world.X, world.y, forget, hold, theta, theta_new, None, world.X[hold], world.y[hold])
     parts["lira_s"] = time.perf_counter() - start
     start = time.perf_counter()
-    bound = proven(world, theta_new, world.train & ~forget_mask)
-    parts["proven_bound_s"] = time.perf_counter() - start
+    evidence = evidence_for(world, theta, theta_new, world.train & ~forget_mask, False, VerdictPolicy())
+    parts["evidence_s"] = time.perf_counter() - start
     start = time.perf_counter()
-    decide(report, VerdictPolicy(), proven_distance=bound.get("bound") if bound else None)
+    evidence_verdict(report, evidence, False, VerdictPolicy())
     parts["decide_s"] = time.perf_counter() - start
     out = {
         "audit_s_median": float(np.median(audit_s)),
@@ -357,9 +440,9 @@ def audit_cost(world: World, plan: Plan, shadow_blob: bytes, forget: np.ndarray,
         "retrain_s_all": retrain_s,
         "parts_once": parts,
         "what": (
-            "shadows_from_bytes + run_audit (LiRA on the forget rows and every held-out row, original and unlearned "
-            "model, utility on the held-out rows) + gradient_norm_bound (for a single model) + decide; "
-            "'with plots' adds audit_plots (ROC + histograms, PNG)"
+            "shadows_from_bytes + tabular_evidence (evidence.py: the proven distance for LR, the retained gradient "
+            "for the MLP) + run_audit (LiRA on the forget rows and every held-out row, original and unlearned model, "
+            "utility on the held-out rows) + decide; 'with plots' adds audit_plots (ROC + histograms, PNG)"
         ),
         "rows": {"forget": int(len(forget)), "nonmembers": int(len(hold)), "retained": int((world.train).sum())},
         "shadow_blob_bytes": len(shadow_blob),
@@ -371,8 +454,9 @@ def audit_cost(world: World, plan: Plan, shadow_blob: bytes, forget: np.ndarray,
     return out
 
 
-def summarise(report: dict, verdict: dict, bound: dict | None) -> dict[str, Any]:
+def summarise(report: dict, verdict: dict, evidence: list[dict]) -> dict[str, Any]:
     models = report["models"]
+    bound = proven_of(evidence)
 
     def tpr(name: str, key: str = FPR_KEY) -> float | None:
         return models[name]["lira"]["tpr_at_fpr"][key] if name in models else None
@@ -407,9 +491,21 @@ def summarise(report: dict, verdict: dict, bound: dict | None) -> dict[str, Any]
         "utility": report["utility"],
         "theta": report["theta"],
         "proven_bound": None if bound is None else bound.get("bound"),
-        "retained_grad_norm": None if bound is None else bound.get("grad_norm"),
         "proven_bound_mu": None if bound is None else bound.get("mu"),
-        "proven_bound_reason": None if bound is None else bound.get("reason"),
+        "evidence": [
+            {
+                "name": c["name"],
+                "figure": c["figure"],
+                "threshold": c["threshold"],
+                "ratio": c["detail"].get("ratio"),
+                "power": c["power"],
+                "informative": c["informative"],
+                "passed": c["passed"],
+                "grad_norm": c["detail"].get("grad_norm"),
+            }
+            for c in evidence
+        ],
+        "evidence_passed": verdict.get("evidence", []),
     }
 
 
@@ -421,15 +517,17 @@ def audit_methods(world, plan, shadows, forget, theta, theta_r, prepared, log, l
     out, rocs = {}, {}
     for name in METHODS:
         method = build(name, plan, world.name)
-        theta_new, seconds, info = unlearn(method, world, theta, world.train, forget_mask, prepared.get(name))
+        result, seconds = unlearn_result(method, world, theta, world.train, forget_mask, prepared.get(name))
+        theta_new = result.theta
         report, scores = run_audit(
             shadows, world.X, world.y, forget, hold, theta, theta_new, theta_r, world.X[hold], world.y[hold]
         )
-        bound = proven(world, theta_new, world.train & ~forget_mask)
-        verdict = decide(
-            report, VerdictPolicy(), proven_distance=bound.get("bound") if bound else None, exact=name == "retrain"
-        )
-        out[name] = {**summarise(report, verdict, bound), "unlearn_s": seconds}
+        exact = is_exact(name)
+        retain = world.train & ~forget_mask
+        parts = (method, prepared.get(name), result.artifacts)
+        evidence = evidence_for(world, theta, theta_new, retain, exact, VerdictPolicy(), *parts)
+        verdict = evidence_verdict(report, evidence, exact, VerdictPolicy())
+        out[name] = {**summarise(report, verdict, evidence), "unlearn_s": seconds}
         rocs[name] = {m: (scores.forget_scores[m], scores.nonmember_scores[m]) for m in scores.forget_scores}
         s = out[name]
         log(
@@ -500,29 +598,49 @@ def ulira(world: World, plan: Plan, forget: np.ndarray, log) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- one setting
-def run_setting(world: World, plan: Plan, log) -> dict[str, Any]:
-    C = world.n_classes
+@dataclass
+class Setup:
+    """What a setting's sections share: the original model, its stored shadows, the d' ranking, the prepared state."""
+
+    theta: torch.Tensor
+    original_s: float
+    blob: bytes
+    shadows: Any
+    shadow_s: float
+    sel: dict[str, Any]
+    prepared: dict[str, dict[str, bytes]]
+    prep_s: dict[str, float]
+    prep_info: dict[str, dict]
+
+
+def setup_setting(world: World, plan: Plan, log) -> Setup:
     log(f"{world.name}: pool {world.n} rows ({int(world.train.sum())} trained on, {len(world.holdout)} held out)")
     start = time.perf_counter()
     theta = world.fit(world.train)
     original_s = time.perf_counter() - start
     start = time.perf_counter()
-    shadows = train_shadows(world.recipe, world.X, world.y, C, ShadowSettings(n_shadows=plan.shadows))
+    shadows = train_shadows(world.recipe, world.X, world.y, world.n_classes, ShadowSettings(n_shadows=plan.shadows))
     shadow_s = time.perf_counter() - start
     blob = shadows_to_bytes(shadows)
     shadows = shadows_from_bytes(blob)  # the stored (float32) shadows, as the worker reads them
     log(f"  original trained in {original_s:.2f}s; {plan.shadows} shadows in {shadow_s:.1f}s")
     sel = select_forget(world, plan, plan.k[world.name])
-    forget = sel["rows"]
     log(f"  forget set: {sel['info']['rule']}")
-    _retrain_theta, _, _ = unlearn(ExactRetrain(), world, theta, world.train, world.mask(forget), None)
-    theta_r = _retrain_theta
     prepared, prep_s, prep_info = {}, {}, {}
     for name in sorted(PREPARED):
         prepared[name], prep_s[name], prep_info[name] = prepare(
             build(name, plan, world.name), world, theta, world.train
         )
     log("  prepared once on the original: " + ", ".join(f"{n} {s:.1f}s" for n, s in prep_s.items()))
+    return Setup(theta, original_s, blob, shadows, shadow_s, sel, prepared, prep_s, prep_info)
+
+
+def run_setting(world: World, plan: Plan, setup: Setup, log) -> dict[str, Any]:
+    theta, blob, shadows, sel = setup.theta, setup.blob, setup.shadows, setup.sel
+    prepared, prep_s, prep_info = setup.prepared, setup.prep_s, setup.prep_info
+    original_s, shadow_s = setup.original_s, setup.shadow_s
+    forget = sel["rows"]
+    theta_r, _, _ = unlearn(ExactRetrain(), world, theta, world.train, world.mask(forget), None)
     methods, rocs = audit_methods(world, plan, shadows, forget, theta, theta_r, prepared, log, "chosen")
     # contrast: a random forget set of the same size, same methods (the uninformative case on a well-regularised LR)
     rng = np.random.default_rng([11, SETTINGS.index(world.name)])
@@ -564,8 +682,397 @@ def run_setting(world: World, plan: Plan, log) -> dict[str, Any]:
     }
 
 
+# ---------------------------------------------------------------------------------------------- impostors
+IMPOSTOR_SCENARIOS = ("random_1", "random_50", "most_exposed")
+GENUINE = ("retrain", "newton", "influence", "l2ul", "sisa")
+"""The genuine methods of the impostor panel (do_nothing is the panel's first impostor)."""
+IMPOSTOR_SEED = 23
+MOST_EXPOSED_POOL = 4
+"""most_exposed draws its k rows from the top MOST_EXPOSED_POOL·k training rows by d' (a different set each trial)."""
+
+
+IMPOSTOR_NOTES = {
+    "what": "impostors.<setting>.<method>.<scenario>: the worker's verdict (verify_deletion: LiRA with the stored "
+    "shadows on the forget rows vs every held-out row, evidence.py's evidence at the policy's max_residual_ratio, "
+    "decide with the default VerdictPolicy; exact=True for retrain and the EXACT_IMPOSTORS) on trials of one "
+    "deletion each; impostors are impostors.py's panel at its fixed strengths, genuine methods are prepared once on "
+    "the original model (as in the methods section) and unlearn each trial's forget set",
+    "ratio": "ratio_* = detail.ratio of each trial's deciding evidence check (the informative one with the largest "
+    "ratio: for LR the "
+    "proven bound ÷ doing nothing's Newton distance, or, where no bound certifies itself at theta' "
+    "(no_bound_at_theta_new), the retained gradient ÷ doing nothing's; the retained gradient for the MLP; for the "
+    "replay check of an exact method on the MLP max|theta' - replay| ÷ max|theta - replay|) over the "
+    "trials where it exists (evidence_used counts which check decided); ratio_by_check has every check's ratios; "
+    "power_min = the smallest power (doing nothing's figure ÷ threshold) of the deciding checks; failed_checks and "
+    "supporting_evidence count per check name the checks that failed / the informative evidence that passed",
+    "param_ratio": "param_ratio_median = median ||theta' - theta_r|| / ||theta - theta_r||, theta_r = the exact "
+    "retrain of the same trial (retrain's own value is 0 by construction: it IS that retrain; None for SISA, whose "
+    "ensemble has another shape; for the non-convex MLP theta_r is one stationary point among many)",
+    "sisa": "SISA publishes an ensemble, no one model's optimum: as in the worker (SISA.evidence_parts), its evidence "
+    "is the same checks on every constituent the deletion retrained, against that shard's remaining rows (names "
+    "'<check>[part]'); every part must pass",
+    "batched_audit": "impostors_info.<setting>.batched_audit_check: the batched audit (shadow phi computed once per "
+    "trial for all candidates) compared with service_audit (run_audit per candidate) on the first trial",
+    "clip": "federated (CLIP) models have no evidence class yet, so the tabular panel does not apply to them; "
+    "clip.impostors runs the parameter-only impostors (do_nothing, one_ulp, noise) through verify_federated's verdict "
+    "(which does not apply the informative-evidence rule) per deletion scope, reported as measured "
+    "(impostors_summary.clip_*, informational: not part of the aims)",
+    "adult_mlp": "an Adult MLP setting (6,000-row subsample, default MLP recipe) was not run: one fit on 4,800 rows "
+    "took 7.1 s on this machine, so its 64 + 32 shadows alone (~11 min) exceed the panel's time budget",
+}
+
+
+def scenario_k(plan: Plan, setting: str, scenario: str) -> int:
+    return {"random_1": 1, "random_50": 50, "most_exposed": plan.k[setting]}[scenario]
+
+
+def draw_forget(world: World, plan: Plan, ranked: np.ndarray, scenario: str, rng: np.random.Generator) -> np.ndarray:
+    k = scenario_k(plan, world.name, scenario)
+    pool = ranked[: MOST_EXPOSED_POOL * k] if scenario == "most_exposed" else np.flatnonzero(world.train)
+    return np.sort(rng.choice(pool, k, replace=False))
+
+
+def service_verdicts(
+    world: World,
+    shadows,
+    forget: np.ndarray,
+    theta,
+    candidates: dict[str, torch.Tensor],
+    policy: VerdictPolicy,
+    parts: dict[str, tuple] | None = None,
+) -> dict[str, tuple[dict, list[dict], dict]]:
+    """verify_deletion's verdict for several θ′ of ONE deletion: {name: (verdict, evidence, report)}.
+
+    The same calls as ``service_audit`` except that the shadows' φ on the audited rows is computed once for all
+    candidates: ``forget_set_scores`` with every θ′ at once (each model's φ and LiRA score depend on that model and
+    the shadows' fit only), then run_audit's report per candidate (``report_from_scores`` on the original and that
+    θ′, utility on the held-out rows). Checked against ``service_audit`` on each setting's first trial."""
+    hold = world.holdout
+    retain = world.train & ~world.mask(forget)
+    names = list(candidates)
+    tag = {name: f"m{i}" for i, name in enumerate(names)}  # no clash with "original"
+    scores = forget_set_scores(
+        shadows, world.X, world.y, forget, hold, {"original": theta, **{tag[n]: candidates[n] for n in names}}
+    )
+    acc_original = T.accuracy(world.recipe, theta, world.X[hold], world.y[hold], world.n_classes)
+    out = {}
+    for name in names:
+        theta_new = candidates[name]
+        exact = is_exact(name)
+        evidence = evidence_for(world, theta, theta_new, retain, exact, policy, *(parts or {}).get(name, ()))
+        sub = AuditScores(mode=scores.mode, variance=scores.variance, n_shadows=scores.n_shadows, fit=scores.fit)
+        for key, src in (("original", "original"), ("unlearned", tag[name])):
+            sub.forget_phi[key], sub.nonmember_phi[key] = scores.forget_phi[src], scores.nonmember_phi[src]
+            sub.forget_scores[key], sub.nonmember_scores[key] = scores.forget_scores[src], scores.nonmember_scores[src]
+        acc_new = T.accuracy(world.recipe, theta_new, world.X[hold], world.y[hold], world.n_classes)
+        utility = {
+            "n_test": len(hold),
+            "accuracy": {"original": acc_original, "unlearned": acc_new},
+            "loss_points": 100.0 * (acc_original - acc_new),
+        }
+        report = report_from_scores(
+            sub, len(forget), len(hold), policy, theta=theta_facts(theta, theta_new, True), utility=utility
+        )
+        out[name] = (evidence_verdict(report, evidence, exact, policy), evidence, report)
+    return out
+
+
+def evidence_ratio(check: dict) -> float | None:
+    """The check's figure ÷ doing nothing's: detail.ratio, or for ``replay`` max|θ′ − replay| ÷ max|θ − replay|."""
+    detail = check.get("detail") or {}
+    if detail.get("ratio") is not None:
+        return float(detail["ratio"])
+    d0 = detail.get("do_nothing_max_abs_diff")
+    if check.get("figure") is not None and d0:
+        return float(check["figure"]) / float(d0)
+    return None
+
+
+def _failed_checks(verdict: dict) -> list[str]:
+    return [c["name"] for c in verdict["checks"] if c["passed"] is False]
+
+
+def run_impostors(world: World, plan: Plan, setup: Setup, log) -> dict[str, Any]:
+    """The impostor panel (issue 20): per scenario and trial, every impostor of impostors.py and every genuine
+    method on the same deletion, each judged by the worker's verdict (LiRA with the stored shadows + evidence +
+    decide, default policy; exact for retrain and the EXACT_IMPOSTORS)."""
+    policy = VerdictPolicy()
+    theta, shadows, ranked = setup.theta, setup.shadows, setup.sel["ranked"]
+    trials = plan.impostor_trials[world.name]
+    methods = (*GENUINE, *I.IMPOSTORS)
+    raw: dict[str, dict[str, list[dict]]] = {m: {s: [] for s in IMPOSTOR_SCENARIOS} for m in methods}
+    passes: list[dict] = []
+    check = {"compared": 0, "mismatches": []}
+    seconds = {m: 0.0 for m in methods}
+    verdict_s = 0.0
+    start_all = time.perf_counter()
+    for si, scenario in enumerate(IMPOSTOR_SCENARIOS):
+        for trial in range(trials):
+            rng = np.random.default_rng([IMPOSTOR_SEED, SETTINGS.index(world.name), si, trial])
+            forget = draw_forget(world, plan, ranked, scenario, rng)
+            fm = world.mask(forget)
+            retain = world.train & ~fm
+            case = I.ImpostorCase(world.recipe, world.X, world.y, world.n_classes, theta, retain, fm)
+            thetas: dict[str, torch.Tensor] = {}
+            parts: dict[str, tuple] = {}
+            for name in GENUINE:
+                if trial >= plan.impostor_method_trials.get(world.name, {}).get(name, trials):
+                    continue
+                method = build(name, plan, world.name)
+                result, took = unlearn_result(method, world, theta, world.train, fm, setup.prepared.get(name))
+                thetas[name], parts[name] = result.theta, (method, setup.prepared.get(name), result.artifacts)
+                seconds[name] += took
+            case.theta_retrained = thetas["retrain"]  # the exact retrain of this trial (half_newton_step's target)
+            for name, impostor in I.IMPOSTORS.items():
+                start = time.perf_counter()
+                thetas[name] = impostor(case, rng)
+                seconds[name] += time.perf_counter() - start
+            start = time.perf_counter()
+            verdicts = service_verdicts(world, shadows, forget, theta, thetas, policy, parts)
+            verdict_s += time.perf_counter() - start
+            if trial == 0 and si == 0:  # the batched audit is the worker's: compare with service_audit once
+                for name, th in thetas.items():
+                    ref = service_audit(world, setup.blob, forget, theta, th, is_exact(name), parts=parts.get(name, ()))
+                    got = verdicts[name][0]
+                    check["compared"] += 1
+                    if (ref["verdict"], _failed_checks(ref)) != (got["verdict"], _failed_checks(got)):
+                        check["mismatches"].append({"method": name, "service_audit": ref["verdict"], "batched": got})
+            theta_r64 = thetas["retrain"].to(torch.float64).reshape(-1)
+            base = float((theta.to(torch.float64).reshape(-1) - theta_r64).norm())
+            for name in thetas:
+                verdict, evidence, report = verdicts[name]
+                th = thetas[name].to(torch.float64).reshape(-1)
+                row = {
+                    "passed": verdict["verdict"] == "pass",
+                    "failed_checks": _failed_checks(verdict),
+                    "supporting": verdict["evidence"],
+                    "attack_informative": bool(report["informative"]),
+                    "evidence": [
+                        {
+                            "name": c["name"],
+                            "ratio": evidence_ratio(c),
+                            "power": c["power"],
+                            "informative": c["informative"],
+                            "passed": c["passed"],
+                            "figure": c["figure"],
+                            "threshold": c["threshold"],
+                        }
+                        for c in evidence
+                    ],
+                    "param_ratio": float((th - theta_r64).norm()) / base
+                    if th.numel() == theta_r64.numel() and base > 0
+                    else None,
+                }
+                raw[name][scenario].append(row)
+                if row["passed"] and name in I.IMPOSTORS:
+                    passes.append(
+                        {
+                            "method": name,
+                            "scenario": scenario,
+                            "trial": trial,
+                            "forget_rows": forget.tolist(),
+                            "reasons": verdict["reasons"],
+                            **row,
+                        }
+                    )
+        log(
+            f"  impostors {world.name} {scenario}: {trials} trials ({time.perf_counter() - start_all:.0f}s); "
+            + ", ".join(f"{m} {sum(r['passed'] for r in raw[m][scenario])}" for m in methods)
+        )
+    table = {m: {s: _cell(raw[m][s], m in GENUINE) for s in IMPOSTOR_SCENARIOS} for m in methods}
+    info = {
+        "trials": trials,
+        "trials_per_method": {m: plan.impostor_method_trials.get(world.name, {}).get(m, trials) for m in methods},
+        "scenarios": {
+            s: (
+                f"{scenario_k(plan, world.name, s)} training row(s) drawn uniformly per trial"
+                if s != "most_exposed"
+                else f"{plan.k[world.name]} rows drawn per trial from the top {MOST_EXPOSED_POOL * plan.k[world.name]} "
+                "training rows by d' (the selection shadows of forget_selection)"
+            )
+            for s in IMPOSTOR_SCENARIOS
+        },
+        "seeds": f"numpy default_rng([{IMPOSTOR_SEED}, setting index, scenario index, trial])",
+        "impostor_passes": passes,
+        "batched_audit_check": check,
+        "seconds": {"total": time.perf_counter() - start_all, "verdicts": verdict_s, "theta_per_method": seconds},
+    }
+    return {"table": table, "info": info, "_raw": raw}
+
+
+def primary_evidence(evidence: list[dict]) -> dict | None:
+    """The evidence check that decides a trial: the informative one with the largest ratio (for LR the proven
+    distance, or the retained gradient where no bound certified itself at θ′; for SISA its worst retrained part),
+    else the first one; None when there is none."""
+    informative = [e for e in evidence if e["informative"]]
+    with_ratio = [e for e in informative if e["ratio"] is not None]
+    if with_ratio:
+        return max(with_ratio, key=lambda e: e["ratio"])
+    return informative[0] if informative else (evidence[0] if evidence else None)
+
+
+def check_kind(name: str) -> str:
+    """An evidence check's name without its part number (SISA: ``proven_distance[part 3]`` → ``…[part]``)."""
+    return name.split("[")[0] + ("[part]" if "[" in name else "")
+
+
+def _count(names) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for name in names:
+        out[name] = out.get(name, 0) + 1
+    return out
+
+
+def _cell(rows: list[dict], genuine: bool) -> dict[str, Any]:
+    primary = [primary_evidence(r["evidence"]) for r in rows]
+    ratios = [e["ratio"] for e in primary if e is not None and e["ratio"] is not None]
+    powers = [e["power"] for e in primary if e is not None and e["power"] is not None]
+    passed = sum(r["passed"] for r in rows)
+    by_check: dict[str, list[float]] = {}
+    for r in rows:
+        for e in r["evidence"]:
+            if e["ratio"] is not None:
+                by_check.setdefault(check_kind(e["name"]), []).append(e["ratio"])
+    cell = {
+        "trials": len(rows),
+        "passed": passed,
+        "pass_rate": passed / len(rows) if rows else None,
+        "ratio_median": float(np.median(ratios)) if ratios else None,
+        "ratio_max": float(np.max(ratios)) if ratios else None,
+        "ratio_min": float(np.min(ratios)) if ratios else None,
+        "power_min": float(np.min(powers)) if powers else None,
+        "evidence_used": _count("none" if e is None else check_kind(e["name"]) for e in primary),
+        "evidence_without_ratio": sum(e is None or e["ratio"] is None for e in primary),
+        "evidence_uninformative": sum(e is not None and not e["informative"] for e in primary),
+        "ratio_by_check": {
+            name: {"n": len(v), "median": float(np.median(v)), "min": float(np.min(v)), "max": float(np.max(v))}
+            for name, v in by_check.items()
+        },
+        "no_bound_at_theta_new": sum(
+            any(e["name"].startswith("proven_distance") and e["figure"] is None for e in r["evidence"]) for r in rows
+        ),
+        "attack_informative": sum(r["attack_informative"] for r in rows),
+        "failed_checks": _count(check_kind(name) for r in rows for name in r["failed_checks"]),
+        "supporting_evidence": _count(check_kind(name) for r in rows for name in r["supporting"]),
+    }
+    if genuine:
+        pr = [r["param_ratio"] for r in rows if r["param_ratio"] is not None]
+        cell["param_ratio_median"] = float(np.median(pr)) if pr else None
+    return cell
+
+
+def impostor_summary(panel: dict[str, dict], plan: Plan, notes: dict[str, Any]) -> dict[str, Any]:
+    """The flat summary: every impostor's passes (the aim: none), each genuine method's pass rate over all cells."""
+
+    def rate(method: str) -> float | None:
+        cells = [c for p in panel.values() for c in p["table"][method].values()]
+        n = sum(c["trials"] for c in cells)
+        return sum(c["passed"] for c in cells) / n if n else None
+
+    impostor_passes = sum(c["passed"] for p in panel.values() for m in I.IMPOSTORS for c in p["table"][m].values())
+    out: dict[str, Any] = {
+        "impostor_passes": impostor_passes,
+        "impostor_verdicts": sum(
+            c["trials"] for p in panel.values() for m in I.IMPOSTORS for c in p["table"][m].values()
+        ),
+        "retrain_pass_rate": rate("retrain"),
+        **{f"{m}_pass_rate": rate(m) for m in GENUINE if m != "retrain"},
+        "settings": sorted(panel),
+        "genuine_pass_rate_by_setting": {
+            s: {
+                m: sum(c["passed"] for c in p["table"][m].values())
+                / max(1, sum(c["trials"] for c in p["table"][m].values()))
+                for m in GENUINE
+            }
+            for s, p in panel.items()
+        },
+        "trials_per_scenario": {s: plan.impostor_trials[s] for s in panel},
+        "reductions": [
+            *(
+                f"{s}: {m} ran {n} trials per scenario (of {plan.impostor_trials[s]})"
+                for s, v in plan.impostor_method_trials.items()
+                if s in panel
+                for m, n in v.items()
+            ),
+            "no Adult MLP setting (IMPOSTOR_NOTES.adult_mlp)",
+            f"CLIP: only the parameter-only impostors, {plan.clip_impostor_trials} trials each (clip.impostors)",
+        ],
+    }
+    out["aims"] = {
+        "every_impostor_zero_passes": impostor_passes == 0,
+        "retrain_pass_rate_at_least_0.99": out["retrain_pass_rate"] is not None and out["retrain_pass_rate"] >= 0.99,
+    }
+    out["notes"] = notes
+    return out
+
+
+def print_impostor_table(panel: dict[str, dict], log) -> None:
+    cols = [(s, sc) for s in panel for sc in IMPOSTOR_SCENARIOS]
+    width = 12
+    log("impostor panel: verdicts passed / trials (service verdict: LiRA + evidence + decide, default policy)")
+    log(f"{'':<20}" + "".join(f"{s[: width - 1]:>{width}}" for s, _ in cols))
+    log(f"{'method':<20}" + "".join(f"{sc[: width - 1]:>{width}}" for _, sc in cols))
+    log("-" * (20 + width * len(cols)))
+    for m in (*GENUINE, *I.IMPOSTORS):
+        cells = [panel[s]["table"][m][sc] for s, sc in cols]
+        tag = "" if m in GENUINE else "  (impostor)" if m not in I.EXACT_IMPOSTORS else "  (impostor, exact)"
+        log(f"{m:<20}" + "".join(f"{str(c['passed']) + '/' + str(c['trials']):>{width}}" for c in cells) + tag)
+
+
+def plot_impostors(panel: dict[str, dict], path: Path) -> None:
+    """Per setting: each verdict's evidence ratio (figure ÷ doing nothing's), per method, log scale; filled = passed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = (*GENUINE, *I.IMPOSTORS)
+    colours = {"random_1": "tab:blue", "random_50": "tab:orange", "most_exposed": "tab:red"}
+    fig, axes = plt.subplots(len(panel), 1, figsize=(13, 4.6 * len(panel)), squeeze=False)
+    for ax, (setting, p) in zip(axes[:, 0], panel.items(), strict=True):
+        lo, hi = 1e-9, 1e3
+        jitter = np.random.default_rng(0)
+        for x, m in enumerate(methods):
+            for j, sc in enumerate(IMPOSTOR_SCENARIOS):
+                rows = p["_raw"][m][sc]
+                for r in rows:
+                    e = primary_evidence(r["evidence"])
+                    ratio = None if e is None else e["ratio"]
+                    y = hi if ratio is None else min(max(ratio, lo), hi)
+                    xx = x + (j - 1) * 0.22 + jitter.uniform(-0.06, 0.06)
+                    ax.scatter(
+                        xx,
+                        y,
+                        s=14,
+                        marker="^" if ratio is None else "o",
+                        facecolors=colours[sc] if r["passed"] else "none",
+                        edgecolors=colours[sc],
+                        linewidths=0.8,
+                    )
+        ax.axhline(VerdictPolicy().max_residual_ratio, color="grey", ls="--", lw=0.8)
+        ax.axhline(EXACT_MAX_RATIO, color="grey", ls=":", lw=0.8)
+        ax.axvline(len(GENUINE) - 0.5, color="black", lw=0.8)
+        ax.set_yscale("log")
+        ax.set_ylim(lo / 2, hi * 2)
+        ax.set_xticks(range(len(methods)), methods, rotation=35, ha="right", fontsize="small")
+        ax.set_ylabel("evidence figure ÷ doing nothing's")
+        ax.set_title(
+            f"{setting}: deciding evidence ratio per verdict (filled = certified; ▲ at top = no ratio; dashed ρ = "
+            f"{VerdictPolicy().max_residual_ratio:g}, dotted exact {EXACT_MAX_RATIO:g}; the floor can raise the line)",
+            fontsize="small",
+        )
+        for sc, c in colours.items():
+            ax.scatter([], [], color=c, s=14, label=sc)
+        ax.legend(fontsize="small", loc="lower right")
+        for x, label in ((len(GENUINE) / 2 - 0.5, "genuine"), ((len(methods) + len(GENUINE)) / 2 - 0.5, "impostors")):
+            ax.text(x, 0.02, label, ha="center", va="bottom", fontsize="small", transform=ax.get_xaxis_transform())
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 # ---------------------------------------------------------------------------------------------- CLIP
-def clip_audit(plan: Plan, log) -> dict[str, Any]:
+def clip_audit(plan: Plan, log, keep: dict | None = None) -> dict[str, Any]:
     from app.ml.data.captions import CaptionDataset
     from app.ml.federation import FedSettings, make_demo_federation
     from app.ml.verification.clip_shadows import (
@@ -645,7 +1152,118 @@ def clip_audit(plan: Plan, log) -> dict[str, Any]:
         "shadows)"
     )
     out["device"] = str(clip.device)
+    if keep is not None:  # for the impostor stage (clip_impostors), after every timed section
+        keep["demo"], keep["blob"] = demo, blob
     return out
+
+
+CLIP_IMPOSTORS = ("do_nothing", "one_ulp", "noise_1e-6", "noise_1e-4", "noise_1e-2")
+"""The impostors that need only θ (the others are tabular: a retrain, the retained gradient, ascent on rows)."""
+
+
+def clip_impostors(demo, shadows: bytes, trials: int, log) -> dict[str, Any]:
+    """impostors.py's parameter-only impostors through the federated verdict (app/jobs/federated.py verify_federated:
+    audit_clip_deletion with the stored shadow LoRA runs, the retain R@1 check, decide without the informative-
+    evidence rule, which the federated wing does not apply yet), per deletion scope of the demo federation."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from app.ml.data.captions import CaptionDataset
+    from app.ml.verification.clip_shadows import audit_clip_deletion, clip_shadows_from_bytes
+
+    try:  # the worker's own helpers (retain set, retrieval, retain check): mirrored, not copied
+        from app.jobs.federated import EVAL_RETAIN_PAIRS, EVAL_SAMPLE_SEED, _retain_check, _retrieval
+    except ImportError as exc:  # the tree is edited concurrently: report instead of losing the whole run
+        log(f"  clip impostors skipped: app.jobs.federated did not import ({exc})")
+        return {"error": f"app.jobs.federated did not import: {exc}"}
+    start_all = time.perf_counter()
+    shadows = clip_shadows_from_bytes(shadows)
+
+    policy = VerdictPolicy()
+    fed_policy = dataclasses.replace(policy, max_utility_loss_points=None, require_informative_evidence=False)
+    clip, data = demo.model, demo.data
+    nonmembers = data.heldout if data.heldout is not None else data.test
+    pool = CaptionDataset.concat(data.clients)
+    out: dict[str, Any] = {
+        "what": "verify_federated's verdict on impostors.py's parameter-only impostors (do_nothing once, the random "
+        f"ones {trials} trials each) per scope; the federated wing does not apply the informative-evidence rule "
+        "(no evidence class for CLIP yet), so an impostor passes there whenever the attack is uninformative, the "
+        "parameters changed and the retain R@1 drop is within the policy",
+        "trials": trials,
+        "scopes": {},
+    }
+    for si, scope in enumerate(("samples", "client", "class")):
+        masks = data.forget_masks(scope)
+        positions = np.flatnonzero(np.concatenate(masks))
+        forget = pool.subset(positions)
+        leaving = {k for k, m in enumerate(masks) if m.all()} if scope == "client" else set()
+        retain = CaptionDataset.concat(
+            [c.subset(np.flatnonzero(~m)) for k, (c, m) in enumerate(zip(data.clients, masks, strict=True))
+             if k not in leaving and (~m).any()]
+        )  # fmt: skip
+        retain = retain.subset(np.random.default_rng(EVAL_SAMPLE_SEED).permutation(len(retain))[:EVAL_RETAIN_PAIRS])
+        sets = {"forget": forget, "retain": retain, "test": data.test}
+        before = _retrieval(clip, demo.theta, sets, data.test)
+        case = I.ImpostorCase(None, None, None, 0, demo.theta, None, None)  # type: ignore[arg-type]
+        cells: dict[str, Any] = {}
+        for name in CLIP_IMPOSTORS:
+            rows = []
+            for trial in range(1 if name == "do_nothing" else trials):
+                rng = np.random.default_rng([IMPOSTOR_SEED, len(SETTINGS), si, trial])
+                theta_new = I.IMPOSTORS[name](case, rng)
+                report, _ = audit_clip_deletion(
+                    shadows, clip, forget, positions, nonmembers, demo.theta, theta_new, trained_on_forget=True,
+                    policy=policy,
+                )  # fmt: skip
+                unlearned = SimpleNamespace(
+                    metrics={"before": before, "after": _retrieval(clip, theta_new, sets, data.test)}
+                )
+                verdict = decide(report, fed_policy, exact=False, extra_checks=[_retain_check(unlearned, policy)])
+                rows.append(
+                    {"passed": verdict["verdict"] == "pass", "failed": _failed_checks(verdict),
+                     "attack_informative": bool(report["informative"])}
+                )  # fmt: skip
+            passed = sum(r["passed"] for r in rows)
+            cells[name] = {
+                "trials": len(rows),
+                "passed": passed,
+                "pass_rate": passed / len(rows),
+                "attack_informative": sum(r["attack_informative"] for r in rows),
+                "failed_checks": _count(n for r in rows for n in r["failed"]),
+            }
+        clip.set_theta(demo.theta)
+        out["scopes"][scope] = {"forget_pairs": len(forget), "nonmember_pairs": len(nonmembers), "impostors": cells}
+        log(f"  clip impostors {scope}: " + ", ".join(f"{n} {c['passed']}/{c['trials']}" for n, c in cells.items()))
+    out["seconds"] = time.perf_counter() - start_all
+    return out
+
+
+_PANEL_JOBS: dict[str, Any] = {}
+"""The impostor stage's jobs (name → a function of no arguments), set before the worker processes fork."""
+
+
+def _panel_job(name: str) -> Any:
+    torch.set_num_threads(1)
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1)
+    return _PANEL_JOBS[name]()
+
+
+def run_panels(jobs: dict[str, Any], workers: int, log) -> dict[str, Any]:
+    """The impostor panels, after every timed section: in ``workers`` forked processes (their counts, not their
+    timings, are the result; nothing timed runs beside them), in order of submission, or inline for one worker."""
+    if workers <= 1 or len(jobs) <= 1:
+        return {name: job() for name, job in jobs.items()}
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    _PANEL_JOBS.clear()
+    _PANEL_JOBS.update(jobs)
+    log(f"impostor stage: {len(jobs)} panels ({', '.join(jobs)}) in {workers} processes")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        futures = {name: pool.submit(_panel_job, name) for name in jobs}
+        return {name: future.result() for name, future in futures.items()}
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -725,12 +1343,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-dir", type=Path, default=DATA_DIR)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--only", default="", help="comma list of settings (adult_lr, overfit_mlp, clip)")
+    ap.add_argument("--impostors-only", action="store_true", help="the impostor panel only (no methods, U-LiRA, cost)")
+    ap.add_argument("--no-impostors", action="store_true", help="skip the impostor panel")
+    ap.add_argument("--impostor-trials", type=int, default=None, help="trials per scenario (overrides the plan's)")
+    ap.add_argument("--impostor-workers", type=int, default=2, help="processes for the impostor stage (1: inline)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(1)
     plan = make_plan("quick" if args.quick else "full")
+    if args.impostor_trials is not None:
+        plan.impostor_trials = {s: args.impostor_trials for s in plan.impostor_trials}
+        plan.impostor_method_trials = {
+            s: {m: min(n, args.impostor_trials) for m, n in v.items()} for s, v in plan.impostor_method_trials.items()
+        }
     out = args.out or REPO / "bench" / "results" / ("verify_quick.json" if args.quick else "verify.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     only = {s for s in args.only.split(",") if s} or {*SETTINGS, "clip"}
@@ -741,7 +1368,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[str, Any] = {
         "mode": plan.mode,
-        "complete": only == {*SETTINGS, "clip"},
+        "complete": only == {*SETTINGS, "clip"} and not args.impostors_only and not args.no_impostors,
         "plan": asdict(plan),
         "l2ul_settings": {s: asdict(l2ul_config(plan, s)) for s in SETTINGS if s in only},
         "policy": VerdictPolicy().to_dict(),
@@ -759,11 +1386,18 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {},
     }
     settings: dict[str, dict] = {}
+    panel: dict[str, dict] = {}
+    jobs: dict[str, Any] = {}  # the impostor stage, run after every timed section
     for setting in SETTINGS:
         if setting not in only:
             continue
         world = adult_world(plan, args.data_dir) if setting == "adult_lr" else overfit_world()
-        settings[setting] = run_setting(world, plan, log)
+        setup = setup_setting(world, plan, log)
+        if not args.no_impostors:
+            jobs[setting] = lambda world=world, setup=setup: run_impostors(world, plan, setup, log)
+        if args.impostors_only:
+            continue
+        settings[setting] = run_setting(world, plan, setup, log)
         res = settings[setting]
         for name in METHODS:
             row = res["methods"][name]
@@ -781,17 +1415,58 @@ def main(argv: list[str] | None = None) -> int:
     if "overfit_mlp" in settings:
         results["overfit_original_tpr_at_1fpr"] = settings["overfit_mlp"]["methods"]["retrain"]["tpr_original"]
         results["overfit_audit_s"] = settings["overfit_mlp"]["audit_cost"]["audit_s_median"]
-    if "clip" in only:
-        results["clip"] = clip_audit(plan, log)
+    clip_state: dict[str, Any] = {}
+    if "clip" in only and not args.impostors_only:
+        results["clip"] = clip_audit(plan, log, clip_state)
         results["clip_audit_s"] = results["clip"]["scenarios"]["samples"]["audit_s_median"]
         results["clip_shadow_train_s"] = results["clip"]["shadow_train_s"]
         results["clip_shadows"] = results["clip"]["n_shadows"]
+        out.write_text(json.dumps(results, indent=1, default=float))
+        if not args.no_impostors:
+            jobs["clip"] = lambda: clip_impostors(
+                clip_state["demo"], clip_state["blob"], plan.clip_impostor_trials, log
+            )
+    start = time.perf_counter()
+    done = run_panels(jobs, args.impostor_workers, log)
+    results["impostor_stage"] = {
+        "seconds": time.perf_counter() - start,
+        "workers": min(args.impostor_workers, len(jobs)),
+        "what": "the impostor panels run after every timed section, in forked processes (counts, not timings)",
+    }
+    for setting in SETTINGS:
+        if setting in done:
+            panel[setting] = done[setting]
+            results.setdefault("impostors", {})[setting] = panel[setting]["table"]
+            results.setdefault("impostors_info", {})[setting] = panel[setting]["info"]
+    if panel:
+        results["impostors_summary"] = impostor_summary(panel, plan, IMPOSTOR_NOTES)
+    if "clip" in done:
+        results["clip"]["impostors"] = done["clip"]
+        scopes = done["clip"].get("scopes", {})
+        cells = [c for sc in scopes.values() for c in sc["impostors"].values()]
+        clip_summary = {
+            "clip_impostor_passes": sum(c["passed"] for c in cells),
+            "clip_impostor_verdicts": sum(c["trials"] for c in cells),
+            "clip_impostor_passes_by_scope": {
+                scope: {n: f"{c['passed']}/{c['trials']}" for n, c in sc["impostors"].items()}
+                for scope, sc in scopes.items()
+            },
+        }
+        results.setdefault("impostors_summary", {}).update(clip_summary)
     results["machine"]["loadavg_end"] = os.getloadavg()
     results["wall_time_s"] = time.perf_counter() - t_start
     out.write_text(json.dumps(results, indent=1, default=float))
     if settings:
         plot(settings, out.with_suffix(".png"))
         print_table(results, log)
+    if panel:
+        plot_impostors(panel, out.with_name(out.stem + "_impostors.png"))
+        print_impostor_table(panel, log)
+        summary = results["impostors_summary"]
+        log(
+            f"impostor passes {summary['impostor_passes']}/{summary['impostor_verdicts']}; genuine pass rates: "
+            + ", ".join(f"{m} {summary[f'{m}_pass_rate']:.3f}" for m in GENUINE)
+        )
     log(
         f"tabular audit {results.get('tabular_audit_s', float('nan')):.3f}s/request "
         f"(retrain {results.get('tabular_retrain_s', float('nan')):.3f}s), "
