@@ -42,11 +42,10 @@ from app.ml.verification.clip_shadows import (
     train_clip_shadows,
 )
 from app.ml.verification.lira import attack_summary
-from app.ml.verification.plots import plot_data
+from app.ml.verification.plots import audit_plots
 from app.ml.verification.policy import VerdictPolicy, decide, theta_unchanged
 from app.ml.verification.retrieval import evaluate_retrieval
 from app.ml.verification.signals import clip_pair_confidence
-from app.plots import NAMES as PLOT_NAMES
 from app.registry import versions as registry
 from app.registry.tables import Model
 from app.requests.tables import DeletionRequest
@@ -536,7 +535,7 @@ def verify_federated(work: DeletionWork, unlearned: Unlearned) -> Verification:
                 exact=work.spec.exact,
                 extra_checks=[_retain_check(unlearned, policy, work.spec.exact)],
             )
-            return Verification(report, verdict, dict.fromkeys(PLOT_NAMES, plot_data(scores)))  # drawn on demand
+            return Verification(report, verdict, audit_plots(scores))
     return _verify_without_shadows(work, unlearned, policy, nonmembers, reason)
 
 

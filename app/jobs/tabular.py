@@ -30,7 +30,7 @@ from app.ml.unlearning.base import TabularProblem, UnlearningResult, explain_cho
 from app.ml.unlearning.newton.probe import determinism_probe
 from app.ml.verification.audit import MIN_SHADOWS_PER_SIDE, run_audit, theta_facts
 from app.ml.verification.evidence import tabular_evidence
-from app.ml.verification.plots import plot_data
+from app.ml.verification.plots import audit_plots
 from app.ml.verification.policy import VerdictPolicy, decide
 from app.ml.verification.shadows import (
     ShadowSettings,
@@ -40,7 +40,6 @@ from app.ml.verification.shadows import (
     shadows_to_bytes,
     train_shadows,
 )
-from app.plots import NAMES as PLOT_NAMES
 from app.registry import versions as registry
 from app.registry.tables import Dataset, Model
 from app.storage import get_store
@@ -734,7 +733,7 @@ def verify_deletion(work: DeletionWork, unlearned: Unlearned) -> Verification:
     report["proven"] = proven  # the evidence checks themselves are in the verdict's checks
     _state_guarantee(report, unlearned)
     verdict = decide(report, policy, proven_distance=bound, exact=exact, evidence=evidence)
-    return Verification(report, verdict, dict.fromkeys(PLOT_NAMES, plot_data(scores)))  # drawn on demand
+    return Verification(report, verdict, audit_plots(scores))
 
 
 def _evidence(work: DeletionWork, unlearned: Unlearned, theta_parent, policy: VerdictPolicy) -> list[dict[str, Any]]:

@@ -6,7 +6,9 @@ from sqlalchemy.orm import Session
 
 from app.auth.service import Principal, require_scope
 from app.db import get_session
-from app.reports.service import get_report_or_404, plot_png, report_out, reports_for
+from app.problems import Problem
+from app.reports.service import get_report_or_404, report_out, reports_for
+from app.storage import get_store
 
 router = APIRouter(prefix="/v1/reports", tags=["reports"])
 
@@ -50,8 +52,11 @@ def get_plot(
     session: Session = Depends(get_session),
 ):
     """A report's plot (PNG): the log-log ROC, or the histograms of the attack statistic on the forget set."""
-    png, etag = plot_png(get_report_or_404(session, report_id), name)
-    headers = {"ETag": f'"{etag}"', "Cache-Control": "private, max-age=86400"}
-    if _not_modified(request, etag):
+    report = get_report_or_404(session, report_id)
+    digest = report.plots.get(name)
+    if digest is None:
+        raise Problem(404, "plot-not-found", "No such plot", f"plots: {sorted(report.plots)}")
+    headers = {"ETag": f'"{digest}"', "Cache-Control": "private, max-age=86400"}
+    if _not_modified(request, digest):
         return Response(status_code=304, headers=headers)
-    return Response(png, media_type="image/png", headers=headers)
+    return Response(get_store().get_bytes(digest), media_type="image/png", headers=headers)

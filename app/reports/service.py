@@ -9,19 +9,15 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.plots import render_cached
 from app.problems import Problem
 from app.reports.tables import Report
 from app.storage import get_store
-
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def add_report(
     session: Session, request_id: str, model_id: str, body: dict[str, Any], verdict: str, plots: dict[str, bytes]
 ) -> Report:
-    """Store one verification: the figures as JSON, each plot's data as a blob (the arrays it is drawn from, or a
-    PNG from before plots were drawn on demand); the ETag covers both."""
+    """Store one verification: the figures as JSON, each plot as a PNG blob; the ETag covers both."""
     digests = {name: get_store().put_bytes(png) for name, png in plots.items()}
     canonical = json.dumps({"body": body, "plots": digests}, sort_keys=True, default=str).encode()
     report = Report(
@@ -60,16 +56,3 @@ def report_out(report: Report) -> dict[str, Any]:
         **report.body,
         "plots": {name: f"/v1/reports/{report.id}/plots/{name}" for name in report.plots},
     }
-
-
-def plot_png(report: Report, name: str) -> tuple[bytes, str]:
-    """A report's plot as PNG bytes and its ETag: drawn from the stored arrays on demand (app/plots.py), or the
-    stored PNG itself for a report written before that."""
-    digest = report.plots.get(name)
-    if digest is None:
-        raise Problem(404, "plot-not-found", "No such plot", f"plots: {sorted(report.plots)}")
-    store = get_store()
-    data = store.get_bytes(digest)
-    if data.startswith(PNG_MAGIC):
-        return data, digest
-    return render_cached(name, digest, lambda: data), f"{digest}-{name}"
