@@ -95,3 +95,18 @@ def wait_request(client, request_id: str, timeout: float = 600, interval: float 
         interval=interval,
         what=f"deletion request {request_id}",
     )
+
+
+def delete_rows(client, model_id: str, ids: list[str], method: str, timeout: float = 300) -> dict:
+    """POST a one-subject deletion of these sample ids (202 asserted) and wait for it to end."""
+    response = client.post(
+        "/v1/deletion-requests",
+        json={
+            "subject_ref": "s",
+            "model_id": model_id,
+            "method": method,
+            "scope": {"kind": "samples", "sample_ids": ids},
+        },
+    )
+    assert response.status_code == 202, response.text
+    return wait_request(client, response.json()["id"], timeout=timeout)

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from app.certificates.verify_cli import verify_file
 from app.main import create_app
-from tests.helpers import configure, make_key, wait_for, wait_request, write_table
+from tests.helpers import configure, delete_rows, make_key, wait_for, write_table
 
 SETTINGS = {"epsilon": 1.0, "delta": 1e-4, "residual_budget": 0.2}
 """ε′ small enough for a 480-row training set (σ = c·ε′/ε ≈ 0.9; the noise enters the mean objective as b/n): a
@@ -57,17 +57,7 @@ def _register(client, tmp_path, **extra):
 
 
 def _delete(client, model_id, rows, method="certified_removal"):
-    response = client.post(
-        "/v1/deletion-requests",
-        json={
-            "subject_ref": "s",
-            "model_id": model_id,
-            "method": method,
-            "scope": {"kind": "samples", "sample_ids": rows},
-        },
-    )
-    assert response.status_code == 202, response.text
-    return wait_request(client, response.json()["id"], timeout=120)
+    return delete_rows(client, model_id, rows, method, timeout=120)
 
 
 def test_certificates_state_epsilon_delta_and_the_budget(client, tmp_path):

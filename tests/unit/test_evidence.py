@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from app.certificates.verify_cli import verify_file
 from app.main import create_app
 from app.ml.unlearning import base
-from tests.helpers import configure, make_key, wait_model, wait_request, write_table
+from tests.helpers import configure, delete_rows, make_key, wait_model, write_table
 
 DO_NOTHING = "app.ml.unlearning.baselines.sisa:DoNothing"
 DO_NOTHING_CONFIG = "app.ml.unlearning.baselines.sisa:DoNothingConfig"
@@ -71,17 +71,7 @@ def _register(client, tmp_path):
 
 
 def _delete(client, model_id, ids, method):
-    response = client.post(
-        "/v1/deletion-requests",
-        json={
-            "subject_ref": "s",
-            "model_id": model_id,
-            "method": method,
-            "scope": {"kind": "samples", "sample_ids": ids},
-        },
-    )
-    assert response.status_code == 202, response.text
-    return wait_request(client, response.json()["id"], timeout=300)
+    return delete_rows(client, model_id, ids, method)
 
 
 def test_a_certified_deletion_carries_a_report_and_a_certificate_that_verifies_offline(stack, tmp_path):

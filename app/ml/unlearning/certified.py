@@ -84,7 +84,7 @@ def draw_noise(config: CertifiedRemovalConfig, p: int, rng: np.random.Generator 
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def _check(recipe: tabular.TabularRecipe, n_classes: int) -> None:
+def check_recipe(recipe: tabular.TabularRecipe, n_classes: int) -> None:
     if recipe.family != "logistic_regression" or n_classes != 2:
         raise ValueError(
             "certified removal is implemented for binary logistic regression only (Guo et al.'s gamma "
@@ -153,7 +153,7 @@ def fit_perturbed(
     """Algorithm A of Theorem 3: the minimiser of L_b(.; D) (tabular.fit with ``linear=b``), float32, plus the solver
     facts and ``residual``, the exact sum-form ||grad L_b|| at the published float32 model (what Algorithm 2 starts
     its budget from)."""
-    _check(recipe, n_classes)
+    check_recipe(recipe, n_classes)
     b = _vec(b)
     theta, info = tabular.fit(recipe, X, y, n_classes, init, linear=b)
     info["residual"] = exact_residual(recipe, theta, X, y, n_classes, b)
@@ -164,7 +164,7 @@ def exact_residual(
     recipe: tabular.TabularRecipe, theta: Any, X: np.ndarray, y: np.ndarray, n_classes: int, b: np.ndarray
 ) -> float:
     """||grad L_b(theta; rows)||_2, sum form, float64 at the given (float32) theta: one pass over the rows."""
-    _check(recipe, n_classes)
+    check_recipe(recipe, n_classes)
     _, g = tabular.objective_gradient(recipe, theta, X, y, n_classes, linear=_vec(b))
     return len(X) * float(np.linalg.norm(g.numpy()))
 
@@ -187,7 +187,7 @@ def residual_bound(
     that model as ``theta_new`` and adds ||g + H v|| (float32 rounding and the float64 solve), computed exactly.
     ``spectral`` may pass ||X~||_2 of a superset of the rows (``spectral_norm``); None computes it.
     """
-    _check(recipe, 2)
+    check_recipe(recipe, 2)
     X = np.asarray(X_retained, dtype=np.float64)
     norm = spectral_norm(X) if spectral is None else float(spectral)
     a = _xa(X, _vec(theta_new) - _vec(theta))
@@ -234,7 +234,7 @@ def remove(
     noise (``rng``; None = OS entropy), and ``spent_after`` is the retrain's exact residual. ``spectral``: see
     ``residual_bound``.
     """
-    _check(recipe, 2)
+    check_recipe(recipe, 2)
     X, y = np.asarray(X), np.asarray(y)
     keep, gone = np.asarray(retain_mask, dtype=bool), np.asarray(forget_mask, dtype=bool)
     if keep.shape != (len(X),) or gone.shape != (len(X),):

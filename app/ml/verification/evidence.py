@@ -41,6 +41,7 @@ method without informative evidence is not certified).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -101,24 +102,28 @@ def _judge(figure: float | None, do_nothing: float, floor: float, exact: bool, m
     return threshold, power, informative, passed
 
 
-def proven_distance_evidence(
-    recipe: tabular.TabularRecipe,
-    theta_parent: torch.Tensor | np.ndarray,
-    theta_new: torch.Tensor | np.ndarray,
-    X: np.ndarray,
-    y: np.ndarray,
-    n_classes: int,
-    retain_mask: np.ndarray,
-    exact: bool,
-    max_ratio: float = DEFAULT_MAX_RESIDUAL_RATIO,
-    grads: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> dict[str, Any]:
-    """The ``proven_distance`` check of the module docstring (single logistic-regression model). Two gradient passes
-    over the retained rows (or ``grads`` = (∇L_R(θ′), ∇L_R(θ)) when the caller has them), the float64 Hessian at θ′
-    and its eigendecomposition (bounds.py)."""
-    retain = np.asarray(retain_mask, bool)
-    Xr, yr = np.asarray(X)[retain], np.asarray(y)[retain]
-    g_new, g_parent = grads or _retained_grads(recipe, theta_parent, theta_new, Xr, yr, n_classes)
+@dataclass
+class Retained:
+    """One deletion's inputs to every check, gathered once: the retained rows and the retained objective's gradient
+    at the new parameters and at the parent's (one pass over the rows each)."""
+
+    recipe: tabular.TabularRecipe
+    theta_parent: torch.Tensor | np.ndarray
+    theta_new: torch.Tensor | np.ndarray
+    Xr: np.ndarray
+    yr: np.ndarray
+    n_classes: int
+    exact: bool
+    max_ratio: float
+    g_new: torch.Tensor
+    g_parent: torch.Tensor
+
+
+def _proven_distance(r: Retained) -> dict[str, Any]:
+    """The ``proven_distance`` check of the module docstring (single logistic-regression model): the float64 Hessian
+    at θ′ and its eigendecomposition (bounds.py)."""
+    recipe, theta_new, Xr, n_classes, g_new, g_parent = r.recipe, r.theta_new, r.Xr, r.n_classes, r.g_new, r.g_parent
+    exact, max_ratio = r.exact, r.max_ratio
     bound = strong_convexity_bound(recipe, theta_new, Xr, n_classes, g_new, others={"parent": g_parent})
     floor = FLOOR_FACTOR * FLOAT32_UNIT_ROUNDOFF * float(_vec64(theta_new).norm())
     d0 = (bound.get("newton_step_norms") or {}).get("parent")
@@ -129,7 +134,7 @@ def proven_distance_evidence(
         "floor": floor,
         "grad_norm": float(g_new.norm()),
         "grad_norm_do_nothing": float(g_parent.norm()),
-        "rows": int(retain.sum()),
+        "rows": int(len(r.yr)),
         "exact": exact,
         "max_ratio": max_ratio,
         "holds_for": bound.get("holds_for"),
@@ -155,15 +160,6 @@ def proven_distance_evidence(
     return _check("proven_distance", d_new, threshold, passed, informative, power, message, detail)
 
 
-def _retained_grads(
-    recipe, theta_parent, theta_new, Xr, yr, n_classes, linear=None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(∇L_R(θ′), ∇L_R(θ)): one pass over the retained rows each (``linear``: a perturbed recipe's bᵀθ term)."""
-    _, g_new = tabular.objective_gradient(recipe, theta_new, Xr, yr, n_classes, linear=linear)
-    _, g_parent = tabular.objective_gradient(recipe, theta_parent, Xr, yr, n_classes, linear=linear)
-    return g_new, g_parent
-
-
 def gradient_floor(
     recipe: tabular.TabularRecipe,
     theta: torch.Tensor | np.ndarray,
@@ -172,38 +168,34 @@ def gradient_floor(
     n_classes: int,
     grad: torch.Tensor,
     seed: int = 0,
-    linear: np.ndarray | None = None,
 ) -> float:
     """GRADIENT_FLOOR_FACTOR × the largest change of the retained gradient under FLOOR_DRAWS random perturbations of
-    θ of float32-rounding size (each coordinate by up to 2⁻²⁴ of itself): the gradient noise storage alone makes."""
+    θ of float32-rounding size (each coordinate by up to 2⁻²⁴ of itself): the gradient noise storage alone makes.
+    A perturbed recipe's linear term adds the same constant to both gradients, so it cancels here."""
     th = _vec64(theta)
     rng = np.random.default_rng(seed)
     worst = 0.0
     for _ in range(FLOOR_DRAWS):
         e = torch.from_numpy(rng.uniform(-1.0, 1.0, th.shape[0])) * FLOAT32_UNIT_ROUNDOFF * th.abs()
-        _, g = tabular.objective_gradient(recipe, th + e, Xr, yr, n_classes, linear=linear)
+        _, g = tabular.objective_gradient(recipe, th + e, Xr, yr, n_classes)
         worst = max(worst, float((g - grad).norm()))
     return GRADIENT_FLOOR_FACTOR * worst
 
 
-def retained_gradient_evidence(
-    recipe: tabular.TabularRecipe,
-    theta_parent: torch.Tensor | np.ndarray,
-    theta_new: torch.Tensor | np.ndarray,
-    X: np.ndarray,
-    y: np.ndarray,
-    n_classes: int,
-    retain_mask: np.ndarray,
-    exact: bool,
-    max_ratio: float = DEFAULT_MAX_RESIDUAL_RATIO,
-    grads: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> dict[str, Any]:
-    """The ``retained_gradient`` check of the module docstring: 2 + FLOOR_DRAWS gradient passes over the retained
-    rows (2 fewer with ``grads``). Exact methods are judged like approximate ones here (a non-convex retrain is only
-    a stationary point; a degenerate convex objective — a class deleted from a binary model — has no finite one)."""
-    retain = np.asarray(retain_mask, bool)
-    Xr, yr = np.asarray(X)[retain], np.asarray(y)[retain]
-    g_new, g_parent = grads or _retained_grads(recipe, theta_parent, theta_new, Xr, yr, n_classes)
+def _retained_gradient(r: Retained) -> dict[str, Any]:
+    """The ``retained_gradient`` check of the module docstring: FLOOR_DRAWS more gradient passes. Exact methods are
+    judged like approximate ones here (a non-convex retrain is only a stationary point; a degenerate convex
+    objective — a class deleted from a binary model — has no finite one)."""
+    recipe, theta_new, Xr, yr, n_classes, g_new, g_parent = (
+        r.recipe,
+        r.theta_new,
+        r.Xr,
+        r.yr,
+        r.n_classes,
+        r.g_new,
+        r.g_parent,
+    )
+    exact, max_ratio = r.exact, r.max_ratio
     floor = gradient_floor(recipe, theta_new, Xr, yr, n_classes, g_new)
     g1, g0 = float(g_new.norm()), float(g_parent.norm())
     threshold, power, informative, passed = _judge(g1, g0, floor, False, max_ratio)
@@ -212,7 +204,7 @@ def retained_gradient_evidence(
         "grad_norm_do_nothing": g0,
         "floor": floor,
         "ratio": g1 / g0 if g0 > 0 else None,
-        "rows": int(retain.sum()),
+        "rows": int(len(yr)),
         "exact": exact,
         "max_ratio": max_ratio,
     }
@@ -252,36 +244,31 @@ def tabular_evidence(
         return []
     retain = np.asarray(retain_mask, bool)
     Xr, yr = np.asarray(X)[retain], np.asarray(y)[retain]
-    grads = _retained_grads(recipe, theta_parent, theta_new, Xr, yr, n_classes, linear)
-    args = (recipe, theta_parent, theta_new, X, y, n_classes, retain, exact, max_ratio, grads)
+    _, g_new = tabular.objective_gradient(recipe, theta_new, Xr, yr, n_classes, linear=linear)
+    _, g_parent = tabular.objective_gradient(recipe, theta_parent, Xr, yr, n_classes, linear=linear)
+    r = Retained(recipe, theta_parent, theta_new, Xr, yr, n_classes, exact, max_ratio, g_new, g_parent)
     if recipe.family == "logistic_regression":
-        proven = proven_distance_evidence(*args)
+        proven = _proven_distance(r)
         if proven["figure"] is not None:
             return [proven]
-        return [proven, retained_gradient_evidence(*args)]
-    gradient = retained_gradient_evidence(*args)
+        return [proven, _retained_gradient(r)]
+    gradient = _retained_gradient(r)
     if not exact or (gradient["informative"] and gradient["passed"]):
         return [gradient]
     # an exact method on a non-convex recipe that does not reach a stationary point (a fixed iteration budget): the
     # gradient cannot place θ′; an independent replay of the recipe on the retained rows can
     gradient = {**gradient, "passed": None, "informative": False, "message": gradient["message"] + " [not decisive "
                 "for an exact method on a non-convex recipe: the replay below decides]"}  # fmt: skip
-    return [gradient, replay_evidence(recipe, theta_parent, theta_new, Xr, yr, n_classes)]
+    return [gradient, _replay(r)]
 
 
-def replay_evidence(
-    recipe: tabular.TabularRecipe,
-    theta_parent: torch.Tensor | np.ndarray,
-    theta_new: torch.Tensor | np.ndarray,
-    Xr: np.ndarray,
-    yr: np.ndarray,
-    n_classes: int,
-) -> dict[str, Any]:
+def _replay(r: Retained) -> dict[str, Any]:
     """``replay`` (exact methods, non-convex recipes): the recipe run again, independently, on the rows the verifier
     itself determined as retained, from the recipe's seeded start; θ′ must equal it to ``REPLAY_RTOL`` (the recipe is
     deterministic). A retrain that kept a row or dropped another one lands elsewhere; doing nothing is as far from the
     replay as the erased rows moved the recipe (the power). One more training run: only when the gradient could not
     decide."""
+    recipe, theta_parent, theta_new, Xr, yr, n_classes = r.recipe, r.theta_parent, r.theta_new, r.Xr, r.yr, r.n_classes
     replay = _vec64(tabular.train(recipe, Xr, yr, n_classes))
     scale = float(replay.abs().max()) or 1.0
     tolerance = REPLAY_RTOL * scale

@@ -69,7 +69,7 @@ class CertifiedRemoval:
 
     def prepare(self, problem: TabularProblem) -> UnlearningResult:
         try:
-            certified._check(problem.recipe, problem.n_classes)
+            certified.check_recipe(problem.recipe, problem.n_classes)
         except ValueError as exc:
             return UnlearningResult(theta=problem.theta, info={"refused": str(exc)})
         return self._fresh(problem, "prepare")
