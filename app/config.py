@@ -65,6 +65,10 @@ class Settings(BaseSettings):
         200_000_000, ge=1, description="Most rows x columns of an uploaded or registered table (Parquet and CSV)."
     )
     max_sample_ids: int = Field(100_000, description="Most sample ids in one deletion request.")
+    batch_max_requests: int = Field(
+        500, ge=1, description="Most deletion requests one version serves (a model's registration may set less)."
+    )
+    batch_max_rows: int = Field(5000, ge=1, description="Most rows one batched version deletes.")
     intake_batch_max: int = Field(64, description="Most deletion requests committed together (group commit).")
     intake_batch_wait_ms: float = Field(2.0, description="How long a request waits for others to share a commit.")
     lease_seconds: float = Field(300.0, description="How long a worker's lease on a job lasts between heartbeats.")

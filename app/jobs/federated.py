@@ -311,7 +311,10 @@ class FederatedInputs:
 
 class Deletion:
     """A federated deletion (a client, a caption word, or pairs): the problem is built from the stored round history
-    and the clients' data; the method's forget lock is published with the new version."""
+    and the clients' data; the method's forget lock is published with the new version. One request per version:
+    a federated unlearning run takes minutes on a GPU and its verdict is one audit of one forget set."""
+
+    batches = False
 
     def load(self, work: DeletionWork, ctx: JobContext) -> FederatedInputs:
         """The problem of this request. A pair is alive while its index entry is (erasure deletes it; ``deleted_by``
@@ -357,6 +360,7 @@ class Deletion:
             # a membership federation's matched held-out split is the non-member target of a samples deletion
             nonmembers=data.heldout if request.scope["kind"] == "samples" else None,
         )
+        work.members[0].positions = positions
         return FederatedInputs(problem, positions)
 
     def unlearn(self, work: DeletionWork, ctx: JobContext) -> Unlearned:
@@ -401,8 +405,8 @@ class Deletion:
             theta=result.theta, method=name, metrics=metrics, positions=positions, state_update=state_update
         )
 
-    def verify(self, work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> Verification:
-        return verify_federated(work, unlearned)
+    def verify(self, work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> dict[str, Verification]:
+        return {work.request.id: verify_federated(work, unlearned)}
 
     def erase(self, work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> ErasurePlan:
         """A departed client's stored round updates are rewritten without it (its row zeroed), so no later method

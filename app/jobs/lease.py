@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from sqlalchemy.orm import Session
 
@@ -20,6 +21,7 @@ from app.jobs.outbox import LeaseLostError
 from app.jobs.tables import Job
 from app.registry import versions as registry
 from app.requests import service as requests
+from app.requests.tables import DeletionRequest
 
 log = logging.getLogger("lethe.lease")
 
@@ -45,12 +47,63 @@ def claim(job_id: str, owner: str) -> Job | None:
         return job
 
 
-def heartbeat(job_id: str, owner: str, progress: float | None = None, message: str | None = None) -> None:
-    """Renew the lease and record progress on the job and its request; LeaseLostError if the job was taken."""
+JOINABLE = ("received", "queued", "running", "verifying")
+"""A request's statuses while its job waits, or while a dead worker's lease on it runs out."""
+
+
+def claim_waiting(
+    leader: Job, owner: str, accept: Callable[[DeletionRequest], bool], max_requests: int, max_rows: int, rows: int
+) -> list[tuple[Job, DeletionRequest]]:
+    """Group commit: claim the deletion jobs already waiting on the leader's model whose requests ``accept`` takes,
+    oldest first, while the batch stays within ``max_requests`` requests and ``max_rows`` rows (``rows``: the
+    leader's). Each is the same compare-and-set claim as a job's own (a cancel or another worker wins or loses it
+    cleanly), and its request is marked running. No waiting: an empty queue makes a batch of one."""
+    if max_requests <= 1:
+        return []
+    joined: list[tuple[Job, DeletionRequest]] = []
     with session_scope() as session:
-        job = outbox.renew(session, job_id, owner, progress, message)
-        if job.request_id and progress is not None:
-            requests.record_progress(session, job.request_id, job.progress, job.message)
+        waiting = outbox.waiting_on_model(session, leader.model_id, leader.kind, leader.id, max_requests - 1)
+        by_id = requests.by_ids(session, [j.request_id for j in waiting if j.request_id])
+        for candidate in waiting:
+            request = by_id.get(candidate.request_id)
+            if request is None or request.status not in JOINABLE or not accept(request):
+                continue
+            n = requests.rows_named(request)
+            if rows + n > max_rows:
+                continue
+            job = outbox.claim(session, candidate.id, owner)
+            if job is None:
+                continue
+            requests.mark_running(session, request.id, job.id, job.attempts, owner)
+            rows += n
+            joined.append((job, request))
+        session.flush()
+        session.expunge_all()
+    return joined
+
+
+def release(job_ids: list[str], owner: str, reason: str, settle: Callable[[Session], None] | None = None) -> None:
+    """Give batch members back to the outbox to run alone (payload ``solo``), without spending an attempt; their
+    requests wait again (``settle`` records anything else in the same transaction, e.g. their failed verdicts)."""
+    with session_scope() as session:
+        if settle is not None:
+            settle(session)
+        for job_id in job_ids:
+            outbox.release(session, job_id, owner, reason, {"solo": True})
+            job = session.get(Job, job_id)
+            if job.request_id:
+                requests.mark_split_off(session, job.request_id, job_id, reason)
+
+
+def heartbeat(
+    job_ids: list[str], request_ids: list[str], owner: str, progress: float | None = None, message: str | None = None
+) -> None:
+    """Renew the leases (the job's, or every job of a batch) and record progress on their requests; LeaseLostError
+    if one of the jobs was taken."""
+    with session_scope() as session:
+        outbox.renew_all(session, job_ids, owner, progress, message)
+        if request_ids and progress is not None:
+            requests.record_progress(session, request_ids, max(0.0, min(1.0, progress)), message and message[:2000])
 
 
 def tell_owner(session: Session, job: Job, error: str, status: str = "failed", problem_type: str = "job-failed"):
@@ -101,8 +154,10 @@ class JobContext:
     to write.
     """
 
-    def __init__(self, job_id: str, owner: str, max_seconds: float | None = None):
+    def __init__(self, job_id: str, owner: str, max_seconds: float | None = None, request_id: str | None = None):
         self.job_id, self.owner = job_id, owner
+        self.members: list[str] = [job_id]  # the leader, then the jobs it joined into its batch
+        self._requests: dict[str, str] = {job_id: request_id} if request_id else {}
         self._deadline = time.monotonic() + max_seconds if max_seconds else None
         self._last_report = 0.0
         self._pending: tuple[float, str] | None = None
@@ -134,7 +189,7 @@ class JobContext:
             if pending is None and time.monotonic() - last_lease < lease_every:
                 continue
             try:
-                heartbeat(self.job_id, self.owner, *(pending or (None, None)))
+                heartbeat(*self._held(), self.owner, *(pending or (None, None)))
                 last_lease = time.monotonic()
             except LeaseLostError:
                 self.lost.set()
@@ -153,11 +208,35 @@ class JobContext:
                 return
             self._pending = None
             self._last_report = now
-        heartbeat(self.job_id, self.owner, fraction, message)
+        heartbeat(*self._held(), self.owner, fraction, message)
 
     def assert_lease(self, session: Session) -> Job:
-        """Inside a finishing transaction: lock the job row and check this worker still holds it."""
-        return outbox.assert_lease(session, self.job_id, self.owner)
+        """Inside a finishing transaction: lock the job rows (a batch's too) and check this worker holds them all.
+        Returns the leader's."""
+        return self.assert_leases(session)[0]
+
+    def assert_leases(self, session: Session) -> list[Job]:
+        """``assert_lease`` for every job this context holds (the leader's first)."""
+        return [outbox.assert_lease(session, job_id, self.owner) for job_id in list(self.members)]
+
+    def join(self, jobs: list[Job]) -> None:
+        """Jobs this worker claimed to serve in the same batch: their leases are renewed and their requests told
+        the batch's progress from now on."""
+        with self._lock:
+            for job in jobs:
+                self.members.append(job.id)
+                if job.request_id:
+                    self._requests[job.id] = job.request_id
+
+    def leave(self, job_id: str) -> None:
+        """A member given back to the outbox (split off from the batch): no longer renewed."""
+        with self._lock:
+            self.members.remove(job_id)
+            self._requests.pop(job_id, None)
+
+    def _held(self) -> tuple[list[str], list[str]]:
+        with self._lock:
+            return list(self.members), [self._requests[j] for j in self.members if j in self._requests]
 
     def scaled(self, start: float, span: float, prefix: str):
         """A progress sink for a sub-step: its [0, 1] maps to [start, start + span] of the job, messages prefixed."""

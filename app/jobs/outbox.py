@@ -165,6 +165,11 @@ def cancel(session: Session, job_id: str) -> bool:
     return result.rowcount == 1
 
 
+def _free(now):
+    """No worker holds the job: pending, dispatched, or running under a lease that has expired (its worker died)."""
+    return or_(Job.status.in_(("pending", "dispatched")), (Job.status == "running") & (Job.lease_expires_at < now))
+
+
 def claim(session: Session, job_id: str, owner: str) -> Job | None:
     """Take the lease: succeeds for a pending/dispatched job, or a running one whose lease has expired."""
     now = utcnow()
@@ -173,7 +178,7 @@ def claim(session: Session, job_id: str, owner: str) -> Job | None:
         .where(
             Job.id == job_id,
             Job.attempts < Job.max_attempts,
-            or_(Job.status.in_(("pending", "dispatched")), (Job.status == "running") & (Job.lease_expires_at < now)),
+            _free(now),
         )
         .values(
             status="running",
@@ -188,8 +193,50 @@ def claim(session: Session, job_id: str, owner: str) -> Job | None:
     return session.get(Job, job_id) if result.rowcount == 1 else None
 
 
+def waiting_on_model(session: Session, model_id: str, kind: str, exclude: str, limit: int) -> list[Job]:
+    """Jobs of this kind on this model that no worker holds (oldest first): what a batch leader may join — waiting
+    ones, and those whose worker died (lease expired; ``claim`` takes them the same way). A job released from a batch
+    to run alone (payload ``solo``) is never joined again."""
+    now = utcnow()
+    jobs = (
+        session.execute(
+            select(Job)
+            .where(
+                Job.model_id == model_id,
+                Job.kind == kind,
+                Job.id != exclude,
+                _free(now),
+                Job.attempts < Job.max_attempts,
+            )
+            .order_by(Job.created_at)
+            .limit(limit * 2)
+        )
+        .scalars()
+        .all()
+    )
+    return [j for j in jobs if not (j.payload or {}).get("solo")][:limit]
+
+
+def release(session: Session, job_id: str, owner: str, reason: str, payload: dict[str, Any]) -> None:
+    """Give a held job back to the outbox without spending its attempt (a batch split it off to run alone):
+    pending again at once, with ``payload`` merged into its own."""
+    job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
+    if job.lease_owner != owner or job.status != "running":
+        raise LeaseLostError(job_id)
+    now = utcnow()
+    job.status, job.lease_owner, job.lease_expires_at, job.available_at = "pending", None, None, now
+    job.attempts, job.payload = max(0, job.attempts - 1), {**(job.payload or {}), **payload}
+    job.message, job.updated_at = reason[:2000], now
+
+
 def renew(session: Session, job_id: str, owner: str, progress: float | None, message: str | None) -> Job:
     """Renew the lease and record progress; raises LeaseLostError if another worker has taken the job."""
+    renew_all(session, [job_id], owner, progress, message)
+    return session.get(Job, job_id)
+
+
+def renew_all(session: Session, job_ids: list[str], owner: str, progress: float | None, message: str | None) -> None:
+    """``renew`` for every job a batch holds, in one statement; LeaseLostError unless this worker holds them all."""
     now = utcnow()
     values: dict[str, Any] = {
         "lease_expires_at": now + timedelta(seconds=get_settings().lease_seconds),
@@ -200,11 +247,13 @@ def renew(session: Session, job_id: str, owner: str, progress: float | None, mes
     if message is not None:
         values["message"] = message[:2000]
     result = session.execute(
-        update(Job).where(Job.id == job_id, Job.lease_owner == owner, Job.status == "running").values(**values)
+        update(Job)
+        .where(Job.id.in_(job_ids), Job.lease_owner == owner, Job.status == "running")
+        .values(**values)
+        .execution_options(synchronize_session=False)
     )
-    if result.rowcount != 1:
-        raise LeaseLostError(job_id)
-    return session.get(Job, job_id)
+    if result.rowcount != len(job_ids):
+        raise LeaseLostError(",".join(job_ids))
 
 
 def assert_lease(session: Session, job_id: str, owner: str) -> Job:

@@ -14,13 +14,23 @@ from functools import partial
 
 import structlog
 
+from app.config import get_settings
 from app.db import new_id, session_scope
 from app.jobs import federated, lease, tabular
 from app.jobs.lease import JobContext
 from app.jobs.outbox import LeaseLostError, PermanentJobError, max_runtime
-from app.jobs.publish import publish, reject
+from app.jobs.publish import publish, reject, split_off
 from app.jobs.tables import Job
-from app.jobs.work import Attempt, DeletionWing, DeletionWork, Unlearned, escalation_for, method_for
+from app.jobs.work import (
+    Attempt,
+    DeletionWing,
+    DeletionWork,
+    Member,
+    Unlearned,
+    batchable,
+    escalation_for,
+    method_for,
+)
 from app.registry import versions as registry
 from app.requests import service as requests
 
@@ -49,59 +59,104 @@ def _execute_job(job_id: str, owner: str) -> str:
 
 
 def _run_claimed(job: Job, job_id: str, owner: str) -> str:
+    ctx = JobContext(job_id, owner, max_seconds=max_runtime(job.kind), request_id=job.request_id)
     try:
         with session_scope() as session:
             model_kind = registry.model_kind(session, job.model_id)
         handler = HANDLERS.get((job.kind, model_kind))
         if handler is None:
             raise PermanentJobError(f"no handler for a {job.kind!r} job on a {model_kind!r} model", "unprocessable")
-        with JobContext(job_id, owner, max_seconds=max_runtime(job.kind)) as ctx:
+        with ctx:
             handler(job, ctx)
         return "succeeded"
     except LeaseLostError:
         log.warning("job %s: lease lost to another worker; stopping without writing", job_id)
         return "lease-lost"
     except PermanentJobError as exc:
+        if len(ctx.members) > 1:  # a batch never rejects a request for what may be another's fault: each runs alone
+            lease.release(ctx.members, owner, f"a batch could not be done as a whole ({exc}); retried alone")
+            return "split"
         lease.fail(job_id, owner, str(exc), permanent=True, request_status="rejected", problem_type=exc.problem_type)
         return "rejected"
     except Exception as exc:
         log.exception("job %s failed", job_id)
-        lease.fail(job_id, owner, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}", permanent=False)
+        for member in ctx.members:
+            lease.fail(member, owner, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}", permanent=False)
         return "failed"
 
 
 def run_deletion(job: Job, ctx: JobContext, wing: DeletionWing) -> None:
-    """claim (execute_job) → load → unlearn → store → verify (auto: escalate once) → erase → publish + certify."""
+    """claim (execute_job) → join the requests waiting on the model (a batch) → load → unlearn → store → verify each
+    request on its own rows → (every request failed: ``auto`` escalates once; some failed: they are split off to run
+    alone and the rest is served again without them) → erase → publish, each request with its own certificate."""
     work = load(job, ctx, wing)
     attempts: list[Attempt] = []
-    while True:
+    while work.members:
         unlearned = wing.unlearn(work, ctx)
         draft = store_version(work, unlearned)
-        verification = verify(work, unlearned, ctx, attempt=len(attempts) + 1, wing=wing)
-        attempts.append(Attempt(work.method_name, unlearned, verification))
-        if verification.passed:
-            break
-        escalation = escalation_for(work)
-        if escalation is None:
+        verifications = verify(work, unlearned, ctx, attempt=len(attempts) + 1, wing=wing)
+        attempts.append(Attempt(work.method_name, unlearned, verifications, len(work.members)))
+        failing = attempts[-1].failing(work.members)
+        if not failing:
+            erasure = wing.erase(work, unlearned, ctx)
+            publish(work, attempts, draft, erasure, ctx)
+            return shred()
+        escalation = escalation_for(work) if len(failing) == len(work.members) else None
+        if escalation is not None:
+            work.method_name, work.spec, work.method = escalation
+        elif len(work.members) == 1:
             return reject(work, attempts, ctx)
-        work.method_name, work.spec, work.method = escalation
+        else:
+            split_off(work, failing, attempts, ctx)
+            work.inputs = wing.load(work, ctx)
         work.version_id = new_id()
-    erasure = wing.erase(work, unlearned, ctx)
-    publish(work, attempts, draft, erasure, ctx)
-    shred()
 
 
 def load(job: Job, ctx: JobContext, wing: DeletionWing) -> DeletionWork:
-    """The request, the model and the version it deletes from, the method to run; then the wing's own inputs."""
+    """The request, the model and the version it deletes from, the method to run, the requests that join it; then
+    the wing's own inputs. A member the wing refuses ends rejected alone."""
     with session_scope() as session:
         request = requests.get_request_or_404(session, job.request_id)
         session.expunge(request)
         model, dataset, parent = registry.load_model(session, job.model_id)
     name, spec, method = method_for(request, model)
-    ctx.progress(0.05, f"loading data and version {parent.number}")
-    work = DeletionWork(job, request, model, dataset, parent, name, spec, method, new_id())
+    members = [Member(job, request), *join(job, request, model, ctx, wing)]
+    batch = f" for {len(members)} requests" if len(members) > 1 else ""
+    ctx.progress(0.05, f"loading data and version {parent.number}{batch}")
+    work = DeletionWork(members, model, dataset, parent, name, spec, method, new_id())
     work.inputs = wing.load(work, ctx)
+    if any(m.refusal for m in work.members):
+        refuse(work, ctx)
+        work.inputs = wing.load(work, ctx) if work.members else None
     return work
+
+
+def join(job: Job, request, model, ctx: JobContext, wing: DeletionWing) -> list[Member]:
+    """Group commit: the deletion requests already waiting on this model that can share the version (same method and
+    settings, rows by id), within the model's batch bounds. Never waits for more; never joins a request that a batch
+    gave back to run alone."""
+    if not wing.batches or (job.payload or {}).get("solo"):
+        return []
+    max_requests, max_rows = batch_bounds(model)
+    joined = lease.claim_waiting(
+        job, ctx.owner, partial(batchable, request), max_requests, max_rows, requests.rows_named(request)
+    )
+    ctx.join([j for j, _ in joined])
+    return [Member(j, r) for j, r in joined]
+
+
+def refuse(work: DeletionWork, ctx: JobContext) -> None:
+    """Members the wing cannot serve (their rows were erased meanwhile, say): rejected each on its own, as a request
+    alone would be; a request served alone raises (the job is rejected)."""
+    refused = [m for m in work.members if m.refusal]
+    if len(work.members) == 1:
+        raise refused[0].refusal
+    for member in refused:
+        ctx.leave(member.job.id)  # first: the heartbeat must not renew a job that is no longer ours
+        work.members.remove(member)
+        exc = member.refusal
+        lease.fail(member.job.id, ctx.owner, str(exc), permanent=True, request_status="rejected",
+                   problem_type=exc.problem_type)  # fmt: skip
 
 
 def store_version(work: DeletionWork, unlearned: Unlearned) -> registry.VersionDraft:
@@ -118,11 +173,21 @@ def store_version(work: DeletionWork, unlearned: Unlearned) -> registry.VersionD
 
 
 def verify(work: DeletionWork, unlearned: Unlearned, ctx: JobContext, attempt: int, wing: DeletionWing):
-    """The wing audits the new parameters on the forget rows (they are not erased yet); nothing is published."""
+    """The wing audits the new parameters on each request's own forget rows (not erased yet); nothing is published."""
     with session_scope() as session:
-        requests.mark_verifying(session, work.request.id, unlearned.method, attempt)
+        for member in work.members:
+            requests.mark_verifying(session, member.request.id, unlearned.method, attempt)
     ctx.progress(0.9, f"verifying {unlearned.method} (attempt {attempt})")
     return wing.verify(work, unlearned, ctx)
+
+
+def batch_bounds(model) -> tuple[int, int]:
+    """A batch's most requests and rows: the model's registration (``batch``) within the service's defaults."""
+    settings, own = get_settings(), (model.spec or {}).get("batch") or {}
+    return (
+        min(int(own.get("max_requests", settings.batch_max_requests)), settings.batch_max_requests),
+        min(int(own.get("max_rows", settings.batch_max_rows)), settings.batch_max_rows),
+    )
 
 
 def shred() -> None:

@@ -7,24 +7,27 @@ from app.audit.service import chain_head
 from app.certificates import service as certificates
 from app.config import get_settings
 from app.db import release_freed_pages, session_scope, utcnow
-from app.jobs import outbox
+from app.jobs import lease, outbox
 from app.jobs.lease import JobContext
-from app.jobs.work import Attempt, DeletionWork, ErasurePlan
+from app.jobs.work import Attempt, DeletionWork, ErasurePlan, Member
 from app.registry import versions as registry
 from app.reports import service as reports_service
 from app.requests import service as requests
 from app.subjects import service as subjects
 
 
-def _record_reports(session, work: DeletionWork, attempts: list[Attempt]) -> list:
+def _record_reports(session, work: DeletionWork, attempts: list[Attempt], request_id: str) -> list:
+    """Every attempt's verdict on this request (its own rows), as reports and audit events."""
     reports = []
     for n, attempt in enumerate(attempts, start=1):
-        body = {"attempt": n, "method": attempt.method, **attempt.verification.report, **attempt.verification.verdict}
+        verification = attempt.verifications[request_id]
+        body = {"attempt": n, "method": attempt.method, **verification.report, **verification.verdict}
+        if attempt.requests > 1:
+            body["batch"] = {"requests": attempt.requests}
         report = reports_service.add_report(
-            session, work.request.id, work.model.id, body, attempt.verification.verdict["verdict"],
-            attempt.verification.plots,
-        )  # fmt: skip
-        requests.record_verdict(session, work.request.id, report.id, attempt.method, report.verdict, report.etag)
+            session, request_id, work.model.id, body, verification.verdict["verdict"], verification.plots
+        )
+        requests.record_verdict(session, request_id, report.id, attempt.method, report.verdict, report.etag)
         reports.append(report)
     return reports
 
@@ -32,13 +35,14 @@ def _record_reports(session, work: DeletionWork, attempts: list[Attempt]) -> lis
 def reject(work: DeletionWork, attempts: list[Attempt], ctx: JobContext) -> None:
     """The verdict failed and there is nowhere to escalate: the request ends ``failed`` (verification-failed) with
     its report; no version is published, nothing is erased, no certificate is issued."""
+    request_id = work.request.id
     with session_scope() as session:
         job_row = ctx.assert_lease(session)
-        reports = _record_reports(session, work, attempts)
-        reasons = "; ".join(attempts[-1].verification.verdict["reasons"])
+        reports = _record_reports(session, work, attempts, request_id)
+        reasons = "; ".join(attempts[-1].verifications[request_id].verdict["reasons"])
         requests.mark_failed(
             session,
-            work.request.id,
+            request_id,
             work.job.id,
             job_row.attempts,
             f"verification failed ({attempts[-1].method}): {reasons}",
@@ -48,60 +52,97 @@ def reject(work: DeletionWork, attempts: list[Attempt], ctx: JobContext) -> None
         outbox.finish(session, job_row, {"verdict": "fail", "reports": [r.id for r in reports]})
 
 
+def split_off(work: DeletionWork, failing: list[Member], attempts: list[Attempt], ctx: JobContext) -> None:
+    """Batch members whose own verdict failed go back to the outbox to run alone, each with its reports so far (a
+    request is never certified on a failed verdict, and never holds the others hostage); the batch goes on without
+    them. One transaction."""
+
+    def record(session) -> None:  # outbox.release checks each job is still ours
+        for member in failing:
+            _record_reports(session, work, attempts, member.request.id)
+
+    reason = f"its own verdict failed in a batch of {len(work.members)} ({attempts[-1].method}); retried alone"
+    for member in failing:  # first: the heartbeat must not renew a job that is no longer ours
+        ctx.leave(member.job.id)
+        work.members.remove(member)
+    lease.release([m.job.id for m in failing], ctx.owner, reason, settle=record)
+
+
 def publish(
     work: DeletionWork, attempts: list[Attempt], draft: registry.VersionDraft, erasure: ErasurePlan, ctx: JobContext
 ) -> None:
     """ONE transaction: the verified version becomes current; every stored copy of the rows is swapped for its
-    erased replacement and earlier versions are retired (the manifest); the reports are recorded; the certificate is
-    signed over all of it and the audit chain's head; the request is certified (its callback queued); job finished."""
-    model_id, request_id = work.model.id, work.request.id
-    unlearned, verification = attempts[-1].unlearned, attempts[-1].verification
+    erased replacement and earlier versions are retired (the manifest); then for each request served (a batch:
+    each on its own rows) its reports are recorded, its certificate is signed over the shared version, its own rows'
+    erasure and verdict, and the audit chain's head; it is certified (its callback queued) and its job finished."""
+    model_id = work.model.id
+    unlearned = attempts[-1].unlearned
     grace = get_settings().retired_version_grace_seconds
     with session_scope() as session:
-        job_row = ctx.assert_lease(session)
+        job_rows = {j.id: j for j in ctx.assert_leases(session)}
         version = registry.add_version(session, draft, state_update=unlearned.state_update)
-        manifest = registry.erase_rows(
-            session,
-            work.model.dataset_id,
-            unlearned.positions,
-            request_id,
-            new_digest=erasure.dataset_digest,
-            state_update=erasure.state_update,
-            model_id=model_id,
-        )
-        manifest["method_state"] = registry.update_method_state(session, model_id, erasure.purged, erasure.invalidated)
-        manifest["versions_retired"] = (
-            registry.retire_versions(session, model_id, version.id, request_id, grace)
+        method_state = registry.update_method_state(session, model_id, erasure.purged, erasure.invalidated)
+        shared: dict = {"method_state": method_state}
+        own: dict[str, dict] = {}
+        for n, member in enumerate(work.members):
+            own[member.request.id] = registry.erase_rows(
+                session,
+                work.model.dataset_id,
+                member.positions,
+                member.request.id,
+                **(dict(new_digest=erasure.dataset_digest, state_update=erasure.state_update) if n == 0 else {}),
+                model_id=model_id,
+            )
+            if n == 0:  # the table, encoder and shadows are rewritten once, for every request of the version
+                first = own[member.request.id]
+                shared.update({k: first.pop(k) for k in list(first) if k not in ("index", "identifiers")})
+        shared["versions_retired"] = (
+            registry.retire_versions(session, model_id, version.id, work.request.id, grace)
             if unlearned.parent_saw_rows  # held-out rows: no earlier version was trained on them
             else []
         )
-        manifest["retired_weights_shredded_after_s"] = grace
-        manifest.update(erasure.notes)
-        reports = _record_reports(session, work, attempts)
-        certificate = certificates.issue(
-            session,
-            request=work.request,
-            version=version,
-            parent_digest=work.parent.digest,
-            method=unlearned.method,
-            method_settings=work.request.method_settings,
-            manifest=manifest,
-            figures={**verification.figures(), "reports": [r.id for r in reports], "attempts": len(attempts)},
-            verdict=verification.verdict["verdict"],
-            audit_head=chain_head(session),
-            completed_at=utcnow(),
-        )
-        requests.mark_certified(
-            session,
-            request_id,
-            work.job.id,
-            version,
-            model_id,
-            len(unlearned.positions),
-            manifest,
-            certificate.id,
-            certificate.digest,
-        )
-        subjects.on_request_certified(session, request_id)  # a per-person erasure's last child: combined certificate
-        outbox.finish(session, job_row, {"version_id": version.id, "digest": version.digest})
+        shared["retired_weights_shredded_after_s"] = grace
+        shared.update(erasure.notes)
+        if len(work.members) > 1:
+            shared["batch"] = {
+                "version_id": version.id,
+                "requests": len(work.members),
+                "rows": len(unlearned.positions),
+            }
+        for member in work.members:
+            manifest = {**own[member.request.id], **shared}
+            _certify(session, work, attempts, member, manifest, version, job_rows[member.job.id])
     release_freed_pages()
+
+
+def _certify(session, work: DeletionWork, attempts, member: Member, manifest: dict, version, job_row) -> None:
+    """One request of a published version: its reports, its own certificate (naming the shared version's digest,
+    its subject and its rows' erasure), certified, its per-person erasure told, its job finished."""
+    unlearned, verification = attempts[-1].unlearned, attempts[-1].verifications[member.request.id]
+    reports = _record_reports(session, work, attempts, member.request.id)
+    certificate = certificates.issue(
+        session,
+        request=member.request,
+        version=version,
+        parent_digest=work.parent.digest,
+        method=unlearned.method,
+        method_settings=member.request.method_settings,
+        manifest=manifest,
+        figures={**verification.figures(), "reports": [r.id for r in reports], "attempts": len(attempts)},
+        verdict=verification.verdict["verdict"],
+        audit_head=chain_head(session),
+        completed_at=utcnow(),
+    )
+    requests.mark_certified(
+        session,
+        member.request.id,
+        member.job.id,
+        version,
+        work.model.id,
+        len(member.positions),
+        manifest,
+        certificate.id,
+        certificate.digest,
+    )
+    subjects.on_request_certified(session, member.request.id)  # a per-person erasure's last child: its certificate
+    outbox.finish(session, job_row, {"version_id": version.id, "digest": version.digest})

@@ -22,13 +22,13 @@ from app.db import session_scope
 from app.jobs.lease import JobContext, finish
 from app.jobs.outbox import PermanentJobError
 from app.jobs.tables import Job
-from app.jobs.work import DeletionWork, ErasurePlan, Unlearned, Verification, build, weights
+from app.jobs.work import DeletionWork, ErasurePlan, Member, Unlearned, Verification, build, weights
 from app.ml import tabular
 from app.ml.data.tabular import TableEncoder, load_table
 from app.ml.unlearning import validation
 from app.ml.unlearning.base import TabularProblem, UnlearningResult, explain_choice, get_method
 from app.ml.unlearning.newton.probe import determinism_probe
-from app.ml.verification.audit import MIN_SHADOWS_PER_SIDE, run_audit, theta_facts
+from app.ml.verification.audit import MIN_SHADOWS_PER_SIDE, report_from_scores, run_audit, theta_facts
 from app.ml.verification.evidence import tabular_evidence
 from app.ml.verification.plots import audit_plots
 from app.ml.verification.policy import VerdictPolicy, decide
@@ -519,17 +519,19 @@ class TabularInputs:
 
 
 class Deletion:
-    """A tabular deletion: rows of the registered table, by sample ids or by label."""
+    """A tabular deletion: rows of the registered table, by sample ids or by label. Batches: one version may serve
+    every request waiting on the model (their rows' union), each request judged on its own rows."""
 
-    def load(self, work: DeletionWork, ctx: JobContext) -> TabularInputs:
+    batches = True
+
+    def load(self, work: DeletionWork, ctx: JobContext) -> TabularInputs | None:
         with session_scope() as session:
-            try:
-                positions = registry.positions_of(session, work.dataset.id, work.request.scope)
-            except ValueError as exc:
-                raise PermanentJobError(str(exc), "scope-not-supported") from exc
+            for member in work.members:
+                member.positions, member.refusal = _member_positions(session, work, member)
             flagged = [p for p, _ in registry.tombstones(session, work.dataset.id, except_request=work.request.id)]
-        if not positions:  # every row was erased by an earlier request meanwhile: never a second version
-            raise PermanentJobError("every row of this request was already erased by an earlier one", "already-deleted")
+        positions = sorted({p for m in work.members if m.refusal is None for p in m.positions})
+        if not positions:  # every member refused: the hall rejects each
+            return None
         data = load_tabular(work.dataset, work.model)
         recipe = tabular.TabularRecipe.from_dict(work.model.spec["recipe"])
         n = len(data.y)
@@ -543,7 +545,7 @@ class Deletion:
     def erase(self, work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> ErasurePlan:
         return erase_copies(work, unlearned, ctx)
 
-    def verify(self, work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> Verification:
+    def verify(self, work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> dict[str, Verification]:
         return verify_deletion(work, unlearned)
 
     def unlearn(self, work: DeletionWork, ctx: JobContext) -> Unlearned:
@@ -603,6 +605,20 @@ class Deletion:
             method_artifacts=dict(result.artifacts),
             parent_saw_rows=parent_saw_rows,
         )
+
+
+ALREADY_DELETED = "already-deleted"
+
+
+def _member_positions(session, work: DeletionWork, member: Member) -> tuple[list[int], PermanentJobError | None]:
+    """The rows one request names, or why it cannot be done (a request alone: the job is rejected with it)."""
+    try:
+        positions = registry.positions_of(session, work.dataset.id, member.request.scope)
+    except ValueError as exc:
+        return [], PermanentJobError(str(exc), "scope-not-supported")
+    if not positions:  # every row was erased by an earlier request meanwhile: never a second version
+        return [], PermanentJobError("every row of this request was already erased by an earlier one", ALREADY_DELETED)
+    return positions, None
 
 
 def _choice(work: DeletionWork) -> dict[str, Any]:
@@ -677,42 +693,43 @@ def erase_copies(work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> E
 
 
 # ------------------------------------------------------------------------------------------------------ verification
-def verify_deletion(work: DeletionWork, unlearned: Unlearned) -> Verification:
-    """The evidence that the published parameters are the retained optimum or close to it (evidence.py: the proven
-    distance for LR, the retained gradient for the MLP), LiRA on the forget rows against the original and the new
-    parameters (matched non-members: held-out rows) with the audit's power, and test accuracy against the original;
-    the model's verdict policy decides (policy.decide: no certificate without informative evidence)."""
+def verify_deletion(work: DeletionWork, unlearned: Unlearned) -> dict[str, Verification]:
+    """Each request's verification of the published parameters: the evidence that they are the retained optimum or
+    close to it (evidence.py: the proven distance for LR, the retained gradient for the MLP; one retained objective,
+    shared by a batch's requests), LiRA on the request's OWN forget rows against the original and the new parameters
+    (matched non-members: held-out rows) with that audit's power, and test accuracy against the original; the
+    model's verdict policy decides per request (policy.decide: no certificate without informative evidence). A
+    batch's shadows score every row once; each request's report is its rows' slice."""
     inputs: TabularInputs = work.inputs
     data = inputs.data
     policy = VerdictPolicy.from_dict(work.model.spec.get("verification", {}).get("policy"))
     theta_parent = weights(work.parent.digest)
-    trained = np.flatnonzero(inputs.forget & ~inputs.holdout & ~inputs.tombstone)
-    if len(trained) == 0:
-        report = {"n_forget": 0, "informative": False, "informative_detail": "the rows were held out of training"}
-        verdict = {
-            "verdict": "pass",
-            "reasons": ["every deleted row was held out of training: no version carries a trace of it"],
-            "checks": [],
-            "evidence": ["held_out"],
-            "notes": [],
-            "policy": policy.to_dict(),
-        }
-        return Verification(report, verdict)
+    trained_mask = inputs.forget & ~inputs.holdout & ~inputs.tombstone
+    own = {m.request.id: np.asarray([p for p in m.positions if trained_mask[p]], np.int64) for m in work.members}
+    out = {rid: _held_out(policy) for rid, rows in own.items() if len(rows) == 0}
+    judged = {rid: rows for rid, rows in own.items() if len(rows)}
+    if not judged:
+        return out
+    trained = np.concatenate(list(judged.values()))
     test = inputs.holdout & data.present & ~inputs.forget
     exact = work.spec.exact
     evidence = _evidence(work, unlearned, theta_parent, policy)
     proven = next((c["detail"] for c in evidence if c["name"] == "proven_distance"), None)
     bound = proven.get("bound") if proven else None
+
+    def without_attack(reason: str) -> dict[str, Verification]:
+        return out | {
+            rid: _verify_without_attack(policy, theta_parent, unlearned, len(rows), evidence, exact, reason)
+            for rid, rows in judged.items()
+        }
+
     if "verification" not in work.model.state:  # registered before verification existed
-        return _verify_without_attack(
-            policy, theta_parent, unlearned.theta, len(trained), evidence, exact, "no shadows"
-        )
+        return without_attack("no shadows")
     shadows = shadows_from_bytes(get_store().get_bytes(work.model.state["verification"]["shadows"]))
     pool = np.asarray(shadows.row_ids, dtype=np.int64)
     nonmembers = np.flatnonzero(np.isin(pool, np.flatnonzero(test)))
     if len(nonmembers) == 0:
-        reason = "no held-out rows to serve as non-members"
-        return _verify_without_attack(policy, theta_parent, unlearned, len(trained), evidence, exact, reason)
+        return without_attack("no held-out rows to serve as non-members")
     try:
         report, scores = run_audit(
             shadows,
@@ -729,11 +746,35 @@ def verify_deletion(work: DeletionWork, unlearned: Unlearned) -> Verification:
             policy=policy,
         )
     except ValueError as exc:  # e.g. too few shadows on one side of a row: say so instead of failing the job
-        return _verify_without_attack(policy, theta_parent, unlearned, len(trained), evidence, exact, str(exc))
-    report["proven"] = proven  # the evidence checks themselves are in the verdict's checks
-    _state_guarantee(report, unlearned)
-    verdict = decide(report, policy, proven_distance=bound, exact=exact, evidence=evidence)
-    return Verification(report, verdict, audit_plots(scores))
+        return without_attack(str(exc))
+    plots = audit_plots(scores)  # one figure per version: the batch's forget rows together
+    whole, start = report, 0
+    for rid, rows in judged.items():
+        if len(judged) > 1:
+            own_scores = scores.forget_subset(np.arange(start, start + len(rows)))
+            report = report_from_scores(
+                own_scores, len(rows), len(nonmembers), policy, theta=whole["theta"], utility=whole["utility"]
+            ) | {"batch_forget_rows": len(trained)}
+        start += len(rows)
+        report["proven"] = proven  # the evidence checks themselves are in the verdict's checks
+        _state_guarantee(report, unlearned)
+        verdict = decide(report, policy, proven_distance=bound, exact=exact, evidence=evidence)
+        out[rid] = Verification(report, verdict, plots)
+    return out
+
+
+def _held_out(policy: VerdictPolicy) -> Verification:
+    """A request whose every row was held out of training: no version carries a trace of it."""
+    report = {"n_forget": 0, "informative": False, "informative_detail": "the rows were held out of training"}
+    verdict = {
+        "verdict": "pass",
+        "reasons": ["every deleted row was held out of training: no version carries a trace of it"],
+        "checks": [],
+        "evidence": ["held_out"],
+        "notes": [],
+        "policy": policy.to_dict(),
+    }
+    return Verification(report, verdict)
 
 
 def _evidence(work: DeletionWork, unlearned: Unlearned, theta_parent, policy: VerdictPolicy) -> list[dict[str, Any]]:

@@ -32,15 +32,27 @@ from app.requests.tables import DeletionRequest
 
 
 @dataclass
-class DeletionWork:
-    """One deletion, loaded: detached rows (safe outside a session) and the method that will run.
-
-    ``version_id`` is the id the new version will get, so a wing can refer to it in the model state it returns.
-    ``inputs`` is the wing's own: what its ``load`` step gathered (data, masks, federation history).
-    """
+class Member:
+    """One request a deletion serves, with its job (held by this worker) and the rows it names (the wing's load
+    fills ``positions``). A batch has several; ``refusal`` is set when the wing cannot do this request at all."""
 
     job: Job
     request: DeletionRequest
+    positions: list[int] = field(default_factory=list)
+    refusal: PermanentJobError | None = None
+
+
+@dataclass
+class DeletionWork:
+    """One deletion, loaded: detached rows (safe outside a session) and the method that will run.
+
+    ``members``: the requests served, the claimed job's own first (a batch: the requests that were waiting on the
+    same model, app/jobs/batch.py); ``job`` and ``request`` are the first's. ``version_id`` is the id the new
+    version will get, so a wing can refer to it in the model state it returns. ``inputs`` is the wing's own: what
+    its ``load`` step gathered (data, masks, federation history).
+    """
+
+    members: list[Member]
     model: Model
     dataset: Dataset | None
     parent: ModelVersion
@@ -49,6 +61,14 @@ class DeletionWork:
     method: UnlearningMethod
     version_id: str
     inputs: Any = None
+
+    @property
+    def job(self) -> Job:
+        return self.members[0].job
+
+    @property
+    def request(self) -> DeletionRequest:
+        return self.members[0].request
 
 
 @dataclass
@@ -127,15 +147,19 @@ class Verification:
 
 
 class DeletionWing(Protocol):
-    """A model kind's deletion steps."""
+    """A model kind's deletion steps. ``batches``: whether one version may serve several requests."""
+
+    batches: bool
 
     def load(self, work: DeletionWork, ctx: JobContext) -> Any:
-        """Gather the inputs (data, masks, history); PermanentJobError when the deletion cannot be done."""
+        """Gather the inputs (data, masks, history) for every member; PermanentJobError when the deletion cannot be
+        done, or a member's ``refusal`` when one request of a batch cannot."""
 
     def unlearn(self, work: DeletionWork, ctx: JobContext) -> Unlearned: ...
 
-    def verify(self, work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> Verification:
-        """Audit the new parameters against the parent on the forget rows (before they are erased)."""
+    def verify(self, work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> dict[str, Verification]:
+        """Audit the new parameters against the parent on each member's own forget rows (before they are erased):
+        one verification per request id."""
 
     def erase(self, work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> ErasurePlan: ...
 
@@ -176,8 +200,24 @@ def weights(digest: str) -> torch.Tensor:
 
 @dataclass
 class Attempt:
-    """One unlearning attempt and its verification (``auto`` may make two: the approximate method, then exact)."""
+    """One unlearning attempt and each request's verification of it (``auto`` may make two: the approximate method,
+    then exact; a batch one more when it splits off a failing request)."""
 
     method: str
     unlearned: Unlearned
-    verification: Verification
+    verifications: dict[str, Verification]
+    requests: int = 1
+    """How many requests the attempt served (its batch's size then)."""
+
+    def failing(self, members: list[Member]) -> list[Member]:
+        return [m for m in members if not self.verifications[m.request.id].passed]
+
+
+def batchable(leader: DeletionRequest, other: DeletionRequest) -> bool:
+    """Whether two requests may share a version: rows named by id (a class deletion runs alone), the same method
+    asked for with the same settings."""
+    return (
+        leader.scope.get("kind") == other.scope.get("kind") == "samples"
+        and leader.method == other.method
+        and (leader.method_settings or {}) == (other.method_settings or {})
+    )

@@ -180,10 +180,13 @@ def patch_model(
     principal: Principal = Depends(require_scope("admin")),
     session: Session = Depends(get_session),
 ):
-    """Change a model's settings an admin owns: ``requires_approval`` and ``tags`` (each change audited)."""
+    """Change a model's settings an admin owns: ``requires_approval``, ``tags`` and ``batch`` (each change
+    audited)."""
     model = service.get_model_or_404(session, model_id)
-    if body.requires_approval is None and body.tags is None:
-        raise Problem(422, "validation-error", "The request is not valid", "Give requires_approval or tags.")
+    if body.requires_approval is None and body.tags is None and body.batch is None:
+        raise Problem(422, "validation-error", "The request is not valid", "Give requires_approval, tags or batch.")
+    if body.batch is not None:
+        service.set_batch(session, principal, model, body.batch.model_dump())
     if body.requires_approval is not None:
         service.set_requires_approval(session, principal, model, body.requires_approval)
     if body.tags is not None:

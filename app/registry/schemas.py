@@ -51,6 +51,16 @@ class VerificationIn(NoNulModel):
     )
 
 
+class BatchIn(NoNulModel):
+    """Batched versions: a worker taking one deletion request also takes the requests already waiting on the model
+    (same method and settings, rows by id) and makes ONE version for all of them, each request judged on its own
+    rows and certified on its own. No waiting for more (group commit, not a timer)."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_requests: int = Field(500, ge=1, le=10_000, description="Most requests one version serves (1: no batching).")
+    max_rows: int = Field(5000, ge=1, le=1_000_000, description="Most rows one batched version deletes.")
+
+
 Tag = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9._:-]{0,63}$")]
 """A model tag: lower-case letters, digits and ``._:-`` (``team:fraud``, ``prod``), at most 64 characters."""
 Tags = Annotated[list[Tag], Field(max_length=16, description="Labels to filter models by (GET /v1/models?tag=).")]
@@ -69,6 +79,7 @@ class ModelCreate(NoNulModel):
     method_settings: TabularMethodSettings = Field(default_factory=dict, description="Per method: bounded settings.")
     holdout_fraction: float = Field(0.2, ge=0.0, lt=0.9, description="Rows kept out of training, for test accuracy.")
     verification: VerificationIn = Field(default_factory=VerificationIn)
+    batch: BatchIn = Field(default_factory=BatchIn)
     requires_approval: bool = Field(False, description="Every deletion request waits for an admin's approval.")
     tags: Tags = Field(default_factory=list)
 
@@ -79,6 +90,7 @@ class ModelPatch(NoNulModel):
     model_config = ConfigDict(extra="forbid")
     requires_approval: bool | None = None
     tags: Tags | None = Field(None, description="The model's new tags (replaces the old ones).")
+    batch: BatchIn | None = Field(None, description="The model's batch bounds (a tabular model's next batches).")
 
 
 class VersionOut(BaseModel):
@@ -109,6 +121,7 @@ class ModelOut(BaseModel):
     federation: dict[str, Any] | None = None
     requires_approval: bool = False
     subject_column: str | None = None
+    batch: dict[str, int] | None = None  # the batch bounds (tabular models; None: registered before batches)
     tags: list[str] = Field(default_factory=list)
 
 

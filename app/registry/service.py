@@ -255,6 +255,7 @@ def register_model(
         "method_settings": body.method_settings,
         "holdout_fraction": body.holdout_fraction,
         "verification": body.verification.model_dump(),
+        "batch": body.batch.model_dump(),
     }
     if body.dataset.subject_column is not None:
         spec["subject_column"] = body.dataset.subject_column
@@ -364,6 +365,7 @@ def model_out(session: Session, model: Model, tags: list[str] | None = None) -> 
         federation=federation,
         requires_approval=bool(model.requires_approval),
         subject_column=model.spec.get("subject_column"),
+        batch=model.spec.get("batch"),
         tags=tags_of(session, [model.id]).get(model.id, []) if tags is None else tags,
     )
 
@@ -542,6 +544,21 @@ def submit_round(session: Session, principal: Principal, model: Model, data: byt
         payload={"digest": digest, "job_id": job.id},
     )
     return job
+
+
+def set_batch(session: Session, principal: Principal, model: Model, batch: dict[str, int]) -> Model:
+    """New batch bounds for the model's next batches (audited); a batch already running keeps its members."""
+    if (model.spec or {}).get("batch") != batch:
+        model.spec = {**(model.spec or {}), "batch": batch}
+        append_event(
+            session,
+            actor=principal.actor,
+            action="model.updated",
+            entity_type="model",
+            entity_id=model.id,
+            payload={"batch": batch},
+        )
+    return model
 
 
 def set_requires_approval(session: Session, principal: Principal, model: Model, required: bool) -> Model:

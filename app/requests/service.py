@@ -525,11 +525,41 @@ def mark_running(session: Session, request_id: str, job_id: str, attempt: int, o
     )
 
 
-def record_progress(session: Session, request_id: str, progress: float, message: str | None) -> None:
+def by_ids(session: Session, request_ids: list[str]) -> dict[str, DeletionRequest]:
+    if not request_ids:
+        return {}
+    rows = session.execute(select(DeletionRequest).where(DeletionRequest.id.in_(request_ids))).scalars()
+    return {r.id: r for r in rows}
+
+
+def rows_named(request: DeletionRequest) -> int:
+    """How many rows a request names by id (a batch's row bound counts these)."""
+    return len(request.scope.get("sample_ids") or ()) or int(request.scope.get("n_samples") or 1)
+
+
+def mark_split_off(session: Session, request_id: str, job_id: str, reason: str) -> None:
+    """running → queued: a batch gave the request back to run alone (its own verdict failed in the batch, or the
+    batch could not be done as a whole); its rows stay held."""
+    now = utcnow()
+    request = session.get(DeletionRequest, request_id)
+    request.status, request.updated_at, request.progress, request.message = "queued", now, 0.0, reason[:2000]
+    append_event(
+        session,
+        actor="worker",
+        action="deletion_request.split_off",
+        entity_type="deletion_request",
+        entity_id=request_id,
+        payload={"job_id": job_id, "reason": reason[:500]},
+    )
+
+
+def record_progress(session: Session, request_ids: list[str], progress: float, message: str | None) -> None:
+    """The progress of the job (or batch) serving these requests, on each of them (one statement)."""
     session.execute(
         update(DeletionRequest)
-        .where(DeletionRequest.id == request_id)
+        .where(DeletionRequest.id.in_(request_ids))
         .values(progress=progress, message=message, updated_at=utcnow())
+        .execution_options(synchronize_session=False)
     )
 
 

@@ -8,8 +8,8 @@ from fastapi.testclient import TestClient
 
 from app.main import create_app
 from tests.helpers import configure, make_key
-from tests.integration.conftest import fresh_database
 from tests.model_listing import check_listing, seed_models
+from tests.stack import fresh_database
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from app.auth.tables import ApiKey
 from app.db import session_scope, utcnow
 from app.requests.schemas import DeletionRequestCreate, SamplesScope
 from tests.helpers import configure, make_key, wait_model, write_table
-from tests.integration.conftest import PG_ADMIN, Services
+from tests.stack import PG_ADMIN, Services
 
 PROBLEM = "application/problem+json"
 CHECKPOINT_EVERY = 5

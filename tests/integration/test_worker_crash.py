@@ -26,7 +26,7 @@ def _slow_table(path, n=20000, d=20, seed=3):
     frame.to_csv(path, index=False)
 
 
-def test_sigkill_mid_job_finishes_after_lease_expiry_with_one_version(stack, tmp_path):
+def _register_slow(stack, tmp_path) -> str:
     path = tmp_path / "slow.csv"
     _slow_table(path)
     metadata = {
@@ -49,7 +49,11 @@ def test_sigkill_mid_job_finishes_after_lease_expiry_with_one_version(stack, tmp
         what="version 1",
     )
     assert model["status"] == "ready", model
+    return model_id
 
+
+def test_sigkill_mid_job_finishes_after_lease_expiry_with_one_version(stack, tmp_path):
+    model_id = _register_slow(stack, tmp_path)
     response = stack.client.post(
         "/v1/deletion-requests",
         json={"subject_ref": "dave", "model_id": model_id, "scope": {"kind": "samples", "sample_ids": ["id1", "id2"]}},
@@ -87,3 +91,52 @@ def test_sigkill_mid_job_finishes_after_lease_expiry_with_one_version(stack, tmp
     ]
     assert actions.count("deletion_request.running") == 2
     assert actions.count("deletion_request.certified") == 1
+
+
+def test_sigkill_mid_batch_loses_nothing_and_duplicates_nothing(stack, tmp_path):
+    """Four requests waiting together are taken as one batch; the worker is killed mid-retrain. Every job's lease
+    expires, a new worker takes them (as one batch again, or as several if the reconciler re-offers them apart):
+    every request is certified exactly once, each row erased once, and no version is published twice."""
+    model_id = _register_slow(stack, tmp_path)
+    stack.kill(stack.worker)  # the requests queue up with no worker to take them
+    ids = []
+    for k in range(4):
+        response = stack.client.post(
+            "/v1/deletion-requests",
+            json={
+                "subject_ref": f"s{k}",
+                "model_id": model_id,
+                "method": "retrain",
+                "scope": {"kind": "samples", "sample_ids": [f"id{10 + 2 * k}", f"id{11 + 2 * k}"]},
+            },
+        )
+        assert response.status_code == 202
+        ids.append(response.json()["id"])
+    stack.worker = stack.start_worker("w1b")
+
+    def all_unlearning():
+        bodies = [stack.client.get(f"/v1/deletion-requests/{rid}").json() for rid in ids]
+        return all(b["status"] == "running" and b["progress"] >= 0.1 for b in bodies)
+
+    wait_for(all_unlearning, timeout=180, interval=0.05, what="the batch's unlearning step")  # one batch: all four
+    stack.kill(stack.worker)
+    with session_scope() as session:
+        jobs = session.execute(select(Job).where(Job.request_id.in_(ids))).scalars().all()
+        assert {(j.status, j.attempts) for j in jobs} == {("running", 1)}
+        assert len({j.lease_owner for j in jobs}) == 1  # one worker held them all
+
+    stack.worker = stack.start_worker("w2b")
+    done = [wait_request(stack.client, rid, timeout=600) for rid in ids]
+    assert [d["status"] for d in done] == ["certified"] * 4, done
+    with session_scope() as session:
+        versions = session.execute(select(ModelVersion).where(ModelVersion.model_id == model_id)).scalars().all()
+    served = {d["result_version_id"] for d in done}
+    assert {v.id for v in versions if v.number > 1} == served  # no version published that serves no request
+    for rid in ids:
+        actions = [
+            e["action"] for e in stack.client.get("/v1/audit", params={"entity_id": rid, "limit": 100}).json()["items"]
+        ]
+        assert actions.count("deletion_request.certified") == 1
+        certificate = stack.client.get(f"/v1/deletion-requests/{rid}").json()["erasure"]["index"]
+        assert certificate["rows_deleted"] == 2
+    assert stack.client.get("/v1/audit/verify").json()["ok"] is True

@@ -120,7 +120,8 @@ def test_memorised_pairs_are_flagged_above_chance_and_a_model_that_never_saw_the
         assert failed == {"forget_attack", "parameters_changed"}
     else:  # no power at 1 % FPR on this backbone: the attack check carries no evidence either way
         assert attack["passed"] is None and "uninformative" in attack["message"]
-        assert failed == {"parameters_changed"}
+        # and with no informative evidence at all, doing nothing cannot pass (policy.decide's rule)
+        assert failed == {"parameters_changed", "informative_evidence"}
     plots = audit_plots(scores)
     assert set(plots) == {"roc.png", "phi_hist.png"} and all(p[:4] == b"\x89PNG" for p in plots.values())
 

@@ -100,4 +100,7 @@ def test_in_flight_rows_are_answered_with_the_earlier_request_and_stuck_requests
         again = ask(["r2"])  # released, and erased: the registry answers now
         assert again.status_code == 409 and again.json()["type"].endswith("/already-deleted")
         versions = client.get(f"/v1/models/{model_id}/versions").json()
-        assert len(versions) == 3  # one version per request, none for the refused one
+        # both requests were waiting when the worker came: one batched version serves them, none for the refused one
+        assert len(versions) == 2
+        served = {wait_request(client, r.json()["id"], timeout=5)["result_version_id"] for r in (first, other)}
+        assert served == {v["id"] for v in versions if v["number"] == 2}

@@ -48,6 +48,30 @@ class AuditScores:
     fit: lira.GaussianFit | None = None
     """Shadow Gaussians for the forget rows followed by the non-member rows."""
 
+    def forget_subset(self, index: np.ndarray) -> AuditScores:
+        """The same audit restricted to some of its forget rows (``index`` into them), non-members unchanged: one
+        request's own rows of a batch audited as a whole. Scores are per row, so each is what auditing the subset
+        alone would give, except that the mode (online/offline) and a global variance were chosen on the whole."""
+        index = np.asarray(index, dtype=np.int64)
+        k = len(next(iter(self.forget_phi.values()))) if self.forget_phi else 0
+        cols = np.concatenate([index, np.arange(k, k + len(next(iter(self.nonmember_phi.values()), ())))])
+        fit = self.fit
+        if fit is not None:
+            fit = lira.GaussianFit(
+                *(getattr(fit, f)[cols] for f in ("mu_in", "std_in", "mu_out", "std_out", "n_in", "n_out")),
+                variance=fit.variance,
+            )
+        return AuditScores(
+            mode=self.mode,
+            variance=self.variance,
+            n_shadows=self.n_shadows,
+            forget_phi={n: v[index] for n, v in self.forget_phi.items()},
+            nonmember_phi=dict(self.nonmember_phi),
+            forget_scores={n: v[index] for n, v in self.forget_scores.items()},
+            nonmember_scores=dict(self.nonmember_scores),
+            fit=fit,
+        )
+
 
 def _positions(p: np.ndarray | list[int], n_pool: int, name: str) -> np.ndarray:
     pos = np.asarray(p, dtype=np.int64).reshape(-1)

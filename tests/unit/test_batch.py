@@ -1,0 +1,147 @@
+"""Batched versions (issue 21): requests already waiting on a model when a worker takes one are served by ONE new
+version, each judged on its own rows and certified with its own certificate; a member whose verdict fails never
+holds the others hostage and is never certified (embedded default: SQLite + in-process worker)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import pandas as pd
+import pytest
+from fastapi.testclient import TestClient
+
+from app.certificates.verify_cli import verify_file
+from app.main import create_app
+from app.storage import get_store
+from tests.helpers import configure, make_key, wait_model, wait_request, write_table
+
+SCOPES = ["models:write", "models:read", "requests:write", "requests:read", "audit:read", "admin"]
+
+
+@pytest.fixture
+def model(tmp_path):
+    """A registered LR model (16 shadows, Newton prepared) and the key's headers; no worker runs after this."""
+    configure(tmp_path / "home", poll_seconds="0.05")
+    headers = {"authorization": f"Bearer {make_key(SCOPES)}"}
+    source = tmp_path / "t.csv"
+    write_table(source, n=400, seed=2)
+    metadata = {
+        "name": "batch",
+        "holdout_fraction": 0.25,
+        "unlearning": ["newton"],
+        "verification": {"shadows": 16},
+        "dataset": {"row_id_column": "row_id", "label_column": "label"},
+    }
+    with TestClient(create_app(run_background=True), headers=headers) as client:
+        with source.open("rb") as handle:
+            response = client.post(
+                "/v1/models", data={"metadata": json.dumps(metadata)}, files={"file": ("t.csv", handle, "text/csv")}
+            )
+        body = wait_model(client, response.json()["id"], timeout=180)
+        assert body["status"] == "ready", body
+    return body["id"], headers
+
+
+def _queue(headers, model_id, scopes: list[list[str]], method: str) -> list[str]:
+    """POST the requests with no worker running: they wait in the outbox together."""
+    with TestClient(create_app(run_background=False), headers=headers) as client:
+        ids = []
+        for rows in scopes:
+            response = client.post(
+                "/v1/deletion-requests",
+                json={
+                    "subject_ref": f"s-{rows[0]}",
+                    "model_id": model_id,
+                    "method": method,
+                    "scope": {"kind": "samples", "sample_ids": rows},
+                },
+            )
+            assert response.status_code == 202, response.text
+            ids.append(response.json()["id"])
+    return ids
+
+
+def _statement(envelope: dict) -> dict:
+    return json.loads(base64.b64decode(envelope["payload"]))
+
+
+def test_waiting_requests_share_one_version_and_each_gets_its_own_certificate(model, tmp_path):
+    model_id, headers = model
+    rows = [[f"r{i}"] for i in (3, 11, 40, 57, 90, 123)]
+    ids = _queue(headers, model_id, rows, "retrain")
+    with TestClient(create_app(run_background=True), headers=headers) as client:
+        done = [wait_request(client, rid, timeout=300) for rid in ids]
+        assert [d["status"] for d in done] == ["certified"] * len(ids), done
+        versions = client.get(f"/v1/models/{model_id}/versions").json()
+        assert len(versions) == 2  # registration's, and ONE for the six requests
+        current = client.get(f"/v1/models/{model_id}").json()["current_version"]
+        assert {d["result_version_id"] for d in done} == {current["id"]}
+        keys_path = tmp_path / "keys.json"
+        keys_path.write_text(json.dumps(client.get("/.well-known/lethe-keys.json").json()))
+        certificates = []
+        for d in done:
+            envelope = client.get(d["links"]["certificate"]).json()
+            path = tmp_path / f"{d['id']}.json"
+            path.write_text(json.dumps(envelope))
+            ok, message = verify_file(str(path), str(keys_path))
+            assert ok, message
+            certificates.append(envelope)
+            reports = client.get(d["links"]["reports"]).json()["items"]
+            assert [r["verdict"] for r in reports] == ["pass"]
+            assert reports[0]["n_forget"] in (0, 1)  # its own row only (0: it was held out of training)
+        predicates = [_statement(c)["predicate"] for c in certificates]
+        assert len({c["payloadType"] + c["payload"] for c in certificates}) == len(ids)  # each its own
+        assert [p["request_id"] for p in predicates] == ids
+        assert {_statement(c)["subject"][0]["digest"]["sha256"] for c in certificates} == {current["digest"]}
+        for p in predicates:
+            manifest = p["erasure_manifest"]
+            assert manifest["index"]["rows_deleted"] == 1  # its own row, not the batch's
+            assert manifest["batch"] == {"version_id": current["id"], "requests": len(ids), "rows": len(ids)}
+        assert client.get("/v1/audit/verify").json()["ok"] is True
+        certified = [
+            e
+            for rid in ids
+            for e in client.get("/v1/audit", params={"entity_id": rid}).json()["items"]
+            if e["action"] == "deletion_request.certified"
+        ]
+        assert len(certified) == len(ids)
+    # no erased row id in the stored table
+    from app.db import session_scope
+    from app.registry.tables import Dataset, Model
+
+    with session_scope() as session:
+        dataset = session.get(Dataset, session.get(Model, model_id).dataset_id)
+        table = pd.read_csv(io.BytesIO(get_store().get_bytes(dataset.digest)))
+    assert not set(table["row_id"]) & {r[0] for r in rows}
+    assert len(table) == 400 - len(ids)
+
+
+def test_a_failing_member_is_split_off_and_fails_alone_while_the_others_are_certified(model):
+    """Five requests named ``newton``: four one-row ones, and one naming 45 % of the table, further than one Newton
+    step can go (its own proven distance fails). Their batch's version fails for all (its evidence is the shared
+    retained objective's); a named method cannot escalate, so every member is given back to run alone: the four
+    are certified, the poisoned one fails on its own verdict. Nothing is certified on a failed verdict."""
+    model_id, headers = model
+    poison = [f"r{i}" for i in range(200, 380)]
+    singles = [[f"r{i}"] for i in (5, 17, 29, 61)]
+    ids = _queue(headers, model_id, [singles[0], singles[1], poison, singles[2], singles[3]], "newton")
+    poisoned = ids[2]
+    with TestClient(create_app(run_background=True), headers=headers) as client:
+        done = {rid: wait_request(client, rid, timeout=300) for rid in ids}
+        failed = done.pop(poisoned)
+        assert failed["status"] == "failed" and failed["error"]["type"].endswith("/verification-failed"), failed
+        assert "certificate" not in failed["links"]
+        assert [d["status"] for d in done.values()] == ["certified"] * 4, done
+        reports = client.get(failed["links"]["reports"]).json()["items"]
+        assert [r["verdict"] for r in reports] == ["fail", "fail"]  # in the batch, then alone
+        assert reports[0]["batch"] == {"requests": 5}
+        actions = [e["action"] for e in client.get("/v1/audit", params={"entity_id": poisoned}).json()["items"]]
+        assert "deletion_request.split_off" in actions and "deletion_request.certified" not in actions
+        for rid, d in done.items():
+            envelope = client.get(d["links"]["certificate"]).json()
+            assert _statement(envelope)["predicate"]["request_id"] == rid
+        current = client.get(f"/v1/models/{model_id}").json()["current_version"]
+        assert current["method"] == "newton"
+        assert client.get("/v1/audit/verify").json()["ok"] is True
