@@ -35,6 +35,7 @@ from app.dashboard.views import (
     lineage_svg,
     report_figures,
     request_json,
+    served_by,
     time_left,
 )
 from app.db import get_session
@@ -68,7 +69,7 @@ DONE = {
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 templates.env.globals.update(
-    flat_info=flat_info, time_left=time_left, active_statuses=ACTIVE_STATUSES, statuses=STATUSES
+    flat_info=flat_info, time_left=time_left, active_statuses=ACTIVE_STATUSES, statuses=STATUSES, served_by=served_by
 )
 templates.env.filters["pretty"] = lambda value: json.dumps(value, indent=2, sort_keys=True, default=str)
 templates.env.filters["when"] = lambda value: value.strftime("%Y-%m-%d %H:%M:%S UTC") if value else "—"

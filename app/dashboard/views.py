@@ -125,6 +125,12 @@ def lineage_svg(versions: list[dict[str, Any]]) -> Markup:
     return Markup("".join(parts))
 
 
+def served_by(version: dict[str, Any]) -> list[str]:
+    """The deletion requests a version was made for: a batch's every request (its metrics), or its one request."""
+    served = (version.get("metrics") or {}).get("requests")
+    return list(served) if served else ([version["request_id"]] if version.get("request_id") else [])
+
+
 def carried_deletions(versions: list[dict[str, Any]]) -> dict[str, list[str]]:
     """For each version, the deletion requests it embodies: its own and every ancestor's (a version made without
     rows keeps them out of all its descendants)."""
@@ -134,8 +140,7 @@ def carried_deletions(versions: list[dict[str, Any]]) -> dict[str, list[str]]:
         chain, seen, cur = [], set(), v
         while cur is not None and cur["id"] not in seen:
             seen.add(cur["id"])
-            if cur.get("request_id"):
-                chain.append(cur["request_id"])
+            chain += list(reversed(served_by(cur)))
             cur = by_id.get(cur.get("parent_id"))
         out[v["id"]] = list(reversed(chain))
     return out

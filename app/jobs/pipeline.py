@@ -168,7 +168,7 @@ def store_version(work: DeletionWork, unlearned: Unlearned) -> registry.VersionD
         method=unlearned.method,
         job_id=work.job.id,
         request_id=work.request.id,
-        metrics=unlearned.metrics,
+        metrics={**unlearned.metrics, "requests": [m.request.id for m in work.members]},  # a batch: all it serves
     )
 
 

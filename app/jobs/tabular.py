@@ -35,9 +35,11 @@ from app.ml.verification.policy import VerdictPolicy, decide
 from app.ml.verification.shadows import (
     ShadowSettings,
     positions_of,
+    refit_shadows,
     replace_shadows,
     shadows_from_bytes,
     shadows_to_bytes,
+    strictly_convex,
     train_shadows,
 )
 from app.registry import versions as registry
@@ -823,13 +825,16 @@ def _state_guarantee(report: dict[str, Any], unlearned: Unlearned) -> None:
 
 
 def _replace_shadows(entry: dict[str, Any], data: TabularData, erased: np.ndarray, ctx: JobContext) -> dict[str, Any]:
-    """Shadows that trained on an erased row are copies of it: drop them and train as many on the remaining rows."""
+    """Shadows that trained on an erased row are copies of it: a strictly convex recipe refits each in place on its
+    own rows without them (warm-started, exact: shadows.refit_shadows); another drops them and trains as many on
+    the remaining rows. A batch does this once for all its rows."""
     shadows = shadows_from_bytes(get_store().get_bytes(entry["shadows"]))
     pool = np.asarray(shadows.row_ids, dtype=np.int64)
     gone = np.flatnonzero(np.isin(pool, erased))
     remaining = pool[~np.isin(pool, erased)]
-    ctx.progress(0.97, "replacing verification shadows that saw the erased rows")
-    new, counts = replace_shadows(shadows, gone, data.X[remaining], data.y[remaining])
+    ctx.progress(0.97, "refitting or replacing verification shadows that saw the erased rows")
+    renew = refit_shadows if strictly_convex(shadows.recipe) else replace_shadows
+    new, counts = renew(shadows, gone, data.X[remaining], data.y[remaining])
     return {
         **entry,
         "shadows": get_store().put_bytes(shadows_to_bytes(new)),

@@ -546,32 +546,25 @@ def submit_round(session: Session, principal: Principal, model: Model, data: byt
     return job
 
 
+def _updated(session: Session, principal: Principal, model: Model, change: dict[str, Any]) -> Model:
+    append_event(
+        session, actor=principal.actor, action="model.updated", entity_type="model", entity_id=model.id, payload=change
+    )
+    return model
+
+
 def set_batch(session: Session, principal: Principal, model: Model, batch: dict[str, int]) -> Model:
     """New batch bounds for the model's next batches (audited); a batch already running keeps its members."""
-    if (model.spec or {}).get("batch") != batch:
-        model.spec = {**(model.spec or {}), "batch": batch}
-        append_event(
-            session,
-            actor=principal.actor,
-            action="model.updated",
-            entity_type="model",
-            entity_id=model.id,
-            payload={"batch": batch},
-        )
-    return model
+    if (model.spec or {}).get("batch") == batch:
+        return model
+    model.spec = {**(model.spec or {}), "batch": batch}
+    return _updated(session, principal, model, {"batch": batch})
 
 
 def set_requires_approval(session: Session, principal: Principal, model: Model, required: bool) -> Model:
     """Turn approval on or off for a model's future deletion requests (audited). Requests already waiting stay
     waiting until approved or rejected; the intake's model snapshot sees the change within a second."""
-    if bool(model.requires_approval) != required:
-        model.requires_approval = required
-        append_event(
-            session,
-            actor=principal.actor,
-            action="model.updated",
-            entity_type="model",
-            entity_id=model.id,
-            payload={"requires_approval": required},
-        )
-    return model
+    if bool(model.requires_approval) == required:
+        return model
+    model.requires_approval = required
+    return _updated(session, principal, model, {"requires_approval": required})

@@ -145,3 +145,21 @@ def test_a_failing_member_is_split_off_and_fails_alone_while_the_others_are_cert
         current = client.get(f"/v1/models/{model_id}").json()["current_version"]
         assert current["method"] == "newton"
         assert client.get("/v1/audit/verify").json()["ok"] is True
+
+
+def test_an_admin_sets_the_batch_bounds_and_one_request_a_version_turns_batching_off(model):
+    model_id, headers = model
+    with TestClient(create_app(run_background=False), headers=headers) as client:
+        assert client.get(f"/v1/models/{model_id}").json()["batch"] == {"max_requests": 500, "max_rows": 5000}
+        bad = client.patch(f"/v1/models/{model_id}", json={"batch": {"max_requests": 0, "max_rows": 10}})
+        assert bad.status_code == 422 and bad.headers["content-type"] == "application/problem+json"
+        ok = client.patch(f"/v1/models/{model_id}", json={"batch": {"max_requests": 1, "max_rows": 1}})
+        assert ok.status_code == 200 and ok.json()["batch"] == {"max_requests": 1, "max_rows": 1}
+        events = client.get("/v1/audit", params={"entity_id": model_id}).json()["items"]
+        assert any(e["action"] == "model.updated" and e["payload"] == {"batch": ok.json()["batch"]} for e in events)
+    ids = _queue(headers, model_id, [["r7"], ["r8"], ["r9"]], "retrain")
+    with TestClient(create_app(run_background=True), headers=headers) as client:
+        done = [wait_request(client, rid, timeout=300) for rid in ids]
+        assert [d["status"] for d in done] == ["certified"] * 3
+        assert len({d["result_version_id"] for d in done}) == 3  # one version each
+        assert all("batch" not in d["erasure"] for d in done)

@@ -277,6 +277,31 @@ def test_shadows_mask_seed_progress_and_replacement():
         S.positions_of(sh, np.array([999]))
 
 
+def test_refitting_a_convex_shadow_in_place_gives_the_fit_without_the_erased_rows():
+    """Issue 21: the shadows that saw an erased row are refitted on their own rows without it, warm-started; the
+    result is the recipe's unique optimum on those rows (a cold fit agrees to the solver's tolerance), shadows that
+    never saw it are untouched, and the erased ids leave the pool."""
+    X, y, _, _ = _pool()
+    X, y = X[:80], y[:80]
+    sh = S.train_shadows(LR, X, y, 2, S.ShadowSettings(n_shadows=8, seed=5), row_ids=np.arange(200, 280))
+    erased = S.positions_of(sh, np.array([207, 241, 266]))
+    holders = S.shadows_containing(sh, erased)
+    keep = np.setdiff1d(np.arange(80), erased)
+    new, counts = S.refit_shadows(sh, erased, X[keep], y[keep])
+    assert counts == {"refitted": len(holders), "kept": 8 - len(holders)} and len(holders) > 0
+    assert new.in_mask.shape == (8, 77) and not set(new.row_ids.tolist()) & {207, 241, 266}
+    assert np.array_equal(new.in_mask, sh.in_mask[:, keep])
+    for i in range(8):
+        if i in holders:
+            cold = T.train(LR, X[keep][new.in_mask[i]], y[keep][new.in_mask[i]], 2)
+            assert torch.allclose(new.thetas[i], cold, atol=1e-4), (new.thetas[i] - cold).abs().max()
+            assert not torch.allclose(new.thetas[i], sh.thetas[i], atol=1e-4)  # it did move: the rows are gone
+        else:
+            assert torch.equal(new.thetas[i], sh.thetas[i])
+    with pytest.raises(ValueError):
+        S.refit_shadows(S.ShadowSet(MLP, 2, sh.thetas, sh.in_mask, sh.row_ids, sh.settings), erased, X[keep], y[keep])
+
+
 # ---------------------------------------------------------------------------------------------- audits
 def test_lira_finds_members_of_an_overfit_mlp(mlp_world):
     w = mlp_world

@@ -231,6 +231,54 @@ def replace_shadows(
     return result, {"dropped": int(dropped.size), "kept": int(kept.size), "trained": int(dropped.size)}
 
 
+def strictly_convex(recipe: tabular.TabularRecipe) -> bool:
+    """Logistic regression with l2 > 0: one optimum per training set, whatever the solver's start."""
+    return recipe.family == "logistic_regression" and recipe.l2 > 0
+
+
+def refit_shadows(
+    shadows: ShadowSet,
+    erased_positions: np.ndarray,
+    X_remaining: np.ndarray,
+    y_remaining: np.ndarray,
+    progress: ProgressFn | None = None,
+) -> tuple[ShadowSet, dict[str, int]]:
+    """A strictly convex recipe's alternative to ``replace_shadows`` (issue 21): each shadow that trained on an
+    erased row is refitted on its own subset without them, warm-started at its θ. The optimum is unique, so the
+    refitted shadow is the one a fresh fit on the rows it keeps gives (to the solver's tolerance): it is no copy of
+    the erased rows, exactly as the main model's warm-started retrain is exact (app/ml/unlearning/retrain.py). Each
+    row keeps its IN/OUT shadows, and a refit from a nearby start takes a few Newton steps instead of a full fit.
+    Returns the new set and counts {"refitted", "kept"}."""
+    if not strictly_convex(shadows.recipe):
+        raise ValueError("refitting in place needs a strictly convex recipe (logistic regression with l2 > 0)")
+    X_remaining, y_remaining = np.asarray(X_remaining), np.asarray(y_remaining)
+    erased = np.asarray(erased_positions, dtype=np.int64).reshape(-1)
+    keep_cols = np.setdiff1d(np.arange(shadows.in_mask.shape[1]), erased)
+    if len(X_remaining) != len(keep_cols) or len(y_remaining) != len(keep_cols):
+        raise ValueError("X_remaining and y_remaining must hold the pool without the erased rows, in order")
+    holders = shadows_containing(shadows, erased) if erased.size else np.zeros(0, np.int64)
+    new_mask = shadows.in_mask[:, keep_cols]
+    thetas = shadows.thetas.clone()
+    for n, i in enumerate(holders):
+        rows = new_mask[i]
+        if not rows.any():
+            raise ValueError("a shadow subset is empty after the erasure")
+        recipe = _shadow_recipe(shadows.recipe, shadows.settings, int(i))
+        thetas[i], _ = tabular.fit(recipe, X_remaining[rows], y_remaining[rows], shadows.n_classes, thetas[i])
+        if progress is not None:
+            progress(n + 1, len(holders))
+    result = ShadowSet(
+        shadows.recipe,
+        shadows.n_classes,
+        thetas,
+        new_mask,
+        shadows.row_ids[keep_cols],
+        shadows.settings,
+        generation=shadows.generation,
+    )
+    return result, {"refitted": int(holders.size), "kept": int(shadows.n_shadows - holders.size)}
+
+
 @dataclass
 class ReplacementPlan:
     """Which shadows survive an erasure (``kept``), which go (``dropped``: they trained on an erased row), the pool
