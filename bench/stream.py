@@ -193,9 +193,22 @@ class Bench:
             time.sleep(2.0)
         cpu_s = self.services_cpu() - cpu_before
         with session_scope() as session:
-            versions_after = session.execute(
-                select(func.count()).select_from(ModelVersion).where(ModelVersion.model_id == model_id)
-            ).scalar_one()
+            made = session.execute(
+                select(ModelVersion.number, ModelVersion.method, ModelVersion.metrics, ModelVersion.created_at)
+                .where(ModelVersion.model_id == model_id, ModelVersion.number > versions_before)
+                .order_by(ModelVersion.number)
+            ).all()
+        versions_after = versions_before + len(made)
+        batches = [
+            {
+                "version": number,
+                "method": method,
+                "requests": len((metrics or {}).get("requests") or ()),
+                "unlearn_s": (metrics or {}).get("unlearn_seconds"),
+                "at_s": round(created.timestamp() - first, 2),
+            }
+            for number, method, metrics, created in made
+        ]
         statuses: dict[str, int] = {}
         for _, status, _ in done:
             statuses[status] = statuses.get(status, 0) + 1
@@ -212,6 +225,7 @@ class Bench:
             "p50_s": round(float(np.percentile(latencies, 50)), 3) if latencies else None,
             "p99_s": round(float(np.percentile(latencies, 99)), 3) if latencies else None,
             "versions": versions_after - versions_before,
+            "batches": batches,
             "worker_cpu_s_per_deletion": round(cpu_s / max(1, len(ends)), 4),
             "timeline": timeline,
             "ids": ids,
@@ -327,6 +341,7 @@ def run_model(bench: Bench, name: str, setting: Setting, quick: bool, rng: np.ra
         f"  batched: {batched['certified_per_s']} certified/s over {batched['requests']} requests, "
         f"{batched['versions']} versions, p50 {batched['p50_s']} s, p99 {batched['p99_s']} s"
     )
+    print(f"  batches: {[(b['method'], b['requests'], b['at_s']) for b in batched['batches']]}")
     checks = bench.check(model_id, batched["ids"] + unbatched["ids"], idle_rows + unbatched_rows + stream_rows)
     print(f"  checks: {checks}")
     held_out = _held_out_count(batched["ids"])
@@ -353,12 +368,15 @@ def _held_out_count(ids: list[str]) -> int:
     from app.db import session_scope
     from app.reports.tables import Report
 
-    n = 0
+    held: set[str] = set()
     with session_scope() as session:
         for start in range(0, len(ids), 1000):
-            for (body,) in session.execute(select(Report.body).where(Report.request_id.in_(ids[start : start + 1000]))):
-                n += body.get("n_forget") == 0
-    return n
+            chunk = ids[start : start + 1000]
+            query = select(Report.request_id, Report.body).where(Report.request_id.in_(chunk))
+            for rid, body in session.execute(query):
+                if body.get("n_forget") == 0:
+                    held.add(rid)
+    return len(held)
 
 
 def summary(results: dict[str, Any]) -> dict[str, Any]:
