@@ -117,9 +117,10 @@ def mark_dispatched(session: Session, limit: int = DISPATCH_BATCH) -> list[Job]:
             update(Job)
             .where(Job.id == job_id, Job.status == "pending")
             .values(status="dispatched", dispatched_at=now, updated_at=now)
+            .execution_options(synchronize_session=False)
         )
         if result.rowcount == 1:
-            taken.append(session.get(Job, job_id))
+            taken.append(session.get(Job, job_id, populate_existing=True))
     return taken
 
 
@@ -189,8 +190,9 @@ def claim(session: Session, job_id: str, owner: str) -> Job | None:
             updated_at=now,
             message="started",
         )
+        .execution_options(synchronize_session=False)  # a batch's claims: no scan of the session per statement
     )
-    return session.get(Job, job_id) if result.rowcount == 1 else None
+    return session.get(Job, job_id, populate_existing=True) if result.rowcount == 1 else None
 
 
 def waiting_on_model(session: Session, model_id: str, kind: str, exclude: str, limit: int) -> list[Job]:
@@ -232,7 +234,7 @@ def release(session: Session, job_id: str, owner: str, reason: str, payload: dic
 def renew(session: Session, job_id: str, owner: str, progress: float | None, message: str | None) -> Job:
     """Renew the lease and record progress; raises LeaseLostError if another worker has taken the job."""
     renew_all(session, [job_id], owner, progress, message)
-    return session.get(Job, job_id)
+    return session.get(Job, job_id, populate_existing=True)
 
 
 def renew_all(session: Session, job_ids: list[str], owner: str, progress: float | None, message: str | None) -> None:

@@ -124,6 +124,8 @@ def load(job: Job, ctx: JobContext, wing: DeletionWing) -> DeletionWork:
     batch = f" for {len(members)} requests" if len(members) > 1 else ""
     ctx.progress(0.05, f"loading data and version {parent.number}{batch}")
     work = DeletionWork(members, model, dataset, parent, name, spec, method, new_id())
+    if (job.payload or {}).get("start_exact") and (escalation := escalation_for(work)) is not None:
+        work.method_name, work.spec, work.method = escalation  # auto's approximate method already failed on its rows
     work.inputs = wing.load(work, ctx)
     if any(m.refusal for m in work.members):
         refuse(work, ctx)

@@ -9,7 +9,7 @@ from app.config import get_settings
 from app.db import release_freed_pages, session_scope, utcnow
 from app.jobs import lease, outbox
 from app.jobs.lease import JobContext
-from app.jobs.work import Attempt, DeletionWork, ErasurePlan, Member
+from app.jobs.work import Attempt, DeletionWork, ErasurePlan, Member, escalation_for
 from app.registry import versions as registry
 from app.reports import service as reports_service
 from app.requests import service as requests
@@ -55,17 +55,21 @@ def reject(work: DeletionWork, attempts: list[Attempt], ctx: JobContext) -> None
 def split_off(work: DeletionWork, failing: list[Member], attempts: list[Attempt], ctx: JobContext) -> None:
     """Batch members whose own verdict failed go back to the outbox to run alone, each with its reports so far (a
     request is never certified on a failed verdict, and never holds the others hostage); the batch goes on without
-    them. One transaction."""
+    them. An ``auto`` request whose approximate method failed on its rows starts alone with the exact method (its
+    escalation, as if it had failed alone). One transaction."""
 
     def record(session) -> None:  # outbox.release checks each job is still ours
         for member in failing:
             _record_reports(session, work, attempts, member.request.id)
 
+    escalate = escalation_for(work) is not None
     reason = f"its own verdict failed in a batch of {len(work.members)} ({attempts[-1].method}); retried alone"
+    reason += " with the exact method" if escalate else ""
     for member in failing:  # first: the heartbeat must not renew a job that is no longer ours
         ctx.leave(member.job.id)
         work.members.remove(member)
-    lease.release([m.job.id for m in failing], ctx.owner, reason, settle=record)
+    payload = {"start_exact": True} if escalate else None
+    lease.release([m.job.id for m in failing], ctx.owner, reason, settle=record, payload=payload)
 
 
 def publish(
@@ -82,20 +86,15 @@ def publish(
         job_rows = {j.id: j for j in ctx.assert_leases(session)}
         version = registry.add_version(session, draft, state_update=unlearned.state_update)
         method_state = registry.update_method_state(session, model_id, erasure.purged, erasure.invalidated)
-        shared: dict = {"method_state": method_state}
-        own: dict[str, dict] = {}
-        for n, member in enumerate(work.members):
-            own[member.request.id] = registry.erase_rows(
-                session,
-                work.model.dataset_id,
-                member.positions,
-                member.request.id,
-                **(dict(new_digest=erasure.dataset_digest, state_update=erasure.state_update) if n == 0 else {}),
-                model_id=model_id,
-            )
-            if n == 0:  # the table, encoder and shadows are rewritten once, for every request of the version
-                first = own[member.request.id]
-                shared.update({k: first.pop(k) for k in list(first) if k not in ("index", "identifiers")})
+        shared, own = registry.erase_rows(
+            session,
+            work.model.dataset_id,
+            {member.request.id: member.positions for member in work.members},
+            new_digest=erasure.dataset_digest,
+            state_update=erasure.state_update,
+            model_id=model_id,
+        )
+        shared["method_state"] = method_state
         shared["versions_retired"] = (
             registry.retire_versions(session, model_id, version.id, work.request.id, grace)
             if unlearned.parent_saw_rows  # held-out rows: no earlier version was trained on them

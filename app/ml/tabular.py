@@ -184,6 +184,16 @@ def _pick_device(recipe: TabularRecipe, n: int, d: int) -> torch.device:
     return torch.device("cpu")
 
 
+def sparse_design(X: np.ndarray) -> Any:
+    """[X, 1] as the CSR matrix the LR objective runs on for a one-hot (mostly zero) table, or None when the table
+    is dense enough to run as is. Slicing its rows gives a subset's ``design`` for ``fit``."""
+    Xn = np.asarray(X)
+    if Xn.ndim != 2 or Xn.shape[1] < 8 or np.count_nonzero(Xn) >= SPARSE_DENSITY * Xn.size:
+        return None
+    ones = np.ones((len(Xn), 1))
+    return scipy.sparse.hstack([scipy.sparse.csr_matrix(Xn, dtype=np.float64), ones]).tocsr()
+
+
 class _Objective:
     """Mean cross-entropy + (l2/2)||weights||^2 with analytic gradient (and Hessian for LR), float64.
 
@@ -199,6 +209,7 @@ class _Objective:
         n_classes: int,
         device: torch.device,
         linear: np.ndarray | torch.Tensor | None = None,
+        design: Any = None,
     ):
         self.recipe, self.C, self.device = recipe, n_classes, device
         self.X = torch.as_tensor(np.asarray(X), dtype=torch.float64, device=device)
@@ -228,7 +239,9 @@ class _Objective:
             self.linear = lin
         # One-hot encoded tables are mostly zeros (Adult: 14 of 105 entries per row). For LR on CPU the objective
         # and gradient then run on a CSR copy of [X, 1]: n * nnz_row work per evaluation instead of n * d.
-        if recipe.family == "logistic_regression" and device.type == "cpu" and self.d >= 8:
+        if recipe.family == "logistic_regression" and device.type == "cpu" and design is not None:
+            self._Xa_sparse, self._y_np, self._mask_np = design, np.asarray(y), self.reg_mask.numpy()
+        elif recipe.family == "logistic_regression" and device.type == "cpu" and self.d >= 8:
             Xn = np.asarray(X)
             if np.count_nonzero(Xn) < SPARSE_DENSITY * Xn.size:
                 ones = np.ones((self.n, 1))
@@ -640,15 +653,17 @@ def fit(
     n_classes: int,
     init: torch.Tensor | np.ndarray | None = None,
     linear: np.ndarray | torch.Tensor | None = None,
+    design: Any = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """``train`` plus solver facts (iterations, status, final loss and max |gradient|)."""
+    """``train`` plus solver facts (iterations, status, final loss and max |gradient|). ``design``: these rows as
+    ``sparse_design`` gives them, when the caller fits many subsets of one table (the CSR is built once)."""
     X = np.asarray(X)
     y = np.asarray(y)
     if X.ndim != 2 or len(X) != len(y) or len(X) == 0:
         raise ValueError(f"X must be [n, d] with n = len(y) > 0; got {X.shape} and {y.shape}")
     n, d = X.shape
     device = _pick_device(recipe, n, d)
-    obj = _Objective(recipe, X, y, n_classes, device, linear)
+    obj = _Objective(recipe, X, y, n_classes, device, linear, design if device.type == "cpu" else None)
     x0 = _init_theta(recipe, d, n_classes) if init is None else np.asarray(torch.as_tensor(init), dtype=np.float64)
     if x0.shape != (obj.size,):
         raise ValueError(f"init has shape {x0.shape}, the model needs ({obj.size},)")

@@ -308,22 +308,24 @@ def erased_hashes(session: Session, dataset_id: str, hashes: Iterable[str]) -> s
 def erase_rows(
     session: Session,
     dataset_id: str,
-    positions: Iterable[int],
-    request_id: str,
+    rows_of: Mapping[str, Iterable[int]],
     *,
     new_digest: str | None = None,
     state_update: Mapping[str, Any] | None = None,
     model_id: str | None = None,
-) -> dict[str, Any]:
-    """Drop the rows' index entries (keeping keyed hashes of their ids), point the data set at its rewritten blob
-    (``new_digest``; the old blob is shredded at once), and return the manifest entries."""
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """Drop the rows' index entries (keeping keyed hashes of their ids, each under the request that erased it:
+    ``rows_of`` maps request id → positions), point the data set at its rewritten blob (``new_digest``; the old blob
+    is shredded at once), and return the manifest: the entries shared by every request of the version, and each
+    request's own (its rows' counts)."""
     dataset = session.get(Dataset, dataset_id)
-    wanted = sorted({int(p) for p in positions})
-    rows: list[tuple[int, str]] = []
+    owner = {int(p): request_id for request_id, positions in rows_of.items() for p in positions}
+    wanted = sorted(owner)
+    rows: list[tuple[int, int, str]] = []
     for start in range(0, len(wanted), ID_QUERY_CHUNK):
         chunk = wanted[start : start + ID_QUERY_CHUNK]
         rows += session.execute(
-            select(DatasetRow.id, DatasetRow.row_id).where(
+            select(DatasetRow.id, DatasetRow.position, DatasetRow.row_id).where(
                 DatasetRow.dataset_id == dataset_id, DatasetRow.position.in_(chunk)
             )
         ).all()
@@ -332,21 +334,30 @@ def erase_rows(
         session.execute(
             insert(ErasedRow),
             [
-                {"dataset_id": dataset_id, "id_hash": hash_row_id(r), "request_id": request_id, "erased_at": now}
-                for _, r in rows
+                {"dataset_id": dataset_id, "id_hash": hash_row_id(r), "request_id": owner[int(p)], "erased_at": now}
+                for _, p, r in rows
             ],
         )
         for start in range(0, len(rows), ID_QUERY_CHUNK):
-            chunk = [i for i, _ in rows[start : start + ID_QUERY_CHUNK]]
-            session.execute(delete(DatasetRow).where(DatasetRow.id.in_(chunk)))
+            chunk = [i for i, _, _ in rows[start : start + ID_QUERY_CHUNK]]
+            session.execute(
+                delete(DatasetRow).where(DatasetRow.id.in_(chunk)).execution_options(synchronize_session=False)
+            )
     rows_before = dataset.n_rows
     if dataset.n_positions is None:
         dataset.n_positions = rows_before
     dataset.n_rows = (rows_before or 0) - len(rows)
-    manifest: dict[str, Any] = {
-        "index": {"rows_deleted": len(rows), "rows_before": rows_before, "rows_after": dataset.n_rows},
-        "identifiers": {"erased_row_ids": len(rows), "kept_as": "keyed hashes (HMAC-SHA256)"},
+    deleted = {request_id: 0 for request_id in rows_of}
+    for _, p, _ in rows:
+        deleted[owner[int(p)]] += 1
+    own = {
+        request_id: {
+            "index": {"rows_deleted": k, "rows_before": rows_before, "rows_after": dataset.n_rows},
+            "identifiers": {"erased_row_ids": k, "kept_as": "keyed hashes (HMAC-SHA256)"},
+        }
+        for request_id, k in deleted.items()
     }
+    manifest: dict[str, Any] = {}
     if new_digest is not None and new_digest != dataset.digest:
         manifest["dataset"] = {"before": dataset.digest, "after": new_digest}
         enqueue_shred(session, [dataset.digest], "dataset rewritten without erased rows", grace_seconds=0)
@@ -365,7 +376,7 @@ def erase_rows(
             manifest["round_files_shredded"] = len(old_rounds)
             enqueue_shred(session, old_rounds, "round files rewritten without a departed client", grace_seconds=0)
         model.state = {**model.state, **state_update}
-    return manifest
+    return manifest, own
 
 
 def update_method_state(

@@ -109,7 +109,9 @@ def _raise_if_in_flight(session: Session, body: DeletionRequestCreate) -> None:
 def release_rows(session: Session, request_id: str) -> None:
     """The request ended (certified, failed, rejected): its rows may be asked for again (erased ones answer 409
     already-deleted from the registry's erased-row hashes)."""
-    session.execute(delete(InflightRow).where(InflightRow.request_id == request_id))
+    session.execute(
+        delete(InflightRow).where(InflightRow.request_id == request_id).execution_options(synchronize_session=False)
+    )
 
 
 def find_idempotent(session: Session, principal: Principal, key: str) -> DeletionRequest | None:

@@ -163,3 +163,28 @@ def test_an_admin_sets_the_batch_bounds_and_one_request_a_version_turns_batching
         assert [d["status"] for d in done] == ["certified"] * 3
         assert len({d["result_version_id"] for d in done}) == 3  # one version each
         assert all("batch" not in d["erasure"] for d in done)
+
+
+def test_an_auto_request_split_off_after_its_approximate_verdict_failed_starts_alone_with_the_exact_method(model):
+    """What split_off gives back for an ``auto`` request (payload solo + start_exact): alone, it runs the exact
+    method at once — its escalation — instead of failing the same approximate step a second time."""
+    from sqlalchemy import select, update
+
+    from app.db import session_scope
+    from app.jobs.tables import Job
+
+    model_id, headers = model
+    [rid] = _queue(headers, model_id, [["r12"]], "auto")
+    [other] = _queue(headers, model_id, [["r13"]], "auto")
+    with session_scope() as session:
+        job_id = session.execute(select(Job.id).where(Job.request_id == rid)).scalar_one()
+        session.execute(update(Job).where(Job.id == job_id).values(payload={"solo": True, "start_exact": True}))
+    with TestClient(create_app(run_background=True), headers=headers) as client:
+        done = wait_request(client, rid, timeout=300)
+        assert done["status"] == "certified", done
+        reports = client.get(done["links"]["reports"]).json()["items"]
+        assert [r["method"] for r in reports] == ["retrain"]
+        second = wait_request(client, other, timeout=300)
+        assert second["status"] == "certified" and second["result_version_id"] != done["result_version_id"]
+        methods = {v["id"]: v["method"] for v in client.get(f"/v1/models/{model_id}/versions").json()}
+        assert methods[second["result_version_id"]] in ("newton", "none-needed")  # never joined: it ran on its own

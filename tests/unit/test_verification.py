@@ -302,6 +302,19 @@ def test_refitting_a_convex_shadow_in_place_gives_the_fit_without_the_erased_row
         S.refit_shadows(S.ShadowSet(MLP, 2, sh.thetas, sh.in_mask, sh.row_ids, sh.settings), erased, X[keep], y[keep])
 
 
+def test_attack_summary_without_the_curve_matches_the_full_roc_ties_included():
+    """attack_summary's sort-and-search figures equal roc_curve + tpr_at_fpr (TPR exactly, AUC to rounding) on
+    random scores rounded to produce ties, FPRs below, at and above the non-members' resolution."""
+    rng = np.random.default_rng(0)
+    fprs = (0.001, 0.01, 0.1, 0.5, 1.0)
+    for _ in range(400):
+        k, m, digits = int(rng.integers(1, 40)), int(rng.integers(1, 400)), int(rng.integers(1, 6))
+        pos, neg = np.round(rng.normal(0.5, 1, k), digits), np.round(rng.normal(0, 1, m), digits)
+        fast, roc = L.attack_summary(pos, neg, fprs), L.roc_curve(pos, neg)
+        assert fast["tpr_at_fpr"] == {L.fpr_key(f): L.tpr_at_fpr(roc, f) for f in fprs}
+        assert abs(fast["auc"] - roc.auc) < 1e-12
+
+
 # ---------------------------------------------------------------------------------------------- audits
 def test_lira_finds_members_of_an_overfit_mlp(mlp_world):
     w = mlp_world

@@ -259,12 +259,15 @@ def refit_shadows(
     holders = shadows_containing(shadows, erased) if erased.size else np.zeros(0, np.int64)
     new_mask = shadows.in_mask[:, keep_cols]
     thetas = shadows.thetas.clone()
+    design = tabular.sparse_design(X_remaining) if holders.size else None  # built once, sliced per shadow
     for n, i in enumerate(holders):
         rows = new_mask[i]
         if not rows.any():
             raise ValueError("a shadow subset is empty after the erasure")
         recipe = _shadow_recipe(shadows.recipe, shadows.settings, int(i))
-        thetas[i], _ = tabular.fit(recipe, X_remaining[rows], y_remaining[rows], shadows.n_classes, thetas[i])
+        own = design[np.flatnonzero(rows)] if design is not None else None
+        Xs, ys = X_remaining[rows], y_remaining[rows]
+        thetas[i], _ = tabular.fit(recipe, Xs, ys, shadows.n_classes, thetas[i], design=own)
         if progress is not None:
             progress(n + 1, len(holders))
     result = ShadowSet(
