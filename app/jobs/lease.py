@@ -52,7 +52,12 @@ JOINABLE = ("received", "queued", "running", "verifying")
 
 
 def claim_waiting(
-    leader: Job, owner: str, accept: Callable[[DeletionRequest], bool], max_requests: int, max_rows: int, rows: int
+    leader: Job,
+    owner: str,
+    accept: Callable[[Job, DeletionRequest], bool],
+    max_requests: int,
+    max_rows: int,
+    rows: int,
 ) -> list[tuple[Job, DeletionRequest]]:
     """Group commit: claim the deletion jobs already waiting on the leader's model whose requests ``accept`` takes,
     oldest first, while the batch stays within ``max_requests`` requests and ``max_rows`` rows (``rows``: the
@@ -66,7 +71,7 @@ def claim_waiting(
         by_id = requests.by_ids(session, [j.request_id for j in waiting if j.request_id])
         for candidate in waiting:
             request = by_id.get(candidate.request_id)
-            if request is None or request.status not in JOINABLE or not accept(request):
+            if request is None or request.status not in JOINABLE or not accept(candidate, request):
                 continue
             n = requests.rows_named(request)
             if rows + n > max_rows:
@@ -89,14 +94,14 @@ def release(
     settle: Callable[[Session], None] | None = None,
     payload: dict | None = None,
 ) -> None:
-    """Give batch members back to the outbox to run alone (payload ``solo``, plus ``payload``), without spending an
-    attempt; their requests wait again (``settle`` records anything else in the same transaction, e.g. their failed
-    verdicts)."""
+    """Give batch members back to the outbox without spending an attempt, with ``payload`` merged into theirs
+    (default ``solo``: run alone); their requests wait again (``settle`` records anything else in the same
+    transaction, e.g. their failed verdicts)."""
     with session_scope() as session:
         if settle is not None:
             settle(session)
         for job_id in job_ids:
-            outbox.release(session, job_id, owner, reason, {"solo": True, **(payload or {})})
+            outbox.release(session, job_id, owner, reason, payload or {"solo": True})
             job = session.get(Job, job_id)
             if job.request_id:
                 requests.mark_split_off(session, job.request_id, job_id, reason)

@@ -102,11 +102,17 @@ def new_job(
 
 
 def mark_dispatched(session: Session, limit: int = DISPATCH_BATCH) -> list[Job]:
-    """Move due pending jobs to ``dispatched`` (compare-and-set, so several dispatchers never send one job twice)."""
+    """Move due pending jobs to ``dispatched`` (compare-and-set, so several dispatchers never send one job twice).
+    A job whose model another job holds now stays pending: it would only bounce off the busy model (jobs on one
+    model run one at a time), and a deletion waiting there is what that model's next batch joins."""
     now = utcnow()
+    busy = select(Job.model_id).where(Job.status == "running", Job.lease_expires_at >= now)
     candidates = (
         session.execute(
-            select(Job.id).where(Job.status == "pending", Job.available_at <= now).order_by(Job.created_at).limit(limit)
+            select(Job.id)
+            .where(Job.status == "pending", Job.available_at <= now, Job.model_id.not_in(busy))
+            .order_by(Job.created_at)
+            .limit(limit)
         )
         .scalars()
         .all()

@@ -136,13 +136,16 @@ def load(job: Job, ctx: JobContext, wing: DeletionWing) -> DeletionWork:
 def join(job: Job, request, model, ctx: JobContext, wing: DeletionWing) -> list[Member]:
     """Group commit: the deletion requests already waiting on this model that can share the version (same method and
     settings, rows by id), within the model's batch bounds. Never waits for more; never joins a request that a batch
-    gave back to run alone."""
+    gave back to run alone; requests split off to restart with the exact method join only each other."""
     if not wing.batches or (job.payload or {}).get("solo"):
         return []
     max_requests, max_rows = batch_bounds(model)
-    joined = lease.claim_waiting(
-        job, ctx.owner, partial(batchable, request), max_requests, max_rows, requests.rows_named(request)
-    )
+    exact = bool((job.payload or {}).get("start_exact"))
+
+    def accept(other_job: Job, other) -> bool:  # split-off auto requests restart exact: only with each other
+        return batchable(request, other) and bool((other_job.payload or {}).get("start_exact")) == exact
+
+    joined = lease.claim_waiting(job, ctx.owner, accept, max_requests, max_rows, requests.rows_named(request))
     ctx.join([j for j, _ in joined])
     return [Member(j, r) for j, r in joined]
 

@@ -55,20 +55,21 @@ def reject(work: DeletionWork, attempts: list[Attempt], ctx: JobContext) -> None
 def split_off(work: DeletionWork, failing: list[Member], attempts: list[Attempt], ctx: JobContext) -> None:
     """Batch members whose own verdict failed go back to the outbox to run alone, each with its reports so far (a
     request is never certified on a failed verdict, and never holds the others hostage); the batch goes on without
-    them. An ``auto`` request whose approximate method failed on its rows starts alone with the exact method (its
-    escalation, as if it had failed alone). One transaction."""
+    them. An ``auto`` request whose approximate method failed on its rows starts again with the exact method (its
+    escalation, as if it had failed alone), batched only with requests split off likewise; any other runs alone.
+    One transaction."""
 
     def record(session) -> None:  # outbox.release checks each job is still ours
         for member in failing:
             _record_reports(session, work, attempts, member.request.id)
 
     escalate = escalation_for(work) is not None
-    reason = f"its own verdict failed in a batch of {len(work.members)} ({attempts[-1].method}); retried alone"
-    reason += " with the exact method" if escalate else ""
+    reason = f"its own verdict failed in a batch of {len(work.members)} ({attempts[-1].method}); "
+    reason += "retried with the exact method (with others split off likewise)" if escalate else "retried alone"
     for member in failing:  # first: the heartbeat must not renew a job that is no longer ours
         ctx.leave(member.job.id)
         work.members.remove(member)
-    payload = {"start_exact": True} if escalate else None
+    payload = {"start_exact": True} if escalate else {"solo": True}
     lease.release([m.job.id for m in failing], ctx.owner, reason, settle=record, payload=payload)
 
 

@@ -166,8 +166,9 @@ def test_an_admin_sets_the_batch_bounds_and_one_request_a_version_turns_batching
 
 
 def test_an_auto_request_split_off_after_its_approximate_verdict_failed_starts_alone_with_the_exact_method(model):
-    """What split_off gives back for an ``auto`` request (payload solo + start_exact): alone, it runs the exact
-    method at once — its escalation — instead of failing the same approximate step a second time."""
+    """What split_off gives back for an ``auto`` request (payload start_exact): it runs the exact method at once —
+    its escalation — instead of failing the same approximate step a second time, and a request that was not split
+    off never joins it."""
     from sqlalchemy import select, update
 
     from app.db import session_scope
@@ -178,7 +179,7 @@ def test_an_auto_request_split_off_after_its_approximate_verdict_failed_starts_a
     [other] = _queue(headers, model_id, [["r13"]], "auto")
     with session_scope() as session:
         job_id = session.execute(select(Job.id).where(Job.request_id == rid)).scalar_one()
-        session.execute(update(Job).where(Job.id == job_id).values(payload={"solo": True, "start_exact": True}))
+        session.execute(update(Job).where(Job.id == job_id).values(payload={"start_exact": True}))
     with TestClient(create_app(run_background=True), headers=headers) as client:
         done = wait_request(client, rid, timeout=300)
         assert done["status"] == "certified", done
