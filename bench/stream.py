@@ -70,7 +70,7 @@ class Setting:
 
 SETTINGS = {
     "adult_lr": Setting("adult", "logistic_regression", ("newton", "influence"), 10_000, 150, None, 600, 30),
-    "synthetic_lr": Setting("synthetic", "logistic_regression", ("newton", "influence"), 3_000, 40, 1_000_000, 200, 8),
+    "synthetic_lr": Setting("synthetic", "logistic_regression", ("newton", "influence"), 3_000, 12, 1_000_000, 200, 4),
     "adult_mlp": Setting("adult", "mlp", (), 1_000, 8, None, 60, 3),
 }
 
