@@ -408,6 +408,10 @@ class Deletion:
     def verify(self, work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> dict[str, Verification]:
         return {work.request.id: verify_federated(work, unlearned)}
 
+    def upkeep(self, model_id: str, ctx: JobContext) -> dict[str, Any]:
+        """Nothing after the certificate: the erase step replaced the shadow LoRA runs that saw the pairs."""
+        return {}
+
     def erase(self, work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> ErasurePlan:
         """A departed client's stored round updates are rewritten without it (its row zeroed), so no later method
         and no reader of the store finds its contribution. Pairs deleted by class or samples scope are mixed into

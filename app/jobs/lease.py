@@ -240,6 +240,13 @@ class JobContext:
                 if job.request_id:
                     self._requests[job.id] = job.request_id
 
+    def hold_only(self, job_id: str) -> None:
+        """After the certificates: keep renewing one job's lease (the model stays held for the upkeep), and write
+        progress on no request any more (they are certified)."""
+        with self._lock:
+            self.members = [job_id]
+            self._requests.clear()
+
     def leave(self, job_id: str) -> None:
         """A member given back to the outbox (split off from the batch): no longer renewed."""
         with self._lock:

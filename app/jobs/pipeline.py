@@ -88,7 +88,10 @@ def _run_claimed(job: Job, job_id: str, owner: str) -> str:
 def run_deletion(job: Job, ctx: JobContext, wing: DeletionWing) -> None:
     """claim (execute_job) → join the requests waiting on the model (a batch) → load → unlearn → store → verify each
     request on its own rows → (every request failed: ``auto`` escalates once; some failed: they are split off to run
-    alone and the rest is served again without them) → erase → publish, each request with its own certificate."""
+    alone and the rest is served again without them) → erase → publish, each request with its own certificate →
+    upkeep (capacity the erasure used up, restored after the certificates while the job still holds the model)."""
+    if already_certified(job):  # the worker died after the certificates: only the upkeep was left
+        return upkeep(job.model_id, ctx, wing, {"resumed": "upkeep"})
     work = load(job, ctx, wing)
     attempts: list[Attempt] = []
     while work.members:
@@ -99,8 +102,8 @@ def run_deletion(job: Job, ctx: JobContext, wing: DeletionWing) -> None:
         failing = attempts[-1].failing(work.members)
         if not failing:
             erasure = wing.erase(work, unlearned, ctx)
-            publish(work, attempts, draft, erasure, ctx)
-            return shred()
+            result = publish(work, attempts, draft, erasure, ctx)
+            return upkeep(work.model.id, ctx, wing, result)
         escalation = escalation_for(work) if len(failing) == len(work.members) else None
         if escalation is not None:
             work.method_name, work.spec, work.method = escalation
@@ -193,6 +196,20 @@ def batch_bounds(model) -> tuple[int, int]:
         min(int(own.get("max_requests", settings.batch_max_requests)), settings.batch_max_requests),
         min(int(own.get("max_rows", settings.batch_max_rows)), settings.batch_max_rows),
     )
+
+
+def already_certified(job: Job) -> bool:
+    with session_scope() as session:
+        return requests.get_request_or_404(session, job.request_id).status == "certified"
+
+
+def upkeep(model_id: str, ctx: JobContext, wing: DeletionWing, result: dict) -> None:
+    """After the certificates: the wing restores what the erasure used up (verification shadows that were copies of
+    the rows), off the requests' path but while this job still holds the model, so the next batch waits for a full
+    pool; then the job is finished and due blobs are shredded."""
+    counts = wing.upkeep(model_id, ctx)
+    lease.finish(ctx.members[0], ctx.owner, {**result, "upkeep": counts})
+    shred()
 
 
 def shred() -> None:

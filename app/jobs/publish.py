@@ -75,11 +75,13 @@ def split_off(work: DeletionWork, failing: list[Member], attempts: list[Attempt]
 
 def publish(
     work: DeletionWork, attempts: list[Attempt], draft: registry.VersionDraft, erasure: ErasurePlan, ctx: JobContext
-) -> None:
+) -> dict:
     """ONE transaction: the verified version becomes current; every stored copy of the rows is swapped for its
     erased replacement and earlier versions are retired (the manifest); then for each request served (a batch:
     each on its own rows) its reports are recorded, its certificate is signed over the shared version, its own rows'
-    erasure and verdict, and the audit chain's head; it is certified (its callback queued) and its job finished."""
+    erasure and verdict, and the audit chain's head; it is certified (its callback queued) and its job finished —
+    all but one: the job that keeps holding the model for the upkeep (``ctx.hold_only``). Returns that job's
+    result."""
     model_id = work.model.id
     unlearned = attempts[-1].unlearned
     grace = get_settings().retired_version_grace_seconds
@@ -109,13 +111,18 @@ def publish(
                 "requests": len(work.members),
                 "rows": len(unlearned.positions),
             }
+        keep = ctx.members[0]
+        result = {"version_id": version.id, "digest": version.digest}
         for member in work.members:
             manifest = {**own[member.request.id], **shared}
-            _certify(session, work, attempts, member, manifest, version, job_rows[member.job.id])
+            job_row = job_rows[member.job.id] if member.job.id != keep else None
+            _certify(session, work, attempts, member, manifest, version, job_row, result)
+    ctx.hold_only(keep)
     release_freed_pages()
+    return result
 
 
-def _certify(session, work: DeletionWork, attempts, member: Member, manifest: dict, version, job_row) -> None:
+def _certify(session, work: DeletionWork, attempts, member: Member, manifest: dict, version, job_row, result) -> None:
     """One request of a published version: its reports, its own certificate (naming the shared version's digest,
     its subject and its rows' erasure), certified, its per-person erasure told, its job finished."""
     unlearned, verification = attempts[-1].unlearned, attempts[-1].verifications[member.request.id]
@@ -145,4 +152,5 @@ def _certify(session, work: DeletionWork, attempts, member: Member, manifest: di
         certificate.digest,
     )
     subjects.on_request_certified(session, member.request.id)  # a per-person erasure's last child: its certificate
-    outbox.finish(session, job_row, {"version_id": version.id, "digest": version.digest})
+    if job_row is not None:
+        outbox.finish(session, job_row, result)

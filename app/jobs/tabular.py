@@ -34,12 +34,11 @@ from app.ml.verification.plots import audit_plots
 from app.ml.verification.policy import VerdictPolicy, decide
 from app.ml.verification.shadows import (
     ShadowSettings,
+    drop_shadows,
     positions_of,
-    refit_shadows,
-    replace_shadows,
+    refill_shadows,
     shadows_from_bytes,
     shadows_to_bytes,
-    strictly_convex,
     train_shadows,
 )
 from app.registry import versions as registry
@@ -547,6 +546,9 @@ class Deletion:
     def erase(self, work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> ErasurePlan:
         return erase_copies(work, unlearned, ctx)
 
+    def upkeep(self, model_id: str, ctx: JobContext) -> dict[str, Any]:
+        return refill_verification(model_id, ctx)
+
     def verify(self, work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> dict[str, Verification]:
         return verify_deletion(work, unlearned)
 
@@ -685,7 +687,7 @@ def erase_copies(work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> E
         remember_artifacts(artifacts)
     state_update: dict[str, Any] = {"encoder": encoder} if encoder else {}
     if "verification" in work.model.state:
-        state_update["verification"] = _replace_shadows(work.model.state["verification"], inputs.data, erased, ctx)
+        state_update["verification"] = _drop_shadows(work.model.state["verification"], erased)
     return ErasurePlan(
         dataset_digest=new_digest,
         state_update=state_update,
@@ -824,20 +826,37 @@ def _state_guarantee(report: dict[str, Any], unlearned: Unlearned) -> None:
         report["certified_removal"] = guarantee
 
 
-def _replace_shadows(entry: dict[str, Any], data: TabularData, erased: np.ndarray, ctx: JobContext) -> dict[str, Any]:
-    """Shadows that trained on an erased row are copies of it: a strictly convex recipe refits each in place on its
-    own rows without them (warm-started, exact: shadows.refit_shadows); another drops them and trains as many on
-    the remaining rows. A batch does this once for all its rows."""
+def _drop_shadows(entry: dict[str, Any], erased: np.ndarray) -> dict[str, Any]:
+    """Shadows that trained on an erased row are copies of it: they go with the erasure, before the certificate;
+    the pool is refilled after it (``refill_verification``)."""
     shadows = shadows_from_bytes(get_store().get_bytes(entry["shadows"]))
     pool = np.asarray(shadows.row_ids, dtype=np.int64)
-    gone = np.flatnonzero(np.isin(pool, erased))
-    remaining = pool[~np.isin(pool, erased)]
-    ctx.progress(0.97, "refitting or replacing verification shadows that saw the erased rows")
-    renew = refit_shadows if strictly_convex(shadows.recipe) else replace_shadows
-    new, counts = renew(shadows, gone, data.X[remaining], data.y[remaining])
-    return {
-        **entry,
-        "shadows": get_store().put_bytes(shadows_to_bytes(new)),
-        "generation": new.generation,
-        "last_replacement": counts,
-    }
+    new, counts = drop_shadows(shadows, np.flatnonzero(np.isin(pool, erased)))
+    return {**entry, "shadows": get_store().put_bytes(shadows_to_bytes(new)), "last_erasure": counts}
+
+
+def refill_verification(model_id: str, ctx: JobContext) -> dict[str, Any]:
+    """The upkeep after a deletion's certificates (the hall's ``upkeep``): train the shadows its erasure dropped on
+    the remaining rows, a convex recipe from the served θ, and swap the full set in while this job still holds the
+    model. A request that arrives meanwhile waits for it, so no audit runs on a depleted pool."""
+    with session_scope() as session:
+        model, dataset, parent = registry.load_model(session, model_id)
+        session.expunge_all()
+    entry = (model.state or {}).get("verification")
+    if not entry or dataset is None:
+        return {}
+    shadows = shadows_from_bytes(get_store().get_bytes(entry["shadows"]))
+    if shadows.n_shadows >= shadows.settings.n_shadows:
+        return {"trained": 0}
+    data = load_tabular(dataset, model)
+    pool = np.asarray(shadows.row_ids, dtype=np.int64)
+    served = weights(parent.digest)
+    init = served if served.numel() == shadows.thetas.shape[1] else None
+    missing = shadows.settings.n_shadows - shadows.n_shadows
+    ctx.progress(0.99, f"certified; refilling {missing} verification shadows")
+    new, counts = refill_shadows(shadows, data.X[pool], data.y[pool], init=init)
+    refilled = {**entry, "shadows": get_store().put_bytes(shadows_to_bytes(new)), "generation": new.generation}
+    with session_scope() as session:
+        ctx.assert_lease(session)
+        registry.swap_verification(session, model_id, entry["shadows"], {**refilled, "last_refill": counts})
+    return counts

@@ -163,6 +163,9 @@ class DeletionWing(Protocol):
 
     def erase(self, work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> ErasurePlan: ...
 
+    def upkeep(self, model_id: str, ctx: JobContext) -> dict[str, Any]:
+        """After the certificates, while the job still holds the model: restore capacity (never erase)."""
+
 
 def method_for(request: DeletionRequest, model: Model) -> tuple[str, MethodSpec, UnlearningMethod]:
     """The method this request runs (``auto`` resolved by the method registry), built with the model's registered

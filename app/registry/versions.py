@@ -379,6 +379,19 @@ def erase_rows(
     return manifest, own
 
 
+def swap_verification(session: Session, model_id: str, expected: str, entry: Mapping[str, Any]) -> bool:
+    """Point the model at a refilled shadow set, if its current set is still ``expected`` (compare-and-set under
+    the model row's lock); the superseded blob is shredded. False when another writer changed it meanwhile."""
+    model = session.execute(select(Model).where(Model.id == model_id).with_for_update()).scalar_one()
+    current = (model.state.get("verification") or {}).get("shadows")
+    if current != expected:
+        return False
+    model.state = {**model.state, "verification": dict(entry)}
+    if entry.get("shadows") != current:
+        enqueue_shred(session, [current], "shadow set superseded by its refill", grace_seconds=0)
+    return True
+
+
 def update_method_state(
     session: Session, model_id: str, purged: Mapping[str, Mapping[str, bytes]], invalidated: Mapping[str, str]
 ) -> dict[str, Any]:

@@ -513,8 +513,12 @@ def mark_queued(session: Session, request_id: str, job_id: str, queue: str) -> N
 
 
 def mark_running(session: Session, request_id: str, job_id: str, attempt: int, owner: str) -> None:
+    """A worker took the request's job. A request that has ended stays as it is: its job may be re-taken after the
+    certificate only to finish the upkeep (app/jobs/pipeline.py)."""
     now = utcnow()
     request = session.get(DeletionRequest, request_id)
+    if request.status in TERMINAL_STATUSES:
+        return
     request.status, request.attempts, request.updated_at = "running", attempt, now
     request.started_at = request.started_at or now
     append_event(
@@ -585,6 +589,8 @@ def mark_failed(
     the worker's log and the job row."""
     now = utcnow()
     request = session.get(DeletionRequest, request_id)
+    if request.status in TERMINAL_STATUSES:  # a certified request's job may fail only in its upkeep: it stays so
+        return
     request.status, request.updated_at, request.completed_at = status, now, now
     if status == "rejected":  # a failed request keeps its ids until retried: the erasure is still owed
         _hash_sample_ids(request)

@@ -189,3 +189,71 @@ def test_an_auto_request_split_off_after_its_approximate_verdict_failed_starts_a
         assert second["status"] == "certified" and second["result_version_id"] != done["result_version_id"]
         methods = {v["id"]: v["method"] for v in client.get(f"/v1/models/{model_id}/versions").json()}
         assert methods[second["result_version_id"]] in ("newton", "none-needed")  # never joined: it ran on its own
+
+
+def _shadow_count(model_id: str) -> tuple[int, dict]:
+    from app.db import session_scope
+    from app.ml.verification.shadows import shadows_from_bytes
+    from app.registry.tables import Model
+
+    with session_scope() as session:
+        entry = session.get(Model, model_id).state["verification"]
+    return shadows_from_bytes(get_store().get_bytes(entry["shadows"])).n_shadows, entry
+
+
+def test_the_shadows_that_saw_the_rows_go_with_the_erasure_and_the_pool_is_refilled_after_the_certificate(model):
+    """Issue 21, upkeep off the critical path: the published set (the manifest's after-digest) holds no shadow that
+    trained on an erased row; after the certificate the same job trains the missing ones back, so the next request
+    finds the full pool. A job re-taken after its certificate (its worker died in the upkeep) only finishes the
+    upkeep: the request stays certified, no version is added."""
+    from sqlalchemy import select, update
+
+    from app.db import session_scope
+    from app.jobs.tables import Job
+    from app.ml.verification.shadows import shadows_from_bytes
+    from tests.helpers import wait_for
+
+    model_id, headers = model
+    assert _shadow_count(model_id)[0] == 16
+    [rid] = _queue(headers, model_id, [["r21", "r22", "r23"]], "retrain")
+    with TestClient(create_app(run_background=True), headers=headers) as client:
+        done = wait_request(client, rid, timeout=300)
+        assert done["status"] == "certified", done
+        swap = done["erasure"]["verification_shadows"]
+        assert swap["before"] != swap["after"]  # the published set is another one: the copies left with the rows
+        wait_for(lambda: "last_refill" in _shadow_count(model_id)[1], timeout=120, what="the refill")
+        n, entry = _shadow_count(model_id)
+        dropped = entry["last_erasure"]["dropped"]
+        assert dropped >= 1 and entry["last_erasure"]["kept"] == 16 - dropped
+        assert n == 16 and entry["last_refill"] == {"trained": dropped}
+        refilled = shadows_from_bytes(get_store().get_bytes(entry["shadows"]))
+        positions = {int(p) for p in refilled.row_ids}
+        with session_scope() as session:
+            from app.registry.tables import DatasetRow
+
+            erased = session.execute(select(DatasetRow.position).where(DatasetRow.row_id.in_(["r21", "r22", "r23"])))
+            assert erased.all() == []  # their index entries are gone
+        assert len(positions) == 400 - 3  # the pool lost exactly the three erased rows
+        with session_scope() as session:
+            job = session.execute(select(Job).where(Job.request_id == rid)).scalar_one()
+        wait_for(lambda: _job_status(job.id) == "succeeded", timeout=60, what="the job to finish its upkeep")
+        assert _job_result(job.id)["upkeep"] == entry["last_refill"]
+        versions = client.get(f"/v1/models/{model_id}/versions").json()
+        with session_scope() as session:  # as if its worker had died in the upkeep: re-offered
+            session.execute(update(Job).where(Job.id == job.id).values(status="pending", attempts=1))
+        wait_for(lambda: _job_status(job.id) == "succeeded", timeout=60, what="the re-taken job")
+        assert client.get(f"/v1/deletion-requests/{rid}").json()["status"] == "certified"
+        assert client.get(f"/v1/models/{model_id}/versions").json() == versions
+        assert _job_result(job.id) == {"resumed": "upkeep", "upkeep": {"trained": 0}}
+
+
+def _job_status(job_id: str) -> str:
+    return _job_result(job_id, "status")
+
+
+def _job_result(job_id: str, field: str = "result"):
+    from app.db import session_scope
+    from app.jobs.tables import Job
+
+    with session_scope() as session:
+        return getattr(session.get(Job, job_id), field)

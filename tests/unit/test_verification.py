@@ -264,42 +264,33 @@ def test_shadows_mask_seed_progress_and_replacement():
     assert erased.tolist() == [3, 50]
     holders = S.shadows_containing(sh, erased)
     assert set(holders) == set(np.flatnonzero(sh.in_mask[:, 3] | sh.in_mask[:, 50]))
-    keep = np.setdiff1d(np.arange(60), erased)
-    new, counts = S.replace_shadows(sh, erased, X[keep], y[keep])
-    assert counts == {"dropped": len(holders), "kept": 8 - len(holders), "trained": len(holders)}
-    assert new.n_shadows == 8 and new.in_mask.shape == (8, 58) and 103 not in new.row_ids and 150 not in new.row_ids
-    # kept shadows are the same vectors; replacements trained on the remaining rows only
-    kept = np.setdiff1d(np.arange(8), holders)
-    assert torch.equal(new.thetas[: len(kept)], sh.thetas[kept])
-    j = len(kept)
-    assert torch.equal(new.thetas[j], T.train(LR, X[keep][new.in_mask[j]], y[keep][new.in_mask[j]], 2))
     with pytest.raises(ValueError):
         S.positions_of(sh, np.array([999]))
 
 
-def test_refitting_a_convex_shadow_in_place_gives_the_fit_without_the_erased_rows():
-    """Issue 21: the shadows that saw an erased row are refitted on their own rows without it, warm-started; the
-    result is the recipe's unique optimum on those rows (a cold fit agrees to the solver's tolerance), shadows that
-    never saw it are untouched, and the erased ids leave the pool."""
+def test_erasure_drops_the_shadows_that_saw_a_row_and_the_refill_restores_the_pool():
+    """Issue 21: at erasure every shadow that trained on an erased row goes (a copy), with the rows' columns; the
+    refill, later, trains as many on fresh balanced draws over the remaining pool (a convex recipe from the served
+    θ: the same optimum a cold fit reaches) and never on an erased row."""
     X, y, _, _ = _pool()
     X, y = X[:80], y[:80]
     sh = S.train_shadows(LR, X, y, 2, S.ShadowSettings(n_shadows=8, seed=5), row_ids=np.arange(200, 280))
     erased = S.positions_of(sh, np.array([207, 241, 266]))
     holders = S.shadows_containing(sh, erased)
     keep = np.setdiff1d(np.arange(80), erased)
-    new, counts = S.refit_shadows(sh, erased, X[keep], y[keep])
-    assert counts == {"refitted": len(holders), "kept": 8 - len(holders)} and len(holders) > 0
-    assert new.in_mask.shape == (8, 77) and not set(new.row_ids.tolist()) & {207, 241, 266}
-    assert np.array_equal(new.in_mask, sh.in_mask[:, keep])
-    for i in range(8):
-        if i in holders:
-            cold = T.train(LR, X[keep][new.in_mask[i]], y[keep][new.in_mask[i]], 2)
-            assert torch.allclose(new.thetas[i], cold, atol=1e-4), (new.thetas[i] - cold).abs().max()
-            assert not torch.allclose(new.thetas[i], sh.thetas[i], atol=1e-4)  # it did move: the rows are gone
-        else:
-            assert torch.equal(new.thetas[i], sh.thetas[i])
-    with pytest.raises(ValueError):
-        S.refit_shadows(S.ShadowSet(MLP, 2, sh.thetas, sh.in_mask, sh.row_ids, sh.settings), erased, X[keep], y[keep])
+    dropped, counts = S.drop_shadows(sh, erased)
+    assert counts == {"dropped": len(holders), "kept": 8 - len(holders)} and len(holders) > 0
+    assert dropped.n_shadows == 8 - len(holders) and not set(dropped.row_ids.tolist()) & {207, 241, 266}
+    kept = np.setdiff1d(np.arange(8), holders)
+    assert torch.equal(dropped.thetas, sh.thetas[kept]) and np.array_equal(dropped.in_mask, sh.in_mask[kept][:, keep])
+    served = T.train(LR, X[keep], y[keep], 2)
+    full, refilled = S.refill_shadows(dropped, X[keep], y[keep], init=served)
+    assert refilled == {"trained": len(holders)} and full.n_shadows == 8 and full.generation == sh.generation + 1
+    assert full.in_mask.shape == (8, 77) and np.array_equal(full.row_ids, dropped.row_ids)
+    for i in range(dropped.n_shadows, 8):
+        cold = T.train(LR, X[keep][full.in_mask[i]], y[keep][full.in_mask[i]], 2)
+        assert torch.allclose(full.thetas[i], cold, atol=1e-4), (full.thetas[i] - cold).abs().max()
+    assert S.refill_shadows(full, X[keep], y[keep])[1] == {"trained": 0}
 
 
 def test_attack_summary_without_the_curve_matches_the_full_roc_ties_included():

@@ -10,8 +10,8 @@ held-out rows as the non-member negatives, and online LiRA needs IN shadows for 
 shadow trains on about as many rows as the audited model did (n_train / n_pool); 0.5 is LiRA's own choice.
 
 Shadows are trained on personal data: a shadow whose subset held a row that is later erased is a copy of it
-(ARCHITECTURE "Erasure is complete"). ``shadows_containing`` names them and ``replace_shadows`` drops them and trains
-replacements on the remaining rows.
+(ARCHITECTURE "Erasure is complete"). ``shadows_containing`` names them, ``drop_shadows`` removes them with the
+erasure, and ``refill_shadows`` trains as many on the remaining rows once the request is certified (issue 21).
 """
 
 from __future__ import annotations
@@ -115,12 +115,21 @@ def _train_many(
     settings: ShadowSettings,
     first_index: int,
     progress: ProgressFn | None,
+    init: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """One shadow per mask row. ``init`` (a strictly convex recipe only: the optimum does not depend on it) starts
+    every fit there, on one sparse design sliced per shadow."""
     thetas = []
+    design = tabular.sparse_design(X) if init is not None else None
     for i, row in enumerate(mask):
         if not row.any():
             raise ValueError("a shadow subset is empty: the pool is too small for this keep_fraction")
-        thetas.append(tabular.train(_shadow_recipe(recipe, settings, first_index + i), X[row], y[row], n_classes))
+        shadow_recipe = _shadow_recipe(recipe, settings, first_index + i)
+        if init is None:
+            thetas.append(tabular.train(shadow_recipe, X[row], y[row], n_classes))
+        else:
+            own = design[np.flatnonzero(row)] if design is not None else None
+            thetas.append(tabular.fit(shadow_recipe, X[row], y[row], n_classes, init, design=own)[0])
         if progress is not None:
             progress(i + 1, len(mask))
     return torch.stack(thetas)
@@ -190,96 +199,66 @@ def shadows_containing(shadows: ShadowSet, positions: np.ndarray) -> np.ndarray:
     return np.flatnonzero(shadows.in_mask[:, pos].any(axis=1))
 
 
-def replace_shadows(
-    shadows: ShadowSet,
-    erased_positions: np.ndarray,
-    X_remaining: np.ndarray,
-    y_remaining: np.ndarray,
-    progress: ProgressFn | None = None,
-) -> tuple[ShadowSet, dict[str, int]]:
-    """Drop every shadow that trained on an erased row and train as many replacements on the remaining pool.
-
-    ``X_remaining`` / ``y_remaining`` are the pool without the erased rows, in the old order. The erased columns leave
-    the membership matrix (their ids are personal data too). Replacements get a fresh balanced draw over the
-    remaining rows (each row IN for round(keep_fraction · n_replaced) of them); kept shadows keep their subsets.
-    Returns the new set and counts {"dropped", "kept", "trained"}.
-    """
-    X_remaining, y_remaining = np.asarray(X_remaining), np.asarray(y_remaining)
-    plan = replacement_plan(shadows.in_mask, erased_positions, shadows.settings, shadows.generation, len(X_remaining))
-    if len(y_remaining) != len(X_remaining):
-        raise ValueError("X_remaining and y_remaining must hold the same rows")
-    kept, dropped, keep_cols, generation = plan.kept, plan.dropped, plan.keep_cols, plan.generation
-    new_mask = shadows.in_mask[kept][:, keep_cols]
-    new_thetas = shadows.thetas[torch.as_tensor(kept, dtype=torch.long)]
-    if dropped.size:
-        repl_mask = plan.replacement_mask
-        first = generation * 1_000_003  # distinct "vary" seeds from earlier generations
-        repl = _train_many(
-            shadows.recipe, X_remaining, y_remaining, shadows.n_classes, repl_mask, shadows.settings, first, progress
-        )
-        new_mask = np.concatenate([new_mask, repl_mask], axis=0)
-        new_thetas = torch.cat([new_thetas, repl], dim=0)
-    result = ShadowSet(
-        shadows.recipe,
-        shadows.n_classes,
-        new_thetas,
-        new_mask,
-        shadows.row_ids[keep_cols],
-        shadows.settings,
-        generation=generation,
-    )
-    return result, {"dropped": int(dropped.size), "kept": int(kept.size), "trained": int(dropped.size)}
-
-
 def strictly_convex(recipe: tabular.TabularRecipe) -> bool:
     """Logistic regression with l2 > 0: one optimum per training set, whatever the solver's start."""
     return recipe.family == "logistic_regression" and recipe.l2 > 0
 
 
-def refit_shadows(
-    shadows: ShadowSet,
-    erased_positions: np.ndarray,
-    X_remaining: np.ndarray,
-    y_remaining: np.ndarray,
-    progress: ProgressFn | None = None,
-) -> tuple[ShadowSet, dict[str, int]]:
-    """A strictly convex recipe's alternative to ``replace_shadows`` (issue 21): each shadow that trained on an
-    erased row is refitted on its own subset without them, warm-started at its θ. The optimum is unique, so the
-    refitted shadow is the one a fresh fit on the rows it keeps gives (to the solver's tolerance): it is no copy of
-    the erased rows, exactly as the main model's warm-started retrain is exact (app/ml/unlearning/retrain.py). Each
-    row keeps its IN/OUT shadows, and a refit from a nearby start takes a few Newton steps instead of a full fit.
-    Returns the new set and counts {"refitted", "kept"}."""
-    if not strictly_convex(shadows.recipe):
-        raise ValueError("refitting in place needs a strictly convex recipe (logistic regression with l2 > 0)")
-    X_remaining, y_remaining = np.asarray(X_remaining), np.asarray(y_remaining)
-    erased = np.asarray(erased_positions, dtype=np.int64).reshape(-1)
+def drop_shadows(shadows: ShadowSet, erased_positions: np.ndarray) -> tuple[ShadowSet, dict[str, int]]:
+    """The erasure's part of the shadow upkeep (issue 21): every shadow that trained on an erased row is a copy of
+    it and goes now, with the erased rows' pool columns; ``refill_shadows`` restores the pool later, after the
+    request is certified. Returns the smaller set and counts {"dropped", "kept"}."""
+    erased = np.unique(np.asarray(erased_positions, dtype=np.int64).reshape(-1))
     keep_cols = np.setdiff1d(np.arange(shadows.in_mask.shape[1]), erased)
-    if len(X_remaining) != len(keep_cols) or len(y_remaining) != len(keep_cols):
-        raise ValueError("X_remaining and y_remaining must hold the pool without the erased rows, in order")
     holders = shadows_containing(shadows, erased) if erased.size else np.zeros(0, np.int64)
-    new_mask = shadows.in_mask[:, keep_cols]
-    thetas = shadows.thetas.clone()
-    design = tabular.sparse_design(X_remaining) if holders.size else None  # built once, sliced per shadow
-    for n, i in enumerate(holders):
-        rows = new_mask[i]
-        if not rows.any():
-            raise ValueError("a shadow subset is empty after the erasure")
-        recipe = _shadow_recipe(shadows.recipe, shadows.settings, int(i))
-        own = design[np.flatnonzero(rows)] if design is not None else None
-        Xs, ys = X_remaining[rows], y_remaining[rows]
-        thetas[i], _ = tabular.fit(recipe, Xs, ys, shadows.n_classes, thetas[i], design=own)
-        if progress is not None:
-            progress(n + 1, len(holders))
+    kept = np.setdiff1d(np.arange(shadows.n_shadows), holders)
     result = ShadowSet(
         shadows.recipe,
         shadows.n_classes,
-        thetas,
-        new_mask,
+        shadows.thetas[torch.as_tensor(kept, dtype=torch.long)],
+        shadows.in_mask[kept][:, keep_cols],
         shadows.row_ids[keep_cols],
         shadows.settings,
         generation=shadows.generation,
     )
-    return result, {"refitted": int(holders.size), "kept": int(shadows.n_shadows - holders.size)}
+    return result, {"dropped": int(holders.size), "kept": int(kept.size)}
+
+
+def refill_shadows(
+    shadows: ShadowSet,
+    X_pool: np.ndarray,
+    y_pool: np.ndarray,
+    init: torch.Tensor | None = None,
+    progress: ProgressFn | None = None,
+) -> tuple[ShadowSet, dict[str, int]]:
+    """Train shadows until the set holds ``settings.n_shadows`` again, each on a fresh balanced draw over the pool
+    (``X_pool``/``y_pool``: the pool's rows in ``row_ids`` order), seeded by (seed, generation + 1) so no draw is
+    reused. ``init``: the served θ, for a strictly convex recipe (its optimum is unique, a nearby start converges in
+    a few steps). Returns the set and {"trained"}."""
+    missing = int(shadows.settings.n_shadows) - shadows.n_shadows
+    if missing <= 0:
+        return shadows, {"trained": 0}
+    X_pool, y_pool = np.asarray(X_pool), np.asarray(y_pool)
+    if len(X_pool) != len(shadows.row_ids) or len(y_pool) != len(X_pool):
+        raise ValueError("X_pool / y_pool must hold the shadow pool's rows")
+    generation = shadows.generation + 1
+    rng = np.random.default_rng([int(shadows.settings.seed), generation])
+    mask = balanced_in_mask(missing, len(X_pool), shadows.settings.keep_fraction, rng)
+    start = None if init is None or not strictly_convex(shadows.recipe) else init
+    new = _train_many(
+        shadows.recipe, X_pool, y_pool, shadows.n_classes, mask, shadows.settings, generation * 1_000_003,
+        progress, init=start,
+    )  # fmt: skip
+    result = ShadowSet(
+        shadows.recipe,
+        shadows.n_classes,
+        torch.cat([shadows.thetas, new], dim=0),
+        np.concatenate([shadows.in_mask, mask], axis=0),
+        shadows.row_ids,
+        shadows.settings,
+        generation=generation,
+    )
+    return result, {"trained": missing}
 
 
 @dataclass
