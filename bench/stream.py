@@ -232,9 +232,27 @@ class Bench:
         }
 
     def idle(self, model_id: str, rows: list[str]) -> list[float]:
-        """POST → certified of one one-row ``auto`` request on an idle model, one at a time."""
+        """POST → certified of one one-row ``auto`` request on an idle model, one at a time: each waits until the
+        previous one's job has ended (its upkeep after the certificate included)."""
+        from sqlalchemy import select
+
+        from app.db import session_scope
+        from app.jobs.tables import Job
+
+        def busy() -> bool:
+            with session_scope() as session:
+                return bool(
+                    session.execute(
+                        select(Job.id).where(
+                            Job.model_id == model_id, Job.status.in_(("pending", "dispatched", "running"))
+                        )
+                    ).first()
+                )
+
         out = []
         for row in rows:
+            while busy():
+                time.sleep(0.2)
             started = time.perf_counter()
             response = self.client.post(
                 "/v1/deletion-requests",
