@@ -92,16 +92,14 @@ def release(
     owner: str,
     reason: str,
     settle: Callable[[Session], None] | None = None,
-    payload: dict | None = None,
 ) -> None:
-    """Give batch members back to the outbox without spending an attempt, with ``payload`` merged into theirs
-    (default ``solo``: run alone); their requests wait again (``settle`` records anything else in the same
-    transaction, e.g. their failed verdicts)."""
+    """Give batch members back to the outbox to run alone (payload ``solo``), without spending an attempt; their
+    requests wait again (``settle`` records anything else in the same transaction, e.g. their failed verdicts)."""
     with session_scope() as session:
         if settle is not None:
             settle(session)
         for job_id in job_ids:
-            outbox.release(session, job_id, owner, reason, payload or {"solo": True})
+            outbox.release(session, job_id, owner, reason, {"solo": True})
             job = session.get(Job, job_id)
             if job.request_id:
                 requests.mark_split_off(session, job.request_id, job_id, reason)

@@ -87,8 +87,9 @@ def _run_claimed(job: Job, job_id: str, owner: str) -> str:
 
 def run_deletion(job: Job, ctx: JobContext, wing: DeletionWing) -> None:
     """claim (execute_job) → join the requests waiting on the model (a batch) → load → unlearn → store → verify each
-    request on its own rows → (every request failed: ``auto`` escalates once; some failed: they are split off to run
-    alone and the rest is served again without them) → erase → publish, each request with its own certificate →
+    request on its own rows → (a request failed: ``auto`` escalates the batch once to the exact method; a named
+    method's failing requests are split off to run alone and the rest is served again without them) → erase →
+    publish, each request with its own certificate →
     upkeep (capacity the erasure used up, restored after the certificates while the job still holds the model)."""
     if already_certified(job):  # the worker died after the certificates: only the upkeep was left
         return upkeep(job.model_id, ctx, wing, {"resumed": "upkeep"})
@@ -104,7 +105,7 @@ def run_deletion(job: Job, ctx: JobContext, wing: DeletionWing) -> None:
             erasure = wing.erase(work, unlearned, ctx)
             result = publish(work, attempts, draft, erasure, ctx)
             return upkeep(work.model.id, ctx, wing, result)
-        escalation = escalation_for(work) if len(failing) == len(work.members) else None
+        escalation = escalation_for(work)  # auto: one failing request escalates its whole batch (exact for all)
         if escalation is not None:
             work.method_name, work.spec, work.method = escalation
         elif len(work.members) == 1:
@@ -127,8 +128,6 @@ def load(job: Job, ctx: JobContext, wing: DeletionWing) -> DeletionWork:
     batch = f" for {len(members)} requests" if len(members) > 1 else ""
     ctx.progress(0.05, f"loading data and version {parent.number}{batch}")
     work = DeletionWork(members, model, dataset, parent, name, spec, method, new_id())
-    if (job.payload or {}).get("start_exact") and (escalation := escalation_for(work)) is not None:
-        work.method_name, work.spec, work.method = escalation  # auto's approximate method already failed on its rows
     work.inputs = wing.load(work, ctx)
     if any(m.refusal for m in work.members):
         refuse(work, ctx)
@@ -139,16 +138,13 @@ def load(job: Job, ctx: JobContext, wing: DeletionWing) -> DeletionWork:
 def join(job: Job, request, model, ctx: JobContext, wing: DeletionWing) -> list[Member]:
     """Group commit: the deletion requests already waiting on this model that can share the version (same method and
     settings, rows by id), within the model's batch bounds. Never waits for more; never joins a request that a batch
-    gave back to run alone; requests split off to restart with the exact method join only each other."""
+    gave back to run alone."""
     if not wing.batches or (job.payload or {}).get("solo"):
         return []
     max_requests, max_rows = batch_bounds(model)
-    exact = bool((job.payload or {}).get("start_exact"))
-
-    def accept(other_job: Job, other) -> bool:  # split-off auto requests restart exact: only with each other
-        return batchable(request, other) and bool((other_job.payload or {}).get("start_exact")) == exact
-
-    joined = lease.claim_waiting(job, ctx.owner, accept, max_requests, max_rows, requests.rows_named(request))
+    joined = lease.claim_waiting(
+        job, ctx.owner, lambda _, other: batchable(request, other), max_requests, max_rows, requests.rows_named(request)
+    )
     ctx.join([j for j, _ in joined])
     return [Member(j, r) for j, r in joined]
 

@@ -9,7 +9,7 @@ from app.config import get_settings
 from app.db import release_freed_pages, session_scope, utcnow
 from app.jobs import lease, outbox
 from app.jobs.lease import JobContext
-from app.jobs.work import Attempt, DeletionWork, ErasurePlan, Member, escalation_for
+from app.jobs.work import Attempt, DeletionWork, ErasurePlan, Member
 from app.registry import versions as registry
 from app.reports import service as reports_service
 from app.requests import service as requests
@@ -53,24 +53,19 @@ def reject(work: DeletionWork, attempts: list[Attempt], ctx: JobContext) -> None
 
 
 def split_off(work: DeletionWork, failing: list[Member], attempts: list[Attempt], ctx: JobContext) -> None:
-    """Batch members whose own verdict failed go back to the outbox to run alone, each with its reports so far (a
-    request is never certified on a failed verdict, and never holds the others hostage); the batch goes on without
-    them. An ``auto`` request whose approximate method failed on its rows starts again with the exact method (its
-    escalation, as if it had failed alone), batched only with requests split off likewise; any other runs alone.
-    One transaction."""
+    """Batch members whose own verdict failed (a named method, or the exact one: nowhere to escalate) go back to the
+    outbox to run alone, each with its reports so far: a request is never certified on a failed verdict and never
+    holds the others hostage; the batch goes on without them. One transaction."""
 
     def record(session) -> None:  # outbox.release checks each job is still ours
         for member in failing:
             _record_reports(session, work, attempts, member.request.id)
 
-    escalate = escalation_for(work) is not None
-    reason = f"its own verdict failed in a batch of {len(work.members)} ({attempts[-1].method}); "
-    reason += "retried with the exact method (with others split off likewise)" if escalate else "retried alone"
+    reason = f"its own verdict failed in a batch of {len(work.members)} ({attempts[-1].method}); retried alone"
     for member in failing:  # first: the heartbeat must not renew a job that is no longer ours
         ctx.leave(member.job.id)
         work.members.remove(member)
-    payload = {"start_exact": True} if escalate else {"solo": True}
-    lease.release([m.job.id for m in failing], ctx.owner, reason, settle=record, payload=payload)
+    lease.release([m.job.id for m in failing], ctx.owner, reason, settle=record)
 
 
 def publish(

@@ -165,32 +165,6 @@ def test_an_admin_sets_the_batch_bounds_and_one_request_a_version_turns_batching
         assert all("batch" not in d["erasure"] for d in done)
 
 
-def test_an_auto_request_split_off_after_its_approximate_verdict_failed_starts_alone_with_the_exact_method(model):
-    """What split_off gives back for an ``auto`` request (payload start_exact): it runs the exact method at once —
-    its escalation — instead of failing the same approximate step a second time, and a request that was not split
-    off never joins it."""
-    from sqlalchemy import select, update
-
-    from app.db import session_scope
-    from app.jobs.tables import Job
-
-    model_id, headers = model
-    [rid] = _queue(headers, model_id, [["r12"]], "auto")
-    [other] = _queue(headers, model_id, [["r13"]], "auto")
-    with session_scope() as session:
-        job_id = session.execute(select(Job.id).where(Job.request_id == rid)).scalar_one()
-        session.execute(update(Job).where(Job.id == job_id).values(payload={"start_exact": True}))
-    with TestClient(create_app(run_background=True), headers=headers) as client:
-        done = wait_request(client, rid, timeout=300)
-        assert done["status"] == "certified", done
-        reports = client.get(done["links"]["reports"]).json()["items"]
-        assert [r["method"] for r in reports] == ["retrain"]
-        second = wait_request(client, other, timeout=300)
-        assert second["status"] == "certified" and second["result_version_id"] != done["result_version_id"]
-        methods = {v["id"]: v["method"] for v in client.get(f"/v1/models/{model_id}/versions").json()}
-        assert methods[second["result_version_id"]] in ("newton", "none-needed")  # never joined: it ran on its own
-
-
 def _shadow_count(model_id: str) -> tuple[int, dict]:
     from app.db import session_scope
     from app.ml.verification.shadows import shadows_from_bytes
@@ -257,3 +231,27 @@ def _job_result(job_id: str, field: str = "result"):
 
     with session_scope() as session:
         return getattr(session.get(Job, job_id), field)
+
+
+def test_an_auto_batch_whose_approximate_step_fails_escalates_as_a_whole_to_one_exact_version(model):
+    """Four one-row ``auto`` requests batched on a model with Newton prepared: Newton's step on their union fails a
+    request's own verdict, so the whole batch escalates once to exact retraining — one version, every request
+    certified on it with both attempts in its reports, the failed one included (never certified on Newton)."""
+    model_id, headers = model
+    ids = _queue(headers, model_id, [["r31"], ["r32"], ["r33"], ["r34"]], "auto")
+    with TestClient(create_app(run_background=True), headers=headers) as client:
+        done = [wait_request(client, rid, timeout=300) for rid in ids]
+        assert [d["status"] for d in done] == ["certified"] * 4, done
+        assert len({d["result_version_id"] for d in done}) == 1
+        first = []
+        for d in done:
+            reports = client.get(d["links"]["reports"]).json()["items"]
+            assert [(r["method"], r["batch"]) for r in reports] == [
+                ("newton", {"requests": 4}),
+                ("retrain", {"requests": 4}),
+            ]
+            assert reports[-1]["verdict"] == "pass"
+            first.append(reports[0]["verdict"])
+        assert "fail" in first, first
+        versions = client.get(f"/v1/models/{model_id}/versions").json()
+        assert [v["method"] for v in versions] == ["train", "retrain"]
