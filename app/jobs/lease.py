@@ -54,7 +54,7 @@ JOINABLE = ("received", "queued", "running", "verifying")
 def claim_waiting(
     leader: Job,
     owner: str,
-    accept: Callable[[Job, DeletionRequest], bool],
+    accept: Callable[[DeletionRequest], bool],
     max_requests: int,
     max_rows: int,
     rows: int,
@@ -71,7 +71,7 @@ def claim_waiting(
         by_id = requests.by_ids(session, [j.request_id for j in waiting if j.request_id])
         for candidate in waiting:
             request = by_id.get(candidate.request_id)
-            if request is None or request.status not in JOINABLE or not accept(candidate, request):
+            if request is None or request.status not in JOINABLE or not accept(request):
                 continue
             n = requests.rows_named(request)
             if rows + n > max_rows:

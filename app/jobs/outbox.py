@@ -237,12 +237,6 @@ def release(session: Session, job_id: str, owner: str, reason: str, payload: dic
     job.message, job.updated_at = reason[:2000], now
 
 
-def renew(session: Session, job_id: str, owner: str, progress: float | None, message: str | None) -> Job:
-    """Renew the lease and record progress; raises LeaseLostError if another worker has taken the job."""
-    renew_all(session, [job_id], owner, progress, message)
-    return session.get(Job, job_id, populate_existing=True)
-
-
 def renew_all(session: Session, job_ids: list[str], owner: str, progress: float | None, message: str | None) -> None:
     """``renew`` for every job a batch holds, in one statement; LeaseLostError unless this worker holds them all."""
     now = utcnow()

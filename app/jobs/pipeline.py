@@ -143,7 +143,7 @@ def join(job: Job, request, model, ctx: JobContext, wing: DeletionWing) -> list[
         return []
     max_requests, max_rows = batch_bounds(model)
     joined = lease.claim_waiting(
-        job, ctx.owner, lambda _, other: batchable(request, other), max_requests, max_rows, requests.rows_named(request)
+        job, ctx.owner, partial(batchable, request), max_requests, max_rows, requests.rows_named(request)
     )
     ctx.join([j for j, _ in joined])
     return [Member(j, r) for j, r in joined]

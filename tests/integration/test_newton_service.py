@@ -6,23 +6,13 @@ from __future__ import annotations
 
 import json
 
-from tests.helpers import wait_for, wait_request, write_table
+from tests.helpers import delete_rows, wait_for, write_table
 
 SMALL_L2ULN = {"m": 16, "units": 4, "subset_size": 200, "epochs": 30, "calibration_tasks": 2, "workers": 1}
 
 
 def _delete(stack, model_id, rows, method):
-    response = stack.client.post(
-        "/v1/deletion-requests",
-        json={
-            "subject_ref": "s",
-            "model_id": model_id,
-            "method": method,
-            "scope": {"kind": "samples", "sample_ids": rows},
-        },
-    )
-    assert response.status_code == 202, response.text
-    return wait_request(stack.client, response.json()["id"], timeout=600)
+    return delete_rows(stack.client, model_id, rows, method, timeout=600)
 
 
 def test_newton_l2ul_n_and_auto_through_the_api(stack, tmp_path):
