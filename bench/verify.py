@@ -85,7 +85,7 @@ from app.ml.verification import impostors as I
 from app.ml.verification import lira
 from app.ml.verification.audit import AuditScores, forget_set_scores, report_from_scores, run_audit, theta_facts
 from app.ml.verification.evidence import EXACT_MAX_RATIO, tabular_evidence
-from app.ml.verification.plots import audit_plots
+from app.ml.verification.plots import plot_data
 from app.ml.verification.policy import VerdictPolicy, decide
 from app.ml.verification.shadows import (
     ShadowSettings,
@@ -397,7 +397,7 @@ def service_audit(
     )
     verdict = evidence_verdict(report, evidence, exact, policy)
     if plots:
-        audit_plots(scores)
+        plot_data(scores)
     return verdict
 
 
@@ -442,7 +442,8 @@ def audit_cost(world: World, plan: Plan, shadow_blob: bytes, forget: np.ndarray,
         "what": (
             "shadows_from_bytes + tabular_evidence (evidence.py: the proven distance for LR, the retained gradient "
             "for the MLP) + run_audit (LiRA on the forget rows and every held-out row, original and unlearned model, "
-            "utility on the held-out rows) + decide; 'with plots' adds audit_plots (ROC + histograms, PNG)"
+            "utility on the held-out rows) + decide; 'with plots' adds plot_data "
+            "(the ROC and histogram data a deletion keeps; PNGs are drawn when asked for)"
         ),
         "rows": {"forget": int(len(forget)), "nonmembers": int(len(hold)), "retained": int((world.train).sum())},
         "shadow_blob_bytes": len(shadow_blob),

@@ -207,6 +207,9 @@ def append_events(
 
 
 def chain_head(session: Session) -> dict[str, Any]:
+    """The newest event: the one this transaction appended last (events not flushed yet included), else the log's."""
+    if (head := session.info.get(_HEAD_KEY)) is not None:
+        return {"seq": head[0], "hash": head[1]}
     last = session.execute(select(AuditEvent.seq, AuditEvent.hash).order_by(AuditEvent.seq.desc()).limit(1)).first()
     return {"seq": last.seq, "hash": last.hash} if last else {"seq": 0, "hash": GENESIS_HASH}
 

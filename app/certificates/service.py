@@ -17,6 +17,7 @@ from app.certificates.signing import (
     issue_subject_erasure_certificate,
 )
 from app.certificates.tables import Certificate
+from app.db import new_id
 from app.problems import Problem
 
 
@@ -54,6 +55,7 @@ def issue(
     )
     envelope = issue_certificate(version.digest, predicate)
     certificate = Certificate(
+        id=new_id(),  # set here, not at flush: a batch's certificates are flushed together
         request_id=request.id,
         model_id=version.model_id,
         version_id=version.id,
@@ -63,7 +65,6 @@ def issue(
         envelope=envelope,
     )
     session.add(certificate)
-    session.flush()
     return certificate
 
 

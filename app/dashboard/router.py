@@ -41,10 +41,9 @@ from app.dashboard.views import (
 from app.db import get_session
 from app.problems import Problem
 from app.registry import service as registry
-from app.reports.service import get_report_or_404, report_out, reports_for
+from app.reports.service import get_report_or_404, plot_png, report_out, reports_for
 from app.requests import service as requests
 from app.requests.service import CANCELLABLE_STATUSES, REQUEST_STATUSES, TERMINAL_STATUSES
-from app.storage import get_store
 from app.webhooks import service as webhooks
 
 HERE = Path(__file__).parent
@@ -372,11 +371,9 @@ def redeliver(
 @router.get("/reports/{report_id}/plots/{name}")
 def plot(report_id: str, name: str, request: Request, session: Session = Depends(get_session)) -> Response:
     _gate(request, fragment=True)
-    digest = get_report_or_404(session, report_id).plots.get(name)
-    if digest is None:
-        raise Problem(404, "plot-not-found", "No such plot", name)
-    return Response(get_store().get_bytes(digest), media_type="image/png",
-                    headers={"Cache-Control": "private, max-age=86400", "ETag": f'"{digest}"'})  # fmt: skip
+    png, etag = plot_png(session, get_report_or_404(session, report_id), name)
+    return Response(png, media_type="image/png",
+                    headers={"Cache-Control": "private, max-age=86400", "ETag": f'"{etag}"'})  # fmt: skip
 
 
 def verify_certificate(envelope: dict[str, Any]) -> tuple[bool, str]:

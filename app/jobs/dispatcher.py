@@ -12,12 +12,13 @@ import os
 import queue
 import socket
 import threading
+import time
 from collections.abc import Callable
 
 from app.config import get_settings
 from app.db import session_scope
 from app.jobs.lease import reconcile
-from app.jobs.outbox import mark_dispatched
+from app.jobs.outbox import NEW_JOBS, mark_dispatched
 from app.jobs.tables import Job
 from app.registry.versions import shred_due
 from app.requests.service import flag_overdue, mark_queued
@@ -25,6 +26,9 @@ from app.subjects.service import settle_due
 from app.webhooks.sender import WebhookSender
 
 log = logging.getLogger("lethe.dispatcher")
+
+NUDGE_MIN_SECONDS = 0.02
+"""Shortest time between two dispatcher passes: intake nudges arrive per committed batch."""
 
 
 def worker_identity() -> str:
@@ -89,23 +93,26 @@ class Dispatcher:
         self._thread: threading.Thread | None = None
         self.companions: list = []  # loops started with the dispatcher and stopped with it (the webhook sender)
 
-    def tick(self) -> int:
-        """One pass: reconcile, then dispatch due jobs. Sending happens after the commit (the outbox pattern)."""
+    def tick(self, housekeeping: bool = True) -> int:
+        """One pass: reconcile, then dispatch due jobs. Sending happens after the commit (the outbox pattern).
+        ``housekeeping=False`` (a nudge between two polls): dispatch only."""
         with session_scope() as session:
-            counts = reconcile(session)
-            shred_due(session)  # blobs whose retention grace period has passed
-            flag_overdue(session)  # requests past their GDPR deadline: an audit event, once
-            if counts["reoffered"] or counts["failed"]:
-                log.warning("reconciler: %s", counts)
+            if housekeeping:
+                counts = reconcile(session)
+                shred_due(session)  # blobs whose retention grace period has passed
+                flag_overdue(session)  # requests past their GDPR deadline: an audit event, once
+                if counts["reoffered"] or counts["failed"]:
+                    log.warning("reconciler: %s", counts)
             jobs = mark_dispatched(session)
             for job in jobs:
                 if job.request_id:
                     mark_queued(session, job.request_id, job.id, job.queue)
-        try:
-            with session_scope() as session:  # its own transaction: a failure here never holds up dispatching
-                settle_due(session)  # per-person erasures whose last children were certified at the same moment
-        except Exception:
-            log.exception("settling subject erasures failed; retrying next tick")
+        if housekeeping:
+            try:
+                with session_scope() as session:  # its own transaction: a failure here never holds up dispatching
+                    settle_due(session)  # per-person erasures whose last children were certified at the same moment
+            except Exception:
+                log.exception("settling subject erasures failed; retrying next tick")
         sent = 0
         for job in jobs:
             try:
@@ -116,13 +123,22 @@ class Dispatcher:
         return sent
 
     def run_forever(self) -> None:
+        """A full tick every poll interval; in between, a nudge from this process's intake (``outbox.nudge``)
+        dispatches new jobs at once (at most every NUDGE_MIN_SECONDS, so a stream of requests costs a bounded
+        number of passes)."""
         interval = get_settings().poll_seconds
+        last_full = 0.0
         while not self._stop.is_set():
+            full = time.monotonic() - last_full >= interval
             try:
-                self.tick()
+                self.tick(housekeeping=full)
             except Exception:
                 log.exception("dispatcher tick failed; retrying")
-            self._stop.wait(interval)
+            if full:
+                last_full = time.monotonic()
+            NEW_JOBS.wait(max(0.0, interval - (time.monotonic() - last_full)))
+            NEW_JOBS.clear()
+            self._stop.wait(NUDGE_MIN_SECONDS)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.run_forever, name="lethe-dispatcher", daemon=True)
@@ -130,6 +146,7 @@ class Dispatcher:
 
     def stop(self) -> None:
         self._stop.set()
+        NEW_JOBS.set()
         if self._thread:
             self._thread.join(timeout=10)
         for companion in self.companions:

@@ -42,7 +42,7 @@ from app.ml.verification.clip_shadows import (
     train_clip_shadows,
 )
 from app.ml.verification.lira import attack_summary
-from app.ml.verification.plots import audit_plots
+from app.ml.verification.plots import plot_data
 from app.ml.verification.policy import VerdictPolicy, decide, theta_unchanged
 from app.ml.verification.retrieval import evaluate_retrieval
 from app.ml.verification.signals import clip_pair_confidence
@@ -543,7 +543,7 @@ def verify_federated(work: DeletionWork, unlearned: Unlearned) -> Verification:
                 exact=work.spec.exact,
                 extra_checks=[_retain_check(unlearned, policy, work.spec.exact)],
             )
-            return Verification(report, verdict, audit_plots(scores))
+            return Verification(report, verdict, plot_data(scores))
     return _verify_without_shadows(work, unlearned, policy, nonmembers, reason)
 
 

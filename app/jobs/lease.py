@@ -65,7 +65,7 @@ def claim_waiting(
     cleanly), and its request is marked running. No waiting: an empty queue makes a batch of one."""
     if max_requests <= 1:
         return []
-    joined: list[tuple[Job, DeletionRequest]] = []
+    chosen: dict[str, DeletionRequest] = {}
     with session_scope() as session:
         waiting = outbox.waiting_on_model(session, leader.model_id, leader.kind, leader.id, max_requests - 1)
         by_id = requests.by_ids(session, [j.request_id for j in waiting if j.request_id])
@@ -76,12 +76,11 @@ def claim_waiting(
             n = requests.rows_named(request)
             if rows + n > max_rows:
                 continue
-            job = outbox.claim(session, candidate.id, owner)
-            if job is None:
-                continue
-            requests.mark_running(session, request.id, job.id, job.attempts, owner)
-            rows += n
-            joined.append((job, request))
+            rows += n  # counted before the claim: one lost to another worker leaves room unused, never too much
+            chosen[candidate.id] = request
+        taken = {job.id: job for job in outbox.claim_many(session, list(chosen), owner)}
+        joined = [(taken[job_id], request) for job_id, request in chosen.items() if job_id in taken]  # oldest first
+        requests.mark_running_many(session, [(request, job.id, job.attempts) for job, request in joined], owner)
         session.flush()
         session.expunge_all()
     return joined

@@ -12,6 +12,7 @@ transaction), so registry and requests import the outbox and never the other way
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -22,6 +23,16 @@ from sqlalchemy.orm import Session
 from app.config import get_settings
 from app.db import new_id, utcnow
 from app.jobs.tables import Job
+
+NEW_JOBS = threading.Event()
+"""Set when this process has just committed due jobs (the intake): a dispatcher in the same process dispatches at
+once instead of at its next poll (issue 21: the poll interval was up to half a second of an idle request's latency)."""
+
+
+def nudge() -> None:
+    """Call after the commit that made new jobs due."""
+    NEW_JOBS.set()
+
 
 GPU_KINDS = {"clip_federated"}
 """Model kinds whose jobs go to the "gpu" queue (one worker process per GPU); every other kind goes to "cpu"."""
@@ -199,6 +210,37 @@ def claim(session: Session, job_id: str, owner: str) -> Job | None:
         .execution_options(synchronize_session=False)  # a batch's claims: no scan of the session per statement
     )
     return session.get(Job, job_id, populate_existing=True) if result.rowcount == 1 else None
+
+
+def claim_many(session: Session, job_ids: list[str], owner: str) -> list[Job]:
+    """``claim`` for a batch's members in one statement: the jobs among ``job_ids`` still free are taken (the same
+    compare-and-set, so a cancel or another worker wins or loses each cleanly); returns those taken."""
+    if not job_ids:
+        return []
+    now = utcnow()
+    taken = (
+        session.execute(
+            update(Job)
+            .where(Job.id.in_(job_ids), Job.attempts < Job.max_attempts, _free(now))
+            .values(
+                status="running",
+                lease_owner=owner,
+                attempts=Job.attempts + 1,
+                lease_expires_at=now + timedelta(seconds=get_settings().lease_seconds),
+                started_at=now,
+                updated_at=now,
+                message="started",
+            )
+            .returning(Job.id)
+            .execution_options(synchronize_session=False)
+        )
+        .scalars()
+        .all()
+    )
+    if not taken:
+        return []
+    query = select(Job).where(Job.id.in_(taken)).execution_options(populate_existing=True)
+    return list(session.execute(query).scalars())
 
 
 def waiting_on_model(session: Session, model_id: str, kind: str, exclude: str, limit: int) -> list[Job]:

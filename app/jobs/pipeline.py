@@ -179,8 +179,7 @@ def store_version(work: DeletionWork, unlearned: Unlearned) -> registry.VersionD
 def verify(work: DeletionWork, unlearned: Unlearned, ctx: JobContext, attempt: int, wing: DeletionWing):
     """The wing audits the new parameters on each request's own forget rows (not erased yet); nothing is published."""
     with session_scope() as session:
-        for member in work.members:
-            requests.mark_verifying(session, member.request.id, unlearned.method, attempt)
+        requests.mark_verifying(session, [m.request.id for m in work.members], unlearned.method, attempt)
     ctx.progress(0.9, f"verifying {unlearned.method} (attempt {attempt})")
     return wing.verify(work, unlearned, ctx)
 

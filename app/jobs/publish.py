@@ -24,8 +24,11 @@ def _record_reports(session, work: DeletionWork, attempts: list[Attempt], reques
         body = {"attempt": n, "method": attempt.method, **verification.report, **verification.verdict}
         if attempt.requests > 1:
             body["batch"] = {"requests": attempt.requests}
+        if id(verification.plots) not in attempt.stored_plots:  # a batch's requests share one audit's plots
+            attempt.stored_plots[id(verification.plots)] = reports_service.store_plots(verification.plots)
+        plots = attempt.stored_plots[id(verification.plots)]
         report = reports_service.add_report(
-            session, request_id, work.model.id, body, verification.verdict["verdict"], verification.plots
+            session, request_id, work.model.id, body, verification.verdict["verdict"], plots
         )
         requests.record_verdict(session, request_id, report.id, attempt.method, report.verdict, report.etag)
         reports.append(report)
@@ -108,10 +111,13 @@ def publish(
             }
         keep = ctx.members[0]
         result = {"version_id": version.id, "digest": version.digest}
+        loaded = requests.by_ids(session, [m.request.id for m in work.members])  # once, not a query each
         for member in work.members:
             manifest = {**own[member.request.id], **shared}
             job_row = job_rows[member.job.id] if member.job.id != keep else None
             _certify(session, work, attempts, member, manifest, version, job_row, result)
+        requests.release_rows(session, *loaded)  # (the session's identity map holds `loaded` weakly until here)
+        subjects.on_requests_certified(session, [m.request.id for m in work.members])  # per-person erasures settle
     ctx.hold_only(keep)
     release_freed_pages()
     return result
@@ -119,7 +125,7 @@ def publish(
 
 def _certify(session, work: DeletionWork, attempts, member: Member, manifest: dict, version, job_row, result) -> None:
     """One request of a published version: its reports, its own certificate (naming the shared version's digest,
-    its subject and its rows' erasure), certified, its per-person erasure told, its job finished."""
+    its subject and its rows' erasure), certified, its job finished."""
     unlearned, verification = attempts[-1].unlearned, attempts[-1].verifications[member.request.id]
     reports = _record_reports(session, work, attempts, member.request.id)
     certificate = certificates.issue(
@@ -146,6 +152,5 @@ def _certify(session, work: DeletionWork, attempts, member: Member, manifest: di
         certificate.id,
         certificate.digest,
     )
-    subjects.on_request_certified(session, member.request.id)  # a per-person erasure's last child: its certificate
     if job_row is not None:
         outbox.finish(session, job_row, result)

@@ -30,7 +30,7 @@ from app.ml.unlearning.base import TabularProblem, UnlearningResult, explain_cho
 from app.ml.unlearning.newton.probe import determinism_probe
 from app.ml.verification.audit import MIN_SHADOWS_PER_SIDE, report_from_scores, run_audit, theta_facts
 from app.ml.verification.evidence import tabular_evidence
-from app.ml.verification.plots import audit_plots
+from app.ml.verification.plots import plot_data
 from app.ml.verification.policy import VerdictPolicy, decide
 from app.ml.verification.shadows import (
     ShadowSettings,
@@ -751,7 +751,7 @@ def verify_deletion(work: DeletionWork, unlearned: Unlearned) -> dict[str, Verif
         )
     except ValueError as exc:  # e.g. too few shadows on one side of a row: say so instead of failing the job
         return without_attack(str(exc))
-    plots = audit_plots(scores)  # one figure per version: the batch's forget rows together
+    plots = plot_data(scores)  # one figure per version: the batch's forget rows together (drawn when asked for)
     whole, start = report, 0
     for rid, rows in judged.items():
         if len(judged) > 1:

@@ -111,11 +111,11 @@ class ErasurePlan:
 @dataclass
 class Verification:
     """A wing's verify step, as a value: the report (every figure, its settings and sample sizes), the verdict with
-    its checks, the plots (PNG bytes), and the figures a certificate carries."""
+    its checks, the plots' data (drawn on demand by the reports domain), and the figures a certificate carries."""
 
     report: dict[str, Any]
     verdict: dict[str, Any]
-    plots: dict[str, bytes] = field(default_factory=dict)
+    plots: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -211,6 +211,8 @@ class Attempt:
     verifications: dict[str, Verification]
     requests: int = 1
     """How many requests the attempt served (its batch's size then)."""
+    stored_plots: dict[int, dict[str, str]] = field(default_factory=dict, repr=False)
+    """Plot data already stored (by the verification's plots object): a batch's requests share one audit's plots."""
 
     def failing(self, members: list[Member]) -> list[Member]:
         return [m for m in members if not self.verifications[m.request.id].passed]

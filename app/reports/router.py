@@ -6,9 +6,7 @@ from sqlalchemy.orm import Session
 
 from app.auth.service import Principal, require_scope
 from app.db import get_session
-from app.problems import Problem
-from app.reports.service import get_report_or_404, report_out, reports_for
-from app.storage import get_store
+from app.reports.service import get_report_or_404, plot_etag, plot_png, report_out, reports_for
 
 router = APIRouter(prefix="/v1/reports", tags=["reports"])
 
@@ -53,10 +51,9 @@ def get_plot(
 ):
     """A report's plot (PNG): the log-log ROC, or the histograms of the attack statistic on the forget set."""
     report = get_report_or_404(session, report_id)
-    digest = report.plots.get(name)
-    if digest is None:
-        raise Problem(404, "plot-not-found", "No such plot", f"plots: {sorted(report.plots)}")
-    headers = {"ETag": f'"{digest}"', "Cache-Control": "private, max-age=86400"}
-    if _not_modified(request, digest):
+    etag = plot_etag(report, name)
+    headers = {"ETag": f'"{etag}"', "Cache-Control": "private, max-age=86400"}
+    if etag is not None and _not_modified(request, etag):
         return Response(status_code=304, headers=headers)
-    return Response(get_store().get_bytes(digest), media_type="image/png", headers=headers)
+    png, _ = plot_png(session, report, name)
+    return Response(png, media_type="image/png", headers=headers)

@@ -9,18 +9,28 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.db import new_id
 from app.problems import Problem
+from app.reports.plots import render
 from app.reports.tables import Report
 from app.storage import get_store
 
 
+def store_plots(plots: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Each plot's data (what app/ml/verification/plots.py computed) as a JSON blob: {name: digest}. A batch's
+    requests share one audit's plots, so the worker stores them once per attempt."""
+    return {name: get_store().put_bytes(json.dumps(data, sort_keys=True).encode()) for name, data in plots.items()}
+
+
 def add_report(
-    session: Session, request_id: str, model_id: str, body: dict[str, Any], verdict: str, plots: dict[str, bytes]
+    session: Session, request_id: str, model_id: str, body: dict[str, Any], verdict: str, plots: dict[str, str]
 ) -> Report:
-    """Store one verification: the figures as JSON, each plot as a PNG blob; the ETag covers both."""
-    digests = {name: get_store().put_bytes(png) for name, png in plots.items()}
+    """Store one verification: the figures as JSON and each plot's data blob (``store_plots``), drawn as PNG the
+    first time it is asked for (``plot_png``); the ETag covers both."""
+    digests = {name: {"data": digest} for name, digest in plots.items()}
     canonical = json.dumps({"body": body, "plots": digests}, sort_keys=True, default=str).encode()
     report = Report(
+        id=new_id(),  # set here, not at flush: a batch's reports are flushed together
         request_id=request_id,
         model_id=model_id,
         verdict=verdict,
@@ -29,8 +39,30 @@ def add_report(
         etag=hashlib.sha256(canonical).hexdigest(),
     )
     session.add(report)
-    session.flush()
     return report
+
+
+def plot_png(session: Session, report: Report, name: str) -> tuple[bytes, str]:
+    """A report's plot as PNG bytes and its ETag. Drawn from its data the first time (issue 21: never on a deletion's
+    path), then kept; reports written before plots were drawn on demand hold the PNG's digest itself."""
+    entry = report.plots.get(name)
+    if entry is None:
+        raise Problem(404, "plot-not-found", "No such plot", f"plots: {sorted(report.plots)}")
+    store = get_store()
+    if isinstance(entry, str):
+        return store.get_bytes(entry), entry
+    if entry.get("png") is None or not store.exists(entry["png"]):
+        png = render(name, json.loads(store.get_bytes(entry["data"])))
+        entry = {**entry, "png": store.put_bytes(png)}
+        report.plots = {**report.plots, name: entry}
+        session.commit()
+    return store.get_bytes(entry["png"]), entry["data"]
+
+
+def plot_etag(report: Report, name: str) -> str | None:
+    """The ETag a plot is served with (its data's digest: the PNG is a function of it), without drawing it."""
+    entry = report.plots.get(name)
+    return entry if isinstance(entry, str) or entry is None else entry["data"]
 
 
 def reports_for(session: Session, request_id: str) -> list[Report]:

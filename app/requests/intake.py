@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 from app.auth.service import Principal, principals_for, scope_problem, unknown_key_problem
 from app.config import get_settings
 from app.db import get_engine, get_sessionmaker
+from app.jobs.outbox import nudge
 from app.problems import Problem
 from app.registry.tables import Model
 from app.requests.schemas import DeletionRequestCreate
@@ -267,6 +268,8 @@ class IntakeBatcher:
                     outcomes.append((item, exc))
             insert_requests(session, staged)
             session.commit()
+            if staged:
+                nudge()
             return [(item, o if isinstance(o, BaseException) else (to_out(o[0]), o[1])) for item, o in outcomes]
         except Exception:
             try:
@@ -294,6 +297,8 @@ class IntakeBatcher:
                 except Exception as exc:  # a Problem (or a bug) belongs to this request alone
                     outcomes.append((item, exc))
             session.commit()
+            if staged:
+                nudge()
             outcomes += [(item, (to_out(request), created)) for item, request, created in staged]
         except Exception as exc:
             session.rollback()

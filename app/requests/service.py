@@ -106,11 +106,11 @@ def _raise_if_in_flight(session: Session, body: DeletionRequestCreate) -> None:
         )
 
 
-def release_rows(session: Session, request_id: str) -> None:
-    """The request ended (certified, failed, rejected): its rows may be asked for again (erased ones answer 409
-    already-deleted from the registry's erased-row hashes)."""
+def release_rows(session: Session, *request_ids: str) -> None:
+    """The requests ended (certified, failed, rejected): their rows may be asked for again (erased ones answer 409
+    already-deleted from the registry's erased-row hashes). A batch's in one statement."""
     session.execute(
-        delete(InflightRow).where(InflightRow.request_id == request_id).execution_options(synchronize_session=False)
+        delete(InflightRow).where(InflightRow.request_id.in_(request_ids)).execution_options(synchronize_session=False)
     )
 
 
@@ -528,7 +528,21 @@ def mark_running(session: Session, request_id: str, job_id: str, attempt: int, o
         entity_type="deletion_request",
         entity_id=request_id,
         payload={"job_id": job_id, "attempt": attempt},
+        flush=False,  # one flush for the transaction (a batch writes hundreds)
     )
+
+
+def mark_running_many(session: Session, claimed: list[tuple[DeletionRequest, str, int]], owner: str) -> None:
+    """``mark_running`` for a batch's joined requests (loaded in this session; each with its job and attempt):
+    one flush of their rows and one insert of their events."""
+    now, events = utcnow(), []
+    for request, job_id, attempt in claimed:
+        request.status, request.attempts, request.updated_at = "running", attempt, now
+        request.started_at = request.started_at or now
+        payload = {"job_id": job_id, "attempt": attempt}
+        events.append({"actor": f"worker:{owner}", "action": "deletion_request.running",
+                       "entity_type": "deletion_request", "entity_id": request.id, "payload": payload})  # fmt: skip
+    append_events(session, events)
 
 
 def by_ids(session: Session, request_ids: list[str]) -> dict[str, DeletionRequest]:
@@ -611,20 +625,18 @@ def mark_failed(
     _queue_callback(session, request, f"deletion.{status}")
 
 
-def mark_verifying(session: Session, request_id: str, method: str, attempt: int) -> None:
-    """running → verifying: the new parameters exist and are being audited (nothing is published yet)."""
-    now = utcnow()
-    request = session.get(DeletionRequest, request_id)
-    request.status, request.updated_at = "verifying", now
-    request.message = f"verifying the {method} result (attempt {attempt})"
-    append_event(
-        session,
-        actor="worker",
-        action="deletion_request.verifying",
-        entity_type="deletion_request",
-        entity_id=request_id,
-        payload={"method": method, "attempt": attempt},
+def mark_verifying(session: Session, request_ids: list[str], method: str, attempt: int) -> None:
+    """running → verifying: the new parameters exist and are being audited (nothing is published yet); a batch's
+    requests in one statement and one insert of their events."""
+    session.execute(
+        update(DeletionRequest)
+        .where(DeletionRequest.id.in_(request_ids))
+        .values(status="verifying", updated_at=utcnow(), message=f"verifying the {method} result (attempt {attempt})")
+        .execution_options(synchronize_session=False)
     )
+    event = {"actor": "worker", "action": "deletion_request.verifying", "entity_type": "deletion_request"}
+    append_events(session, [{**event, "entity_id": rid, "payload": {"method": method, "attempt": attempt}}
+                            for rid in request_ids])  # fmt: skip
 
 
 def record_verdict(session: Session, request_id: str, report_id: str, method: str, verdict: str, etag: str) -> None:
@@ -636,6 +648,7 @@ def record_verdict(session: Session, request_id: str, report_id: str, method: st
         entity_type="deletion_request",
         entity_id=request_id,
         payload={"report_id": report_id, "method": method, "verdict": verdict, "report_etag": etag},
+        flush=False,  # one flush for the transaction (a batch writes hundreds)
     )
 
 
@@ -651,7 +664,8 @@ def mark_certified(
     certificate_digest: str,
 ) -> None:
     """Certified: the verified version is current, every stored copy is erased (``erasure``, the manifest) and the
-    signed certificate is issued; the audit log records its digest; the callback (if any) is queued."""
+    signed certificate is issued; the audit log records its digest; the callback (if any) is queued. The caller
+    releases its held rows (``release_rows``: a batch's at once, after every certificate)."""
     now = utcnow()
     request = session.get(DeletionRequest, request_id)
     request.erasure, request.certificate_id = erasure, certificate_id
@@ -676,8 +690,8 @@ def mark_certified(
             "certificate_id": certificate_id,
             "certificate_digest": certificate_digest,
         },
+        flush=False,  # one flush for the transaction (a batch writes hundreds)
     )
-    release_rows(session, request_id)
     _queue_callback(session, request, "deletion.certified")
 
 

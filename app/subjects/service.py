@@ -8,7 +8,7 @@ deletion request keeps of its ``subject_ref``), next to the row's index entry; t
 request per model holding live rows of the subject (samples scope, those rows' ids; the same validation, in-flight
 hold and approval gate as any request) and a parent that reports them together. When the last child is certified,
 the parent gets one combined certificate over the children's certificates: in the publishing transaction when it can
-(:func:`on_request_certified`, called by app/jobs/publish.py) and otherwise by the dispatcher's sweep
+(:func:`on_requests_certified`, called by app/jobs/publish.py) and otherwise by the dispatcher's sweep
 (:func:`settle_due`), which catches the children certified concurrently on two models.
 """
 
@@ -270,10 +270,12 @@ def settle(session: Session, erasure_id: str) -> bool:
     return True
 
 
-def on_request_certified(session: Session, request_id: str) -> bool:
-    """The publishing transaction's hook: if the request is a child of an erasure, try to settle its parent."""
-    child = session.get(SubjectErasureChild, request_id)
-    return settle(session, child.erasure_id) if child is not None else False
+def on_requests_certified(session: Session, request_ids: list[str]) -> None:
+    """The publishing transaction's hook, once its requests are all certified: the per-person erasures whose children
+    they are try to settle (one query for the parents)."""
+    query = select(SubjectErasureChild.erasure_id).where(SubjectErasureChild.request_id.in_(request_ids)).distinct()
+    for erasure_id in session.execute(query).scalars().all():
+        settle(session, erasure_id)
 
 
 def settle_due(session: Session, limit: int = SWEEP_BATCH) -> int:

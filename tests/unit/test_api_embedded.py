@@ -190,3 +190,33 @@ def test_rows_never_trained_on_need_no_unlearning(client, tmp_path):
         json={"subject_ref": "gina", "model_id": model["id"], "scope": {"kind": "samples", "sample_ids": held_out[:1]}},
     )
     assert again.status_code == 409
+
+
+def test_a_request_between_two_polls_is_dispatched_at_once(tmp_path):
+    """The intake nudges its process's dispatcher after the commit (outbox.nudge): a request accepted between two
+    polls is dispatched then, not at the next poll (here a minute away)."""
+    configure(tmp_path, poll_seconds="0.05")
+    key = make_key()
+    with TestClient(create_app(run_background=True), headers={"authorization": f"Bearer {key}"}) as fast:
+        model, frame = _register(fast, tmp_path)
+    configure(tmp_path, poll_seconds="60")  # the same database; the dispatcher's next full pass a minute away
+    with TestClient(create_app(run_background=True), headers={"authorization": f"Bearer {key}"}) as client:
+        import time
+
+        time.sleep(1.0)  # the dispatcher's first pass (at start) is over
+        response = client.post(
+            "/v1/deletion-requests",
+            json={
+                "subject_ref": "nudge",
+                "model_id": model["id"],
+                "scope": {"kind": "samples", "sample_ids": [str(frame["row_id"].iloc[3])]},
+            },
+        )
+        assert response.status_code == 202, response.text
+        location = response.headers["location"]
+        body = wait_for(
+            lambda: (b := client.get(location).json())["status"] != "received" and b,
+            timeout=20,
+            what="the request's dispatch",
+        )
+        assert body["status"] in ("queued", "running", "verifying", "certified"), body

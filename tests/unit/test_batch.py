@@ -63,6 +63,25 @@ def _queue(headers, model_id, scopes: list[list[str]], method: str) -> list[str]
     return ids
 
 
+def _plots_drawn_on_demand(client, links: list[str]) -> None:
+    """A deletion stores its audit's plot data, not PNGs (issue 21): the first GET draws the PNG and keeps it, a
+    second is served the same bytes, and the ETag (the data's digest) answers 304."""
+    from app.db import session_scope
+    from app.reports.tables import Report
+
+    assert links, "no plots on the batch's reports"
+    report_id, name = links[0].split("/")[-3], links[0].split("/")[-1]
+    with session_scope() as session:
+        assert "png" not in session.get(Report, report_id).plots[name]  # nothing drawn during the deletion
+    first = client.get(links[0])
+    assert first.status_code == 200 and first.content.startswith(b"\x89PNG")
+    with session_scope() as session:
+        assert session.get(Report, report_id).plots[name]["png"]  # kept
+    again = client.get(links[0], headers={"if-none-match": first.headers["etag"]})
+    assert again.status_code == 304
+    assert client.get(links[0]).content == first.content
+
+
 def _statement(envelope: dict) -> dict:
     return json.loads(base64.b64decode(envelope["payload"]))
 
@@ -80,7 +99,7 @@ def test_waiting_requests_share_one_version_and_each_gets_its_own_certificate(mo
         assert {d["result_version_id"] for d in done} == {current["id"]}
         keys_path = tmp_path / "keys.json"
         keys_path.write_text(json.dumps(client.get("/.well-known/lethe-keys.json").json()))
-        certificates = []
+        certificates, plot_links = [], set()
         for d in done:
             envelope = client.get(d["links"]["certificate"]).json()
             path = tmp_path / f"{d['id']}.json"
@@ -91,6 +110,7 @@ def test_waiting_requests_share_one_version_and_each_gets_its_own_certificate(mo
             reports = client.get(d["links"]["reports"]).json()["items"]
             assert [r["verdict"] for r in reports] == ["pass"]
             assert reports[0]["n_forget"] in (0, 1)  # its own row only (0: it was held out of training)
+            plot_links.update(reports[0]["plots"].values())
         predicates = [_statement(c)["predicate"] for c in certificates]
         assert len({c["payloadType"] + c["payload"] for c in certificates}) == len(ids)  # each its own
         assert [p["request_id"] for p in predicates] == ids
@@ -100,6 +120,7 @@ def test_waiting_requests_share_one_version_and_each_gets_its_own_certificate(mo
             assert manifest["index"]["rows_deleted"] == 1  # its own row, not the batch's
             assert manifest["batch"] == {"version_id": current["id"], "requests": len(ids), "rows": len(ids)}
         assert client.get("/v1/audit/verify").json()["ok"] is True
+        _plots_drawn_on_demand(client, sorted(plot_links))
         certified = [
             e
             for rid in ids

@@ -27,8 +27,9 @@ from app.ml.verification.clip_shadows import (
     replace_clip_shadows,
     train_clip_shadows,
 )
-from app.ml.verification.plots import audit_plots
+from app.ml.verification.plots import plot_data
 from app.ml.verification.policy import decide
+from app.reports.plots import render
 
 from .clip_helpers import tiny_model
 
@@ -122,7 +123,7 @@ def test_memorised_pairs_are_flagged_above_chance_and_a_model_that_never_saw_the
         assert attack["passed"] is None and "uninformative" in attack["message"]
         # and with no informative evidence at all, doing nothing cannot pass (policy.decide's rule)
         assert failed == {"parameters_changed", "informative_evidence"}
-    plots = audit_plots(scores)
+    plots = {name: render(name, data) for name, data in plot_data(scores).items()}
     assert set(plots) == {"roc.png", "phi_hist.png"} and all(p[:4] == b"\x89PNG" for p in plots.values())
 
 

@@ -417,3 +417,27 @@ def test_one_row_sigmoid_is_the_logistic_function_without_overflow():
 
     for z in (-1000.0, -30.0, -1.5, 0.0, 2.0, 40.0, 1000.0):
         assert method_module._sigmoid(z) == pytest.approx(float(scipy.special.expit(z)), rel=1e-12, abs=1e-300)
+
+
+def test_newton_and_influence_keep_one_state(lr, monkeypatch):
+    """The erase step purges the method that did not answer; newton and influence keep the same state (the Hessian,
+    its factor and the residual at the new θ over the retained rows), so the purge takes the one the answering
+    method has just computed instead of a second pass over the rows (issue 21), and it equals a fresh one."""
+    from app.ml.unlearning.newton import method as newton_module
+
+    forget = mask(lr.n, [5, 17])
+    answered = lr.unlearn(InfluenceUnlearning(), forget)
+    passes = []
+    real_state = NewtonUnlearning._state
+    monkeypatch.setattr(NewtonUnlearning, "_state", lambda self, *a: passes.append(1) or real_state(self, *a))
+    prepared = lr.artifacts(NewtonUnlearning())
+    problem = TabularProblem(lr.recipe, lr.X, lr.y, lr.C, answered.theta, ~forget, forget, lr.none, artifacts=prepared)
+    purged = NewtonState.from_bytes(NewtonUnlearning().purge(problem).artifacts[ARTIFACT_STATE])
+    assert passes == []  # shared, not recomputed
+    fresh, _ = real_state(NewtonUnlearning(), problem, answered.theta, ~forget)
+    for name in ("theta", "hessian_theta", "hessian", "cholesky", "residual"):
+        assert torch.equal(getattr(purged, name), getattr(fresh, name)), name
+    assert np.array_equal(purged.rows, ~forget)
+    newton_module.WARM.clear()  # nothing kept: the purge computes the state itself
+    NewtonUnlearning().purge(problem)
+    assert passes == [1]

@@ -29,6 +29,7 @@ from app.ml.verification import plots
 from app.ml.verification import policy as P
 from app.ml.verification import shadows as S
 from app.ml.verification import signals as G
+from app.reports.plots import render
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 N_POOL, N_MEMBERS, N_FEATURES, FLIP = 400, 200, 10, 0.2
@@ -350,8 +351,8 @@ def test_audit_retrained_passes_and_do_nothing_fails(mlp_world):
     failed = {c["name"] for c in v["checks"] if c["passed"] is False}
     assert failed == {"parameters_changed", "forget_attack"}
     assert all("max" in r or "≤" in r for r in v["reasons"])
-    # plots from the same audit
-    pngs = plots.audit_plots(scores)
+    # plots from the same audit: the data a deletion keeps, drawn as the reports domain draws it when asked
+    pngs = {name: render(name, data) for name, data in plots.plot_data(scores).items()}
     assert set(pngs) == {"roc.png", "phi_hist.png"}
     assert all(b.startswith(PNG_MAGIC) and len(b) > 5000 for b in pngs.values())
 
@@ -423,13 +424,20 @@ def test_policy_checks_and_settings():
 
 def test_plots_return_png():
     rng = np.random.default_rng(0)
-    roc = plots.roc_plot(
+    roc_data = plots.roc_data(
         {
             "original": (rng.normal(2, 1, 30), rng.normal(0, 1, 300)),
             "unlearned": (rng.normal(0, 1, 30), rng.normal(0, 1, 300)),
         }
     )
-    hist = plots.phi_histograms({"original": rng.normal(5, 1, 30), "retrained": np.r_[rng.normal(0, 1, 29), np.inf]})
+    assert roc_data["curves"]["original"]["auc"] > roc_data["curves"]["unlearned"]["auc"]
+    hist_data = plots.histogram_data(
+        {"original": rng.normal(5, 1, 30), "retrained": np.r_[rng.normal(0, 1, 29), np.inf]}
+    )
+    width = hist_data["edges"][1] - hist_data["edges"][0]
+    for panel in hist_data["forget"].values():  # densities: each panel integrates to one (inf counted at the edge)
+        assert abs(sum(panel["density"]) * width - 1.0) < 1e-4 and panel["n"] == 30
+    roc, hist = render("roc.png", roc_data), render("phi_hist.png", hist_data)
     assert roc.startswith(PNG_MAGIC) and hist.startswith(PNG_MAGIC)
 
 

@@ -50,6 +50,13 @@ class WarmStates:
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
 
+    def find(self, match: Callable[[Any], bool]) -> Any | None:
+        """A kept state that ``match`` accepts (most recent first), or None: a state another method of the same
+        kind has just computed at the same point (newton and influence keep the same state, issue 21)."""
+        with self._lock:
+            values = [value for _, value in reversed(self._entries.values())]
+        return next((value for value in values if match(value)), None)
+
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()

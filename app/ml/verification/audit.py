@@ -180,7 +180,7 @@ def run_audit(
     variance: str = "auto",
     center: str = "mean",
 ) -> tuple[dict[str, Any], AuditScores]:
-    """``audit_forget_set`` plus the arrays behind it (for plots.audit_plots)."""
+    """``audit_forget_set`` plus the arrays behind it (for plots.plot_data)."""
     policy = policy or VerdictPolicy()
     thetas = {"original": theta_original, "unlearned": theta_unlearned}
     if theta_retrained is not None:

@@ -48,6 +48,7 @@ import json
 import math
 import time
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -449,6 +450,18 @@ def warm_views(state: NewtonState, recipe: tabular.TabularRecipe, d: int, C: int
     return state
 
 
+def _computed_at(state: Any, *, theta: torch.Tensor, rows: np.ndarray, kind: str, base: float) -> bool:
+    """Whether ``state`` is the full state at ``theta`` over ``rows`` (the Hessian at theta itself, not downdated)
+    with these settings."""
+    return (
+        isinstance(state, NewtonState)
+        and (state.hessian_kind, state.base_damping) == (kind, base)
+        and torch.equal(state.theta, theta)
+        and torch.equal(state.hessian_theta, theta)
+        and np.array_equal(state.rows, rows)
+    )
+
+
 # ---------------------------------------------------------------------------------------------- the methods
 class NewtonUnlearning:
     """Newton removal: the Hessian downdated by the erased rows (more exact, O(k p^2 + p^3) per request)."""
@@ -703,6 +716,7 @@ class NewtonUnlearning:
         rows = np.asarray(problem.retain_mask, dtype=bool)
         t0 = time.perf_counter()
         kind = self.config.hessian_kind(recipe, theta.numel())
+        base = self._base_damping(recipe, X.shape[1], C, kind)
         erased = state.rows & ~rows
         if self.config.purge == "downdate" and not (rows & ~state.rows).any() and kind == state.hessian_kind:
             d = X.shape[1]
@@ -715,6 +729,12 @@ class NewtonUnlearning:
                 theta.clone(), state.hessian_theta, H, L, damping, residual, rows.copy(), kind, state.base_damping,
                 state.requests,
             ), recipe, X.shape[1], C)  # fmt: skip
+        elif (fresh := WARM.find(partial(_computed_at, theta=theta, rows=rows, kind=kind, base=base))) is not None:
+            # the method that answered computed this very state a moment ago (newton and influence keep the same
+            # one: the Hessian, its factor and the residual at the new θ over the retained rows): not twice
+            new_state = replace(fresh, requests=state.requests)
+            if (views := getattr(fresh, "_lr_fast", None)) is not None:  # views of the same numbers: shared too
+                new_state._lr_fast = views  # type: ignore[attr-defined]
         else:
             new_state, _ = self._state(problem, theta, rows)
             new_state.requests = state.requests
