@@ -66,9 +66,9 @@ class Settings(BaseSettings):
     )
     max_sample_ids: int = Field(100_000, description="Most sample ids in one deletion request.")
     batch_max_requests: int = Field(
-        500, ge=1, description="Most deletion requests one version serves (a model's registration may set less)."
+        10_000, ge=1, description="The operator's cap on a model's batch.max_requests (its registration sets its own)."
     )
-    batch_max_rows: int = Field(5000, ge=1, description="Most rows one batched version deletes.")
+    batch_max_rows: int = Field(100_000, ge=1, description="The operator's cap on a model's batch.max_rows.")
     intake_batch_max: int = Field(64, description="Most deletion requests committed together (group commit).")
     intake_batch_wait_ms: float = Field(2.0, description="How long a request waits for others to share a commit.")
     lease_seconds: float = Field(300.0, description="How long a worker's lease on a job lasts between heartbeats.")

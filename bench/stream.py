@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,11 @@ import httpx
 import numpy as np
 import pandas as pd
 
+from app.registry.schemas import BatchIn
 from bench.common import DATA_DIR, REPO
 from tests.stack import PG_ADMIN, Services, fresh_database
 
+BATCH = BatchIn()  # the batch bounds a model gets at registration
 REDIS_URL = os.environ.get("LETHE_BENCH_REDIS", "redis://127.0.0.1:6379/14")
 RESULTS = REPO / "bench" / "results"
 IN_FLIGHT = 32
@@ -97,6 +100,7 @@ class Bench:
         self.home, self.services = home, services
         self.client = httpx.Client(base_url=services.base_url, headers={"authorization": f"Bearer {key}"}, timeout=120)
         self.key = key
+        self.idle_phases: list[dict[str, float]] = []
 
     def register(self, name: str, setting: Setting, path: Path) -> dict[str, Any]:
         started = time.perf_counter()
@@ -268,7 +272,17 @@ class Bench:
             while (body := self.client.get(url).json())["status"] not in ("certified", "failed", "rejected"):
                 time.sleep(0.01)
             out.append(round(time.perf_counter() - started, 3) if body["status"] == "certified" else float("nan"))
+            self.idle_phases.append(self.phases(body["id"]))
         return out
+
+    def phases(self, request_id: str) -> dict[str, float]:
+        """Seconds from the request's acceptance to each later event of its audit trail (where the time goes)."""
+        items = self.client.get("/v1/audit", params={"entity_id": request_id}).json()["items"]
+        times = {e["action"].split(".")[-1]: datetime.fromisoformat(e["at"]) for e in items}
+        start = times.get("received") or min(times.values())
+        return {
+            action: round((at - start).total_seconds(), 3) for action, at in sorted(times.items(), key=lambda x: x[1])
+        }
 
     def services_cpu(self) -> float:
         """CPU seconds the workers' process trees have used so far."""
@@ -392,10 +406,12 @@ def run_model(bench: Bench, name: str, setting: Setting, quick: bool, rng: np.ra
     idle_rows, unbatched_rows, stream_rows = order[:3], order[3 : 3 + n_unbatched], order[3 + n_unbatched :]
     idle = bench.idle(model_id, idle_rows)
     print(f"  idle one-row auto: {idle} s")
+    print(f"  where it goes (s after acceptance): {bench.idle_phases[-len(idle) :]}")
+    defaults = model["batch"]  # what registration gave the model
     bench.set_batch(model_id, 1, 1)
     unbatched = bench.stream(model_id, unbatched_rows, "unbatched", timeout=3600)
     print(f"  unbatched: {unbatched['certified_per_s']} certified/s over {unbatched['requests']} requests")
-    bench.set_batch(model_id, 500, 5000)  # the defaults
+    bench.set_batch(model_id, defaults["max_requests"], defaults["max_rows"])  # back to the defaults
     batched = bench.stream(model_id, stream_rows, "batched", timeout=3600)
     print(
         f"  batched: {batched['certified_per_s']} certified/s over {batched['requests']} requests, "
@@ -413,6 +429,7 @@ def run_model(bench: Bench, name: str, setting: Setting, quick: bool, rng: np.ra
         "registration_s": model["registration_s"],
         "methods": {m: e.get("status") for m, e in (model.get("unlearning") or {}).items()},
         "idle_auto_s": idle,
+        "idle_phases_s": bench.idle_phases[-len(idle) :],
         "unbatched": unbatched,
         "batched": batched,
         "batched_over_unbatched": round(ratio, 2) if ratio else None,
@@ -530,7 +547,10 @@ def main() -> None:
             "broker": "Redis",
             "workers": "2 Celery workers (solo pool, one process each)",
             "api": "uvicorn, one process, dispatcher on",
-            "defaults": "holdout 0.2, 64 shadows, method auto, batch bounds 500 requests / 5000 rows",
+            "defaults": (
+                f"holdout 0.2, 64 shadows, method auto, batch bounds {BATCH.max_requests} requests / "
+                f"{BATCH.max_rows} rows"
+            ),
             "in_flight_posts": IN_FLIGHT,
             "machine": f"{os.cpu_count()} cores",
             "pg_admin": PG_ADMIN.rsplit("@", 1)[-1],

@@ -226,7 +226,7 @@ class JobContext:
 
     def assert_leases(self, session: Session) -> list[Job]:
         """``assert_lease`` for every job this context holds (the leader's first)."""
-        return [outbox.assert_lease(session, job_id, self.owner) for job_id in list(self.members)]
+        return outbox.assert_leases(session, list(self.members), self.owner)
 
     def join(self, jobs: list[Job]) -> None:
         """Jobs this worker claimed to serve in the same batch: their leases are renewed and their requests told

@@ -527,8 +527,10 @@ class Deletion:
 
     def load(self, work: DeletionWork, ctx: JobContext) -> TabularInputs | None:
         with session_scope() as session:
+            by_ids = {m.request.id: m.request.scope for m in work.members if m.request.scope["kind"] == "samples"}
+            named = registry.positions_by_request(session, work.dataset.id, by_ids) if len(by_ids) > 1 else {}
             for member in work.members:
-                member.positions, member.refusal = _member_positions(session, work, member)
+                member.positions, member.refusal = _member_positions(session, work, member, named)
             flagged = [p for p, _ in registry.tombstones(session, work.dataset.id, except_request=work.request.id)]
         positions = sorted({p for m in work.members if m.refusal is None for p in m.positions})
         if not positions:  # every member refused: the hall rejects each
@@ -614,10 +616,15 @@ class Deletion:
 ALREADY_DELETED = "already-deleted"
 
 
-def _member_positions(session, work: DeletionWork, member: Member) -> tuple[list[int], PermanentJobError | None]:
-    """The rows one request names, or why it cannot be done (a request alone: the job is rejected with it)."""
+def _member_positions(
+    session, work: DeletionWork, member: Member, named: dict[str, list[int]]
+) -> tuple[list[int], PermanentJobError | None]:
+    """The rows one request names (``named``: a batch's, looked up together), or why it cannot be done (a request
+    alone: the job is rejected with it)."""
     try:
-        positions = registry.positions_of(session, work.dataset.id, member.request.scope)
+        positions = named.get(member.request.id)
+        if positions is None:
+            positions = registry.positions_of(session, work.dataset.id, member.request.scope)
     except ValueError as exc:
         return [], PermanentJobError(str(exc), "scope-not-supported")
     if not positions:  # every row was erased by an earlier request meanwhile: never a second version
@@ -635,7 +642,8 @@ def _choice(work: DeletionWork) -> dict[str, Any]:
         max_param_ratio=get_settings().auto_max_param_ratio,
     )
     if explained["method"] != work.method_name:  # the hall chose with another threshold: say what ran
-        explained = {**explained, "method": work.method_name, "note": f"explained as {explained['method']!r}"}
+        note = work.choice_note or f"explained as {explained['method']!r}"
+        explained = {**explained, "method": work.method_name, "note": note}
     return explained
 
 

@@ -26,8 +26,10 @@ from app.ml.unlearning.base import (
     exact_method,
     supporting_method,
 )
+from app.ml.verification.policy import VerdictPolicy, chance_failure_rate
 from app.registry import versions as registry
 from app.registry.tables import Dataset, Model, ModelVersion
+from app.requests.service import rows_named
 from app.requests.tables import DeletionRequest
 
 
@@ -61,6 +63,8 @@ class DeletionWork:
     method: UnlearningMethod
     version_id: str
     inputs: Any = None
+    choice_note: str | None = None
+    """Why the method running is not the one ``auto`` explains (a batch sent to the exact method from the start)."""
 
     @property
     def job(self) -> Job:
@@ -177,6 +181,24 @@ def method_for(request: DeletionRequest, model: Model) -> tuple[str, MethodSpec,
     except MethodNotSupportedError as exc:
         raise PermanentJobError(str(exc), "method-not-supported") from exc
     return name, spec, build(spec, {**model.spec.get("method_settings", {}).get(name, {}), **request.method_settings})
+
+
+def exact_from_the_start(work: DeletionWork) -> tuple[str, MethodSpec, UnlearningMethod] | None:
+    """``auto``, a batch: when chance alone is expected to fail at least one member's attack check (each request is
+    judged on its own rows, ~attack_fpr per one-row request), the approximate pass would escalate the whole batch
+    anyway (the hall's rule), so the exact method runs from the start instead of after a wasted pass."""
+    escalation = escalation_for(work)
+    if len(work.members) < 2 or escalation is None:
+        return None
+    policy = VerdictPolicy.from_dict(((work.model.spec or {}).get("verification") or {}).get("policy"))
+    expected = sum(chance_failure_rate(rows_named(m.request), policy) for m in work.members)
+    if expected < 1.0:
+        return None
+    work.choice_note = (
+        f"a batch of {len(work.members)} requests, each judged on its own rows: {expected:.2g} attack-check failures "
+        f"expected by chance alone (FPR {policy.attack_fpr:g}), so {escalation[0]} from the start"
+    )
+    return escalation
 
 
 def escalation_for(work: DeletionWork) -> tuple[str, MethodSpec, UnlearningMethod] | None:

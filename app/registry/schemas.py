@@ -57,8 +57,8 @@ class BatchIn(NoNulModel):
     rows and certified on its own. No waiting for more (group commit, not a timer)."""
 
     model_config = ConfigDict(extra="forbid")
-    max_requests: int = Field(500, ge=1, le=10_000, description="Most requests one version serves (1: no batching).")
-    max_rows: int = Field(5000, ge=1, le=1_000_000, description="Most rows one batched version deletes.")
+    max_requests: int = Field(2000, ge=1, le=10_000, description="Most requests one version serves (1: no batching).")
+    max_rows: int = Field(20_000, ge=1, le=1_000_000, description="Most rows one batched version deletes.")
 
 
 Tag = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9._:-]{0,63}$")]

@@ -171,7 +171,7 @@ def test_a_failing_member_is_split_off_and_fails_alone_while_the_others_are_cert
 def test_an_admin_sets_the_batch_bounds_and_one_request_a_version_turns_batching_off(model):
     model_id, headers = model
     with TestClient(create_app(run_background=False), headers=headers) as client:
-        assert client.get(f"/v1/models/{model_id}").json()["batch"] == {"max_requests": 500, "max_rows": 5000}
+        assert client.get(f"/v1/models/{model_id}").json()["batch"] == {"max_requests": 2000, "max_rows": 20_000}
         bad = client.patch(f"/v1/models/{model_id}", json={"batch": {"max_requests": 0, "max_rows": 10}})
         assert bad.status_code == 422 and bad.headers["content-type"] == "application/problem+json"
         ok = client.patch(f"/v1/models/{model_id}", json={"batch": {"max_requests": 1, "max_rows": 1}})
@@ -276,3 +276,32 @@ def test_an_auto_batch_whose_approximate_step_fails_escalates_as_a_whole_to_one_
         assert "fail" in first, first
         versions = client.get(f"/v1/models/{model_id}/versions").json()
         assert [v["method"] for v in versions] == ["train", "retrain"]
+
+
+def test_auto_batch_that_chance_alone_would_escalate_runs_exact_from_the_start():
+    """Each request of a batch is judged on its own rows, so an ``auto`` batch of b one-row requests expects
+    b · attack_fpr attack-check failures by chance alone, and one failure escalates the whole batch: from one
+    expected failure on, the exact method runs from the start (no wasted approximate pass); never for a named
+    method, never below that."""
+    from types import SimpleNamespace
+
+    from app.jobs.work import DeletionWork, Member, exact_from_the_start
+    from app.ml.unlearning.base import get_method
+
+    def work(n: int, method: str = "auto", policy: dict | None = None) -> DeletionWork:
+        members = [
+            Member(None, SimpleNamespace(method=method, scope={"kind": "samples", "sample_ids": [f"r{i}"]}))
+            for i in range(n)
+        ]
+        model = SimpleNamespace(kind="tabular", spec={"verification": {"policy": policy or {}}})
+        spec = get_method("influence")
+        return DeletionWork(members, model, None, None, "influence", spec, spec.build({}), "v")
+
+    assert exact_from_the_start(work(99)) is None  # 0.99 expected failures
+    chosen = work(100)
+    exact = exact_from_the_start(chosen)
+    assert exact is not None and exact[0] == "retrain" and exact[1].exact
+    assert "1 attack-check failures expected" in chosen.choice_note
+    assert exact_from_the_start(work(100, method="influence")) is None  # named: it runs, failures split off
+    assert exact_from_the_start(work(20, policy={"attack_fpr": 0.05})) is not None
+    assert exact_from_the_start(work(1, policy={"attack_fpr": 0.5})) is None  # a request alone: nothing to escalate

@@ -161,6 +161,15 @@ def _max_detected(method: str, k: int, m: int, fpr: float, confidence: float) ->
     return c, fpr, f"c_max = binom.ppf({confidence:g}, n={k}, p={fpr:g})"
 
 
+def chance_failure_rate(n_forget: int, policy: VerdictPolicy) -> float:
+    """How often an unlearning that left no trace still fails the forget-set attack check of ``n_forget`` rows, by
+    chance alone: the binomial null's tail above c_max (≈ ``attack_fpr`` for one row, at most 1 − confidence).
+    A batch of b one-row requests, each judged on its own row, expects b · attack_fpr such failures (issue 21)."""
+    k = max(1, int(n_forget))
+    c, _, _ = _max_detected("binomial", k, 0, float(policy.attack_fpr), float(policy.confidence))
+    return float(stats.binom.sf(c, k, policy.attack_fpr))
+
+
 def theta_unchanged(theta_a: torch.Tensor | np.ndarray, theta_b: torch.Tensor | np.ndarray, atol: float) -> bool:
     """True when the two parameter vectors are bitwise equal or within ``atol`` everywhere (same shape)."""
     a = torch.as_tensor(theta_a).detach().cpu().reshape(-1)
