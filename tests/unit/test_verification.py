@@ -472,3 +472,37 @@ def test_federated_verdict_follows_the_policy():
     assert _retain_check(drop_8, VerdictPolicy(), exact=True)["passed"] is None
     with pytest.raises(ValueError):
         VerdictPolicy(max_retain_r1_drop_points=-1)
+
+
+def test_large_audits_stay_cheap_and_mean_the_same():
+    """Issue 21 on a 1M-row table: pool positions by a sorted search (the same answer as a lookup table, an unknown
+    id refused), a stored ROC thinned to a log grid whose every point is the true step curve's value there, and at
+    most MAX_NONMEMBERS seeded non-members per audit."""
+    from types import SimpleNamespace
+
+    from app.jobs.tabular import MAX_NONMEMBERS, audit_nonmembers
+
+    rng = np.random.default_rng(3)
+    pool = rng.permutation(50_000)[:40_000]
+    shadows = SimpleNamespace(row_ids=pool)
+    wanted = rng.choice(pool, 300, replace=False)
+    lookup = {r: j for j, r in enumerate(pool.tolist())}
+    assert S.positions_of(shadows, wanted).tolist() == [lookup[r] for r in wanted.tolist()]
+    missing = next(r for r in range(50_000) if r not in lookup)
+    with pytest.raises(ValueError, match="not in the shadow pool"):
+        S.positions_of(shadows, np.r_[wanted[:3], missing])
+
+    members, nonmembers = rng.normal(1, 1, 2_000), rng.normal(0, 1, 100_000)
+    full = L.roc_curve(members, nonmembers)
+    curve = plots.roc_data({"m": (members, nonmembers)})["curves"]["m"]
+    assert len(curve["fpr"]) <= plots.ROC_POINTS + 2 < len(full.fpr)
+    assert curve["auc"] == round(full.auc, 6)
+    grid, tpr = plots._thinned(full.fpr, full.tpr, 0.5 / full.n_nonmembers)
+    assert np.array_equal(tpr, full.tpr[np.searchsorted(full.fpr, grid, side="right") - 1])  # the curve's own values
+
+    few = np.arange(100)
+    assert audit_nonmembers(few, 0) is few
+    many = np.arange(0, 3 * MAX_NONMEMBERS, 1)
+    picked = audit_nonmembers(many, 0)
+    assert len(picked) == MAX_NONMEMBERS == len(np.unique(picked)) and np.all(np.diff(picked) > 0)
+    assert np.isin(picked, many).all() and np.array_equal(picked, audit_nonmembers(many, 0))

@@ -183,12 +183,15 @@ def model_phi(
 
 
 def positions_of(shadows: ShadowSet, row_ids: np.ndarray) -> np.ndarray:
-    """Pool column positions of the given row ids (raises on an unknown id)."""
-    lookup = {rid.item() if hasattr(rid, "item") else rid: j for j, rid in enumerate(shadows.row_ids)}
-    try:
-        return np.array([lookup[r.item() if hasattr(r, "item") else r] for r in np.asarray(row_ids)], dtype=np.int64)
-    except KeyError as exc:
-        raise ValueError(f"row id {exc.args[0]!r} is not in the shadow pool") from exc
+    """Pool column positions of the given row ids (raises on an unknown id). A sorted search, not a dict of the
+    pool: a 1M-row pool took 0.8 s per audit to index in Python."""
+    pool, wanted = np.asarray(shadows.row_ids), np.asarray(row_ids).reshape(-1)
+    order = np.argsort(pool, kind="stable")
+    at = np.clip(np.searchsorted(pool[order], wanted), 0, max(len(pool) - 1, 0))
+    missing = np.flatnonzero(pool[order][at] != wanted) if len(pool) else np.arange(wanted.size)
+    if missing.size:
+        raise ValueError(f"row id {wanted[missing[0]].item()!r} is not in the shadow pool")
+    return order[at].astype(np.int64)
 
 
 def shadows_containing(shadows: ShadowSet, positions: np.ndarray) -> np.ndarray:
