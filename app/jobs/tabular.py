@@ -115,10 +115,20 @@ FRAMES = _Warm(FRAME_CACHE_SIZE)
 ARTIFACT_BYTES = _Warm(ARTIFACT_CACHE_SIZE)
 
 
-def _frame(digest: str):
-    """The stored table as read (a DataFrame), from memory when this worker read or wrote it last."""
-    df = FRAMES.get(digest)
-    return df if df is not None else FRAMES.put(digest, load_table(io.BytesIO(get_store().get_bytes(digest))))
+def _frame(digest: str, text_columns: tuple[str, ...]):
+    """The stored table as read (a DataFrame), from memory when this worker read or wrote it last; its identifier
+    columns (``text_columns``: row ids, subjects) exactly as written."""
+    df = FRAMES.get((digest, text_columns))
+    if df is None:
+        table = load_table(io.BytesIO(get_store().get_bytes(digest)), None, text_columns)
+        df = FRAMES.put((digest, text_columns), table)
+    return df
+
+
+def id_columns(dataset: Dataset, model: Model) -> tuple[str, ...]:
+    """The columns read as text, never re-typed: the row ids and, where registered, the subjects."""
+    subject = ((getattr(model, "spec", None) or {}).get("subject_column"),)
+    return tuple(c for c in (dataset.row_id_column, *subject) if c)
 
 
 def _encoded_key(digest: str, encoder: dict | None, label_column: str, row_id_column: str, n_positions: int | None):
@@ -132,6 +142,7 @@ def _load_encoded(
     row_id_column: str,
     n_positions: int | None,
     exclude: tuple[str, ...] = (),
+    text_columns: tuple[str, ...] = (),
 ) -> TabularData:
     """``exclude``: further columns that are no feature (the subject column), for the first fit only (a stored
     encoder already names its feature columns)."""
@@ -139,7 +150,7 @@ def _load_encoded(
     cached = ENCODED.get(key)
     if cached is not None:
         return cached
-    df = _frame(dataset_digest)
+    df = _frame(dataset_digest, text_columns or (row_id_column,))
     if encoder_json is None:
         encoder = TableEncoder.fit(df, label_column, exclude=[row_id_column, POSITION_COLUMN, *exclude])
     else:
@@ -161,7 +172,8 @@ def load_tabular(dataset: Dataset, model: Model) -> TabularData:
         dataset.digest, model.state.get("encoder"), dataset.label_column, dataset.row_id_column, dataset.n_positions
     )
     subject_column = (getattr(model, "spec", None) or {}).get("subject_column")
-    return _load_encoded(*key, exclude=(subject_column,) if subject_column and not model.state.get("encoder") else ())
+    exclude = (subject_column,) if subject_column and not model.state.get("encoder") else ()
+    return _load_encoded(*key, exclude=exclude, text_columns=id_columns(dataset, model))
 
 
 def remember_erased(
@@ -199,9 +211,9 @@ def remember_artifacts(artifacts: dict[str, bytes]) -> None:
         ARTIFACT_BYTES.put(hashlib.sha256(data).hexdigest(), data)
 
 
-def rewrite_table(dataset: Dataset, erased: np.ndarray) -> bytes:
+def rewrite_table(dataset: Dataset, erased: np.ndarray, text_columns: tuple[str, ...]) -> bytes:
     """The stored table without the erased positions (same format), each remaining row keeping its position."""
-    df = _frame(dataset.digest)
+    df = _frame(dataset.digest, text_columns)
     positions = df[POSITION_COLUMN].to_numpy() if POSITION_COLUMN in df.columns else np.arange(len(df))
     keep = ~np.isin(positions, erased)
     out = df.loc[keep].copy()
@@ -212,7 +224,7 @@ def rewrite_table(dataset: Dataset, erased: np.ndarray) -> bytes:
     else:
         out.to_csv(buffer, index=False)
     data = buffer.getvalue()
-    FRAMES.put(hashlib.sha256(data).hexdigest(), out)
+    FRAMES.put((hashlib.sha256(data).hexdigest(), text_columns), out)
     return data
 
 
@@ -291,7 +303,7 @@ def train(job: Job, ctx: JobContext) -> None:
             ctx.assert_lease(session)
             registry.index_rows(session, dataset.id, data.row_ids.tolist(), data.encoder.decode_labels(data.y))
             if model.spec.get("subject_column"):  # per-person erasure: the subject of each row, as keyed hashes only
-                frame = _frame(dataset.digest)
+                frame = _frame(dataset.digest, id_columns(dataset, model))
                 positions = frame[POSITION_COLUMN] if POSITION_COLUMN in frame.columns else range(len(frame))
                 values = frame[model.spec["subject_column"]].tolist()
                 subjects.index_rows(session, dataset.id, zip(positions, values, strict=True))
@@ -656,7 +668,7 @@ def erase_copies(work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> E
     inputs: TabularInputs = work.inputs
     erased = np.asarray(sorted(unlearned.positions), dtype=np.int64)
     ctx.progress(0.92, f"erasing {len(erased)} rows from the stored table and method state")
-    new_digest = get_store().put_bytes(rewrite_table(work.dataset, erased))
+    new_digest = get_store().put_bytes(rewrite_table(work.dataset, erased, id_columns(work.dataset, work.model)))
     encoder = scrub_encoder(inputs.data.encoder, inputs.data, erased)
     remember_erased(work.dataset, inputs.data, erased, new_digest, encoder or work.model.state["encoder"])
     purged: dict[str, dict[str, bytes]] = {}

@@ -20,7 +20,7 @@ from app.main import create_app
 from app.registry.tables import Model
 from app.subjects.service import settle_due, subject_hash
 from app.subjects.tables import SubjectErasure, SubjectRow
-from tests.helpers import configure, make_key, wait_for, write_table
+from tests.helpers import configure, make_key, wait_for, wait_model, write_table
 
 SCOPES = ["models:write", "requests:write", "requests:read", "audit:read", "admin"]
 ALICE = "alice.subject-7f3a9c@example.org"  # a value that appears nowhere else
@@ -216,3 +216,44 @@ def test_an_inconsistent_combined_certificate_is_refused(tmp_path):
     with pytest.raises(signing.InvalidCertificate) as inconsistent:
         signing.verify_envelope(signing.sign_envelope(forged), keys, predicate_type=signing.PREDICATE_TYPES)
     assert inconsistent.value.code == "inconsistent"
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_identifiers_are_read_as_written(tmp_path, suffix):
+    """Issue 22: ids are never re-typed. A subject ``0077777`` stays 0077777 (not 77777), ``NA``/``null``/``N/A``
+    are names, a ``+49…`` number keeps its plus and an id past 2^53 its last digit; a row id ``000003`` is found as
+    written. Each is erased by the value the file holds, and the re-typed value finds nobody."""
+    configure(tmp_path / "home", poll_seconds="0.05")
+    headers = {"authorization": f"Bearer {make_key(SCOPES)}"}
+    path = tmp_path / f"ids{suffix}"
+    frame = write_table(path, n=160, seed=4)
+    frame["row_id"] = [f"{i:06d}" for i in range(160)]
+    people = ["0077777", "NA", "null", "N/A", "+4915112345678", "9007199254740993"]
+    frame["person"] = [people[i % len(people)] if i < 60 else f"{i}" for i in range(160)]
+    frame["person"] = frame["person"].astype(str)
+    if suffix == ".csv":
+        frame.to_csv(path, index=False)
+    else:
+        frame.to_parquet(path, index=False)
+    with TestClient(create_app(run_background=True), headers=headers) as client:
+        model_id = _register(client, path, "ids")
+        body = wait_model(client, model_id, timeout=180)
+        assert body["status"] == "ready", body
+        for retyped in ("77777", "9007199254740992", "4915112345678"):
+            assert client.post("/v1/subjects/erasures", json={"subject_ref": retyped}).status_code == 404
+        for person in ("0077777", "NA", "+4915112345678", "9007199254740993"):
+            created = client.post("/v1/subjects/erasures", json={"subject_ref": person, "method": "retrain"})
+            assert created.status_code == 202, (person, created.text)
+            rows = [f"{i:06d}" for i in range(60) if people[i % len(people)] == person]
+            child = client.get(created.json()["children"][0]["links"]["self"]).json()
+            assert sorted(child["scope"]["sample_ids"]) == rows
+        by_row = client.post(
+            "/v1/deletion-requests",
+            json={"subject_ref": "r", "model_id": model_id, "scope": {"kind": "samples", "sample_ids": ["000100"]}},
+        )
+        assert by_row.status_code == 202, by_row.text
+        unknown = client.post(
+            "/v1/deletion-requests",
+            json={"subject_ref": "r", "model_id": model_id, "scope": {"kind": "samples", "sample_ids": ["100"]}},
+        )
+        assert unknown.status_code in (404, 422) and "problem+json" in unknown.headers["content-type"]

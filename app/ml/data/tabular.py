@@ -47,16 +47,24 @@ def _sniff_format(source: Any) -> str:
     return "parquet" if head == _PARQUET_MAGIC else "csv"
 
 
-def load_table(source: str | os.PathLike | bytes | BinaryIO, fmt: str | None = None) -> pd.DataFrame:
+def load_table(
+    source: str | os.PathLike | bytes | BinaryIO, fmt: str | None = None, text_columns: Iterable[str] = ()
+) -> pd.DataFrame:
     """Read a CSV or Parquet table.
 
     ``fmt`` ("csv" | "parquet") defaults to the file suffix, or to the Parquet magic bytes for bytes/file-likes.
     CSV is read with ``skipinitialspace=True`` (Adult separates with comma + space), ``?`` as missing, blank lines
     skipped; column names are stripped of surrounding spaces.
+
+    ``text_columns`` (identifiers: the row-id and subject columns) are kept exactly as written: no type inference
+    and no missing-value markers, so ``0077777`` stays ``0077777`` (not 77777), ``NA`` and ``null`` stay names, and an
+    id past 2^53 keeps its digits (issue 22: a re-typed subject id made its erasure miss the person). A Parquet
+    file's own types are the writer's: integer ids become their decimal text.
     """
     fmt = (fmt or _sniff_format(source)).lower()
     if isinstance(source, bytes | bytearray | memoryview):
         source = io.BytesIO(bytes(source))
+    start = source.tell() if hasattr(source, "tell") else None
     if fmt == "parquet":
         df = pd.read_parquet(source)
     elif fmt == "csv":
@@ -64,7 +72,34 @@ def load_table(source: str | os.PathLike | bytes | BinaryIO, fmt: str | None = N
     else:
         raise ValueError(f"unknown table format {fmt!r}; expected 'csv' or 'parquet'")
     df.columns = [str(c).strip() for c in df.columns]
+    wanted = [c for c in dict.fromkeys(text_columns) if c in df.columns]
+    if wanted and fmt == "csv":
+        if start is not None:
+            source.seek(start)
+        exact = pd.read_csv(  # a second pass over the id columns only, as text
+            source, skipinitialspace=True, skip_blank_lines=True, dtype=str, keep_default_na=False, na_filter=False,
+            usecols=lambda c: str(c).strip() in wanted,
+        )  # fmt: skip
+        exact.columns = [str(c).strip() for c in exact.columns]
+        if len(exact) != len(df):
+            raise ValueError("the table's id columns could not be read row for row as text")
+        for column in wanted:
+            df[column] = exact[column].to_numpy(dtype=object)
+    elif wanted:
+        for column in wanted:
+            df[column] = [_id_text(v) for v in df[column]]
     return df
+
+
+def _id_text(value: Any) -> str:
+    """A typed identifier cell (Parquet) as text: integral numbers without a fractional part, bytes decoded."""
+    if value is None or (isinstance(value, float) and not np.isfinite(value)):
+        return ""
+    if isinstance(value, float | np.floating) and float(value).is_integer():
+        return str(int(value))
+    if isinstance(value, bytes):
+        return value.decode()
+    return str(value)
 
 
 def _label_str(value: Any) -> str:
