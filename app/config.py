@@ -71,6 +71,9 @@ class Settings(BaseSettings):
     batch_max_rows: int = Field(100_000, ge=1, description="The operator's cap on a model's batch.max_rows.")
     intake_batch_max: int = Field(64, description="Most deletion requests committed together (group commit).")
     intake_batch_wait_ms: float = Field(2.0, description="How long a request waits for others to share a commit.")
+    intake_threads: int = Field(
+        1, ge=1, le=16, description="Intake threads per API process, each committing its own batches (group commit)."
+    )
     lease_seconds: float = Field(300.0, description="How long a worker's lease on a job lasts between heartbeats.")
     dispatch_timeout_seconds: float = Field(600.0, description="Re-offer a dispatched job no worker took by then.")
     max_attempts: int = Field(3, description="Attempts before a job fails for good.")

@@ -56,7 +56,10 @@ RESULTS = REPO / "bench" / "results"
 IN_FLIGHT = 32
 """Concurrent POSTs of the stream (the intake's own limit is far above what the workers drain)."""
 ROW_ID = "row_id"
-ID_PATTERN = re.compile(rb"row-\d{7}")
+ID_PATTERN = re.compile(rb"[a-z]+-\d{7}")
+"""A row id as the tables write them: the table's own prefix (``row_prefix``) and seven digits. Each table has its
+own prefix: the models share one artifact store, and a scan for one table's erased ids must not find another table's
+live rows with the same number (the 1M-row check once counted an Adult row ``row-0012345`` as its own erased id)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,11 @@ NOT_RUN_BY_DEFAULT = {
 }
 
 
+def row_prefix(setting: Setting) -> str:
+    """adultlr, syntheticlr, adultmlp: one prefix per model's table."""
+    return setting.source + ("mlp" if setting.family == "mlp" else "lr")
+
+
 def write_table(setting: Setting, path: Path, seed: int = 0) -> int:
     """The table as a user would register it: a row-id column, the features, a label column."""
     if setting.source == "synthetic":
@@ -101,7 +109,7 @@ def write_table(setting: Setting, path: Path, seed: int = 0) -> int:
         frame["label"] = np.where(y == 1, "pos", "neg")
     else:
         frame = pd.read_csv(DATA_DIR / "adult.csv", skipinitialspace=True).rename(columns={"Salary": "label"})
-    frame.insert(0, ROW_ID, [f"row-{i:07d}" for i in range(len(frame))])
+    frame.insert(0, ROW_ID, [f"{row_prefix(setting)}-{i:07d}" for i in range(len(frame))])
     frame.to_parquet(path, index=False)
     return len(frame)
 
@@ -413,7 +421,7 @@ def run_model(bench: Bench, name: str, setting: Setting, quick: bool, rng: np.ra
     print(f"  registered in {model['registration_s']} s")
     n_stream = setting.quick_requests if quick else setting.requests
     n_unbatched = setting.quick_unbatched if quick else setting.unbatched
-    order = [f"row-{i:07d}" for i in rng.permutation(n_rows)[: n_stream + n_unbatched + 3]]
+    order = [f"{row_prefix(setting)}-{i:07d}" for i in rng.permutation(n_rows)[: n_stream + n_unbatched + 3]]
     idle_rows, unbatched_rows, stream_rows = order[:3], order[3 : 3 + n_unbatched], order[3 + n_unbatched :]
     idle = bench.idle(model_id, idle_rows)
     print(f"  idle one-row auto: {idle} s")

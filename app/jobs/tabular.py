@@ -33,6 +33,7 @@ from app.ml.verification.evidence import tabular_evidence
 from app.ml.verification.plots import plot_data
 from app.ml.verification.policy import VerdictPolicy, decide
 from app.ml.verification.shadows import (
+    ShadowSet,
     ShadowSettings,
     drop_shadows,
     positions_of,
@@ -57,6 +58,8 @@ ENCODED_CACHE_SIZE = 4
 FRAME_CACHE_SIZE = 2
 """Raw tables a worker keeps in memory (keyed by digest): the erase step rewrites the table from it."""
 ARTIFACT_CACHE_SIZE = 32
+SHADOW_CACHE_SIZE = 2
+"""Parsed shadow sets kept (the current one and the one a deletion just stored)."""
 """Method-state blobs a worker keeps in memory (keyed by digest; a model's prepared methods hold 1 to 4 each)."""
 NONE_NEEDED = "none-needed"
 POSITION_COLUMN = "__lethe_position"
@@ -105,6 +108,10 @@ class _Warm:
                 self._entries.popitem(last=False)
         return value
 
+    def drop(self, key: Any) -> None:
+        with self._lock:
+            self._entries.pop(key, None)
+
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
@@ -113,6 +120,22 @@ class _Warm:
 ENCODED = _Warm(ENCODED_CACHE_SIZE)
 FRAMES = _Warm(FRAME_CACHE_SIZE)
 ARTIFACT_BYTES = _Warm(ARTIFACT_CACHE_SIZE)
+SHADOWS = _Warm(SHADOW_CACHE_SIZE)
+
+
+def load_shadows(digest: str) -> ShadowSet:
+    """A stored shadow set, parsed, from memory when this worker read or wrote it last (a 1M-row pool's set is tens
+    of megabytes of bits: read and unpacked three times per deletion before). Read-only: erasure and refill build
+    new sets (``drop_shadows``, ``refill_shadows``)."""
+    shadows = SHADOWS.get(digest)
+    return shadows if shadows is not None else SHADOWS.put(digest, shadows_from_bytes(get_store().get_bytes(digest)))
+
+
+def store_shadows(shadows: ShadowSet) -> str:
+    """Store a shadow set and keep it parsed under its digest for the next deletion."""
+    digest = get_store().put_bytes(shadows_to_bytes(shadows))
+    SHADOWS.put(digest, shadows)
+    return digest
 
 
 def _frame(digest: str, text_columns: tuple[str, ...]):
@@ -377,7 +400,7 @@ def train_verification_shadows(ctx: JobContext, model: Model, recipe, data: Tabu
         progress=lambda done, total: ctx.progress(0.2 + 0.1 * done / total, f"verification shadows {done}/{total}"),
     )
     entry = {
-        "shadows": get_store().put_bytes(shadows_to_bytes(shadows)),
+        "shadows": store_shadows(shadows),
         "n_shadows": shadows.n_shadows,
         "generation": shadows.generation,
         "train_seconds": round(time.perf_counter() - started, 3),
@@ -749,7 +772,7 @@ def verify_deletion(work: DeletionWork, unlearned: Unlearned) -> dict[str, Verif
 
     if "verification" not in work.model.state:  # registered before verification existed
         return without_attack("no shadows")
-    shadows = shadows_from_bytes(get_store().get_bytes(work.model.state["verification"]["shadows"]))
+    shadows = load_shadows(work.model.state["verification"]["shadows"])
     pool = np.asarray(shadows.row_ids, dtype=np.int64)
     nonmembers = audit_nonmembers(np.flatnonzero(np.isin(pool, np.flatnonzero(test))), inputs.recipe.seed)
     if len(nonmembers) == 0:
@@ -864,10 +887,11 @@ def _state_guarantee(report: dict[str, Any], unlearned: Unlearned) -> None:
 def _drop_shadows(entry: dict[str, Any], erased: np.ndarray) -> dict[str, Any]:
     """Shadows that trained on an erased row are copies of it: they go with the erasure, before the certificate;
     the pool is refilled after it (``refill_verification``)."""
-    shadows = shadows_from_bytes(get_store().get_bytes(entry["shadows"]))
+    shadows = load_shadows(entry["shadows"])
     pool = np.asarray(shadows.row_ids, dtype=np.int64)
     new, counts = drop_shadows(shadows, np.flatnonzero(np.isin(pool, erased)))
-    return {**entry, "shadows": get_store().put_bytes(shadows_to_bytes(new)), "last_erasure": counts}
+    SHADOWS.drop(entry["shadows"])  # the set with the copies leaves this worker's memory with the erasure
+    return {**entry, "shadows": store_shadows(new), "last_erasure": counts}
 
 
 def refill_verification(model_id: str, ctx: JobContext) -> dict[str, Any]:
@@ -880,7 +904,7 @@ def refill_verification(model_id: str, ctx: JobContext) -> dict[str, Any]:
     entry = (model.state or {}).get("verification")
     if not entry or dataset is None:
         return {}
-    shadows = shadows_from_bytes(get_store().get_bytes(entry["shadows"]))
+    shadows = load_shadows(entry["shadows"])
     if shadows.n_shadows >= shadows.settings.n_shadows:
         return {"trained": 0}
     data = load_tabular(dataset, model)
@@ -890,7 +914,7 @@ def refill_verification(model_id: str, ctx: JobContext) -> dict[str, Any]:
     missing = shadows.settings.n_shadows - shadows.n_shadows
     ctx.progress(0.99, f"certified; refilling {missing} verification shadows")
     new, counts = refill_shadows(shadows, data.X[pool], data.y[pool], init=init)
-    refilled = {**entry, "shadows": get_store().put_bytes(shadows_to_bytes(new)), "generation": new.generation}
+    refilled = {**entry, "shadows": store_shadows(new), "generation": new.generation}
     with session_scope() as session:
         ctx.assert_lease(session)
         registry.swap_verification(session, model_id, entry["shadows"], {**refilled, "last_refill": counts})

@@ -65,24 +65,30 @@ class _Item:
 
 
 class IntakeBatcher:
-    def __init__(self, max_batch: int | None = None, wait_ms: float | None = None):
+    def __init__(self, max_batch: int | None = None, wait_ms: float | None = None, threads: int | None = None):
         settings = get_settings()
         self.max_batch = max_batch or settings.intake_batch_max
         self.wait = (settings.intake_batch_wait_ms if wait_ms is None else wait_ms) / 1000
         self._queue: queue.Queue[_Item | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="lethe-intake", daemon=True)
+        self._threads = [
+            threading.Thread(target=self._run, name=f"lethe-intake-{i}", daemon=True)
+            for i in range(max(1, int(threads or settings.intake_threads)))
+        ]
         self._started = False
         self._lock = threading.Lock()
         self._models: dict[str, tuple[float, Model]] = {}
-        self._connection: Connection | None = None
-        self._connection_used = 0.0
+        self._held = threading.local()  # each intake thread's own connection (see _held_session)
+
+    def _start(self) -> None:
+        with self._lock:
+            if not self._started:
+                for thread in self._threads:
+                    thread.start()
+                self._started = True
 
     def submit(self, principal: Principal, body: DeletionRequestCreate, idempotency_key: str | None) -> Future:
         """Returns a future of (DeletionRequestOut, created); it raises the request's Problem, if any."""
-        with self._lock:
-            if not self._started:
-                self._thread.start()
-                self._started = True
+        self._start()
         future: Future = Future()
         self._queue.put(_Item(principal, body, idempotency_key, future))
         return future
@@ -90,18 +96,16 @@ class IntakeBatcher:
     def submit_key(self, key_hash: str, body: DeletionRequestCreate, idempotency_key: str | None) -> Future:
         """As ``submit``, for a request not yet authenticated: its key (HMAC) is looked up, with every other key of
         the batch, in one query just before the batch is validated; 401/403 problems come back on the future."""
-        with self._lock:
-            if not self._started:
-                self._thread.start()
-                self._started = True
+        self._start()
         future: Future = Future()
         self._queue.put(_Item(None, body, idempotency_key, future, key_hash))
         return future
 
     def stop(self) -> None:
         if self._started:
-            self._queue.put(None)
-            self._thread.join(timeout=10)
+            self._queue.put(None)  # each thread puts it back for the next
+            for thread in self._threads:
+                thread.join(timeout=10)
 
     def _collect(self, first: _Item) -> list[_Item]:
         """Up to ``max_batch`` items. An item whose client went away (its future was cancelled) is dropped here;
@@ -126,27 +130,31 @@ class IntakeBatcher:
         to the pool (and the next checkout pings); after any error it is dropped (``_drop_connection``)."""
         now = time.monotonic()
         engine = get_engine()
-        if self._connection is not None and (
-            now - self._connection_used > HELD_IDLE_S or self._connection.engine is not engine  # settings changed
+        held: Connection | None = getattr(self._held, "connection", None)
+        if held is not None and (
+            now - self._held.used > HELD_IDLE_S or held.engine is not engine  # settings changed
         ):
             self._drop_connection()
-        if self._connection is None:
-            self._connection = engine.connect()
-        self._connection_used = now
-        return Session(bind=self._connection, expire_on_commit=False)
+            held = None
+        if held is None:
+            held = self._held.connection = engine.connect()
+        self._held.used = now
+        return Session(bind=held, expire_on_commit=False)
 
     def _drop_connection(self) -> None:
-        if self._connection is not None:
+        held: Connection | None = getattr(self._held, "connection", None)
+        if held is not None:
             try:
-                self._connection.close()
+                held.close()
             except Exception:  # a broken connection: the pool discards it
                 log.debug("closing the intake connection failed", exc_info=True)
-            self._connection = None
+            self._held.connection = None
 
     def _run(self) -> None:
         while True:
             first = self._queue.get()
             if first is None:
+                self._queue.put(None)  # the other intake threads stop too
                 self._drop_connection()
                 return
             batch = self._collect(first)

@@ -164,6 +164,38 @@ def test_item13_a_database_error_in_the_fast_path_falls_back_to_one_savepoint_pe
         assert sorted(stored) == [f"fallback-{i}" for i in range(5)]
 
 
+def test_several_intake_threads_commit_every_request_once(stack, model):
+    """``intake_threads`` > 1 (each thread its own connection and batches, the audit lock serialising the inserts):
+    90 requests submitted at once, two pairs of them sharing an Idempotency-Key, are each stored once, every twin
+    gets the same request back, the audit chain stays a line, and stop() ends every thread."""
+    from app.requests.intake import IntakeBatcher
+    from app.requests.tables import DeletionRequest
+
+    principal = lookup_key(hash_key(stack.key))
+
+    def body(i: int) -> DeletionRequestCreate:
+        scope = {"kind": "samples", "sample_ids": [f"r{100 + i}"]}
+        return DeletionRequestCreate.model_validate({"subject_ref": f"t{i}", "model_id": model["id"], "scope": scope})
+
+    batcher = IntakeBatcher(max_batch=8, wait_ms=5, threads=3)
+    try:
+        futures = [batcher.submit(principal, body(i), f"threads-{i}") for i in range(90)]
+        twins = [batcher.submit(principal, body(i), f"threads-{i}") for i in (3, 47)]
+        outcomes = [f.result(timeout=60) for f in futures]
+        twin_outcomes = [f.result(timeout=60) for f in twins]
+    finally:
+        batcher.stop()
+    assert all(not t.is_alive() for t in batcher._threads)
+    assert [out.id for out, _ in twin_outcomes] == [outcomes[3][0].id, outcomes[47][0].id]
+    assert not any(created for _, created in twin_outcomes)
+    with session_scope() as session:
+        stored = session.execute(
+            select(DeletionRequest.idempotency_key).where(DeletionRequest.idempotency_key.like("threads-%"))
+        ).scalars()
+        assert sorted(stored) == sorted(f"threads-{i}" for i in range(90))
+    assert stack.client.get("/v1/audit/verify").json()["ok"] is True
+
+
 def test_item14_honest_numbers_survive_jsonb(stack):
     payload = {
         "big": 2.5e16,

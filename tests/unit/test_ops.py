@@ -50,3 +50,45 @@ def test_metrics_move_when_a_request_is_certified_and_readyz_answers(tmp_path):
     with TestClient(create_app(run_background=False)) as client:  # no executor: not ready, and it says why
         ready = client.get("/readyz")
         assert ready.status_code == 503 and ready.json()["checks"]["executor"] == "not running"
+
+
+def test_readiness_probes_run_one_at_a_time_and_share_their_answer(tmp_path, monkeypatch):
+    """Issue 22, HIGH: each /readyz call took a database connection and (with a broker) a Celery inspect broadcast;
+    callers in parallel exhausted both pools. Now at most one probe runs at a time per app, and callers meanwhile
+    and for READY_CACHE_SECONDS after get its answer (a slow probe is made slower here to widen the window)."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from app.ops import router as ops
+
+    configure(tmp_path / "home", poll_seconds="0.05")
+    running, most, calls, lock = [0], [0], [0], threading.Lock()
+    real = ops._probe
+
+    def slow_probe(request):
+        with lock:
+            running[0] += 1
+            calls[0] += 1
+            most[0] = max(most[0], running[0])
+        try:
+            time.sleep(0.3)
+            return real(request)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(ops, "_probe", slow_probe)
+    with TestClient(create_app(run_background=True)) as client:
+        with ThreadPoolExecutor(max_workers=40) as pool:
+            responses = list(pool.map(lambda _: client.get("/readyz"), range(40)))
+        assert most[0] == 1 and calls[0] <= 2  # one probe (a second only if the first answer aged meanwhile)
+        assert all(r.status_code in (200, 503) for r in responses)
+        assert any(
+            r.status_code == 200 and r.json()["checks"] == {"database": "ok", "executor": "ok"} for r in responses
+        )
+        assert all(
+            r.json()["checks"] in ({"probe": "checking"}, {"database": "ok", "executor": "ok"}) for r in responses
+        )
+        before = calls[0]
+        assert client.get("/readyz").status_code == 200 and calls[0] == before  # within READY_CACHE_SECONDS: shared
