@@ -148,7 +148,7 @@ def main() -> None:
         "--log-level", default="INFO", help="LETHE_LOG_LEVEL of the API (default INFO, as in production)"
     )
     parser.add_argument("--py-spy", default=None, help="record the API with py-spy (raw, --idle off) during round 1")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "intake.json"))
+    parser.add_argument("--out", default=None, help="default: results/intake.json (intake_quick.json with --quick)")
     args = parser.parse_args()
     seconds = args.seconds or (6 if args.quick else 20)
     rounds = args.rounds or (1 if args.quick else 3)
@@ -361,13 +361,14 @@ def main() -> None:
             "found_in_db: how many of their ids are rows in deletion_requests afterwards. wrk, uvicorn and "
             "PostgreSQL share the machine's cores (and other work on it: see load_average_1_5_15).",
         }
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        out = args.out or str(ROOT / "bench" / "results" / ("intake_quick.json" if args.quick else "intake.json"))
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(result, indent=2) + "\n")
         print(
             f"real {rps:.0f} req/s (p50 {result['p50_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms)  ceiling "
             f"{ceiling_rps:.0f} req/s  ratio {result['ratio_to_ceiling']:.2f}  accepted {len(accepted_ids)}, found in "
             f"the database {found} (rows {rows_in_db}), other statuses {non_202}, audit chain "
-            f"{'verifies' if verdict.ok else 'BROKEN: ' + str(verdict.reason)} ({verdict.checked} events) → {args.out}"
+            f"{'verifies' if verdict.ok else 'BROKEN: ' + str(verdict.reason)} ({verdict.checked} events) → {out}"
         )
     finally:
         for server in servers:
