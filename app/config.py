@@ -74,6 +74,9 @@ class Settings(BaseSettings):
     intake_threads: int = Field(
         1, ge=1, le=16, description="Intake threads per API process, each committing its own batches (group commit)."
     )
+    intake_timeout_seconds: float = Field(
+        30.0, gt=0, description="Longest a POST waits for its commit before a 503 (retry: same Idempotency-Key)."
+    )
     lease_seconds: float = Field(300.0, description="How long a worker's lease on a job lasts between heartbeats.")
     dispatch_timeout_seconds: float = Field(600.0, description="Re-offer a dispatched job no worker took by then.")
     max_attempts: int = Field(3, description="Attempts before a job fails for good.")

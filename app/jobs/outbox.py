@@ -280,7 +280,9 @@ def release(session: Session, job_id: str, owner: str, reason: str, payload: dic
 
 
 def renew_all(session: Session, job_ids: list[str], owner: str, progress: float | None, message: str | None) -> None:
-    """``renew`` for every job a batch holds, in one statement; LeaseLostError unless this worker holds them all."""
+    """``renew`` for every job a batch holds, in one statement; LeaseLostError unless this worker holds them all.
+    A lease that has run out is not renewed (issue 22): ``model_busy`` already counts it free, so another worker may
+    be running on the model; the worker that paused past it stops instead of racing it."""
     now = utcnow()
     values: dict[str, Any] = {
         "lease_expires_at": now + timedelta(seconds=get_settings().lease_seconds),
@@ -292,7 +294,7 @@ def renew_all(session: Session, job_ids: list[str], owner: str, progress: float 
         values["message"] = message[:2000]
     result = session.execute(
         update(Job)
-        .where(Job.id.in_(job_ids), Job.lease_owner == owner, Job.status == "running")
+        .where(Job.id.in_(job_ids), Job.lease_owner == owner, Job.status == "running", Job.lease_expires_at >= now)
         .values(**values)
         .execution_options(synchronize_session=False)
     )
@@ -301,11 +303,17 @@ def renew_all(session: Session, job_ids: list[str], owner: str, progress: float 
 
 
 def assert_lease(session: Session, job_id: str, owner: str) -> Job:
-    """Inside a finishing transaction: lock the job row and check we still hold it."""
+    """Inside a finishing transaction: lock the job row and check we still hold it (a lease that ran out is held by
+    nobody: another worker may have taken the model meanwhile)."""
     job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
-    if job.lease_owner != owner or job.status != "running":
+    if not _held(job, owner):
         raise LeaseLostError(job_id)
     return job
+
+
+def _held(job: Job, owner: str) -> bool:
+    expires = job.lease_expires_at
+    return job.lease_owner == owner and job.status == "running" and expires is not None and expires >= utcnow()
 
 
 def assert_leases(session: Session, job_ids: list[str], owner: str) -> list[Job]:
@@ -315,7 +323,7 @@ def assert_leases(session: Session, job_ids: list[str], owner: str) -> list[Job]
     jobs = {job.id: job for job in session.execute(query).scalars()}
     for job_id in job_ids:
         job = jobs.get(job_id)
-        if job is None or job.lease_owner != owner or job.status != "running":
+        if job is None or not _held(job, owner):
             raise LeaseLostError(job_id)
     return [jobs[job_id] for job_id in job_ids]
 

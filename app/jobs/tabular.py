@@ -561,6 +561,10 @@ class Deletion:
     batches = True
 
     def load(self, work: DeletionWork, ctx: JobContext) -> TabularInputs | None:
+        if pool_short(work.model):  # the last upkeep did not finish (its worker died): refilled before any audit
+            refill_verification(work.model.id, ctx)
+            with session_scope() as session:
+                work.model = registry.load_model(session, work.model.id)[0]
         with session_scope() as session:
             by_ids = {m.request.id: m.request.scope for m in work.members if m.request.scope["kind"] == "samples"}
             named = registry.positions_by_request(session, work.dataset.id, by_ids) if len(by_ids) > 1 else {}
@@ -892,6 +896,17 @@ def _drop_shadows(entry: dict[str, Any], erased: np.ndarray) -> dict[str, Any]:
     new, counts = drop_shadows(shadows, np.flatnonzero(np.isin(pool, erased)))
     SHADOWS.drop(entry["shadows"])  # the set with the copies leaves this worker's memory with the erasure
     return {**entry, "shadows": store_shadows(new), "last_erasure": counts}
+
+
+def pool_short(model: Model) -> bool:
+    """Whether the model's verification shadows are fewer than it was registered with: the erasure dropped some and
+    the refill after the certificate did not finish. No audit runs on such a pool (issue 21): the next deletion
+    refills it first, and its requests wait for that."""
+    entry = (model.state or {}).get("verification")
+    if not entry:
+        return False
+    shadows = load_shadows(entry["shadows"])
+    return shadows.n_shadows < shadows.settings.n_shadows
 
 
 def refill_verification(model_id: str, ctx: JobContext) -> dict[str, Any]:

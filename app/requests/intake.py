@@ -202,6 +202,9 @@ class IntakeBatcher:
                 item.future.set_exception(outcome)
             else:
                 item.future.set_result(outcome)
+        for item in batch:  # nothing staged (the database down before the first look-up): never left waiting
+            if not item.future.done():
+                item.future.set_exception(unavailable())
 
     def _model(self, session, model_id: str):
         """A snapshot of the model row, at most ``MODEL_TTL`` old: status and prepared methods change rarely."""
@@ -314,6 +317,19 @@ class IntakeBatcher:
         finally:
             session.close()
         return outcomes
+
+
+def unavailable() -> Problem:
+    """A request the intake could not make durable (the database did not answer): 503, retry with the same
+    Idempotency-Key (issue 22: such a request used to wait for ever, and held the API's shutdown)."""
+    problem = Problem(
+        503,
+        "intake-unavailable",
+        "The request could not be recorded now",
+        "The database did not answer; nothing was accepted. Retry later with the same Idempotency-Key.",
+    )
+    problem.headers["Retry-After"] = str(get_settings().retry_after_seconds)
+    return problem
 
 
 _batcher: IntakeBatcher | None = None

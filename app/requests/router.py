@@ -23,7 +23,7 @@ from app.config import get_settings
 from app.db import get_session
 from app.problems import Problem
 from app.requests import bulk, service
-from app.requests.intake import get_batcher
+from app.requests.intake import get_batcher, unavailable
 from app.requests.policy import check_request_settings
 from app.requests.schemas import DeletionRequestCreate, DeletionRequestOut, DeletionRequestPage
 from app.requests.tables import REQUEST_STATUSES
@@ -120,7 +120,11 @@ async def create_deletion_request(
         if refusal is not None:
             raise refusal from None
         raise
-    out, _created = await asyncio.wrap_future(get_batcher().submit_key(hash_key(api_key), body, idempotency_key))
+    pending = asyncio.wrap_future(get_batcher().submit_key(hash_key(api_key), body, idempotency_key))
+    try:
+        out, _created = await asyncio.wait_for(pending, timeout=get_settings().intake_timeout_seconds)
+    except TimeoutError:  # the commit may still land: the same Idempotency-Key then answers with that request
+        raise unavailable() from None
     return Response(
         out.model_dump_json(),
         status_code=202,

@@ -10,6 +10,7 @@ from sqlalchemy import text
 from app.audit.service import append_event, chain_head, verify_chain
 from app.config import get_settings
 from app.db import session_scope
+from app.problems import Problem
 from app.storage import ArtifactStore
 from tests.helpers import configure
 
@@ -110,3 +111,39 @@ def test_intake_drops_requests_whose_client_went_away(db):
     batcher._queue.put(items[1])
     batch = batcher._collect(items[0])
     assert batch == [items[1]] and here.running()  # taken: it can no longer be cancelled, so it will be answered
+
+
+def test_a_request_the_database_cannot_take_is_answered_503_not_left_waiting(tmp_path):
+    """Issue 22: with the database down, the batch's key look-up fails, the one-by-one fallback raised before staging
+    anything, and the request's future was never completed (the POST hung, and held the API's shutdown). Every
+    request now gets an answer: 503 intake-unavailable with Retry-After. The "database" is a closed loopback port."""
+    from app.requests.intake import IntakeBatcher
+    from app.requests.schemas import DeletionRequestCreate
+    from tests.helpers import configure
+
+    configure(tmp_path / "home")
+    import os
+
+    from app.config import get_settings
+    from app.db import reset_engine_cache
+
+    os.environ["LETHE_DATABASE_URL"] = "postgresql+psycopg://postgres@127.0.0.1:9/nowhere?connect_timeout=2"
+    get_settings.cache_clear()
+    reset_engine_cache()
+    try:
+        body = DeletionRequestCreate.model_validate(
+            {"subject_ref": "s", "model_id": "m", "scope": {"kind": "samples", "sample_ids": ["r1"]}}
+        )
+        batcher = IntakeBatcher(max_batch=4, wait_ms=0)
+        try:
+            future = batcher.submit_key("0" * 64, body, "down-1")
+            with pytest.raises(Problem) as raised:
+                future.result(timeout=60)
+        finally:
+            batcher.stop()
+        assert raised.value.status == 503 and raised.value.slug == "intake-unavailable"
+        assert raised.value.headers["Retry-After"]
+    finally:
+        del os.environ["LETHE_DATABASE_URL"]
+        get_settings.cache_clear()
+        reset_engine_cache()

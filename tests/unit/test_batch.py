@@ -242,6 +242,39 @@ def test_the_shadows_that_saw_the_rows_go_with_the_erasure_and_the_pool_is_refil
         assert _job_result(job.id) == {"resumed": "upkeep", "upkeep": {"trained": 0}}
 
 
+def test_no_audit_runs_on_a_pool_short_of_shadows(model):
+    """Issue 21: the pool's minimum is the full set it was registered with. A pool left short (the erasure dropped
+    shadows and the upkeep that refills them never finished) is refilled by the next deletion before it audits:
+    the request waits for it rather than being judged on too few shadows."""
+    import numpy as np
+
+    from app.db import session_scope
+    from app.jobs.tabular import holdout_mask, store_shadows
+    from app.ml.verification.shadows import drop_shadows, shadows_from_bytes
+    from app.registry import versions as registry
+    from app.registry.tables import Model
+
+    model_id, headers = model
+    n, entry = _shadow_count(model_id)
+    assert n == 16
+    shadows = shadows_from_bytes(get_store().get_bytes(entry["shadows"]))
+    short, counts = drop_shadows(shadows, np.asarray(shadows.row_ids[:2]))  # rows most shadows trained on
+    assert 0 < short.n_shadows < 16 and counts["dropped"] >= 1
+    with session_scope() as session:
+        entry_short = {**entry, "shadows": store_shadows(short)}
+        assert registry.swap_verification(session, model_id, entry["shadows"], entry_short)
+        spec = session.get(Model, model_id).spec
+    held = holdout_mask(400, spec["holdout_fraction"], spec["recipe"]["seed"])
+    row = next(f"r{i}" for i in range(30, 400) if not held[i])  # a row the model trained on: it is audited
+    [rid] = _queue(headers, model_id, [[row]], "retrain")
+    with TestClient(create_app(run_background=True), headers=headers) as client:
+        done = wait_request(client, rid, timeout=300)
+        assert done["status"] == "certified", done
+        [report] = client.get(done["links"]["reports"]).json()["items"]
+    assert report["n_forget"] == 1 and report["attack"]["n_shadows"] == 16, report
+    assert _shadow_count(model_id)[0] == 16
+
+
 def _job_status(job_id: str) -> str:
     return _job_result(job_id, "status")
 

@@ -38,6 +38,26 @@ def test_jobs_on_one_model_run_one_at_a_time_and_waiting_costs_no_attempt(tmp_pa
     assert claimed is not None and claimed.attempts == 1
 
 
+def test_a_lease_that_ran_out_is_neither_renewed_nor_published_on(tmp_path):
+    """Issue 22: a worker paused past its lease (the reconciler not running yet) renewed the expired lease while
+    ``model_busy`` already counted the model free, so two jobs ran on one model. An expired lease is held by nobody:
+    it is not renewed and nothing is published under it, while another worker may take the model."""
+    configure(tmp_path)
+    first, second = _job("m1"), _job("m1")
+    assert lease.claim(first, "w1") is not None
+    with session_scope() as session:
+        outbox.renew_all(session, [first], "w1", None, None)  # a live lease renews
+        session.get(Job, first).lease_expires_at = utcnow()  # the worker paused: its lease runs out
+    time.sleep(0.05)
+    with session_scope() as session, pytest.raises(outbox.LeaseLostError):
+        outbox.renew_all(session, [first], "w1", None, None)
+    with session_scope() as session, pytest.raises(outbox.LeaseLostError):
+        outbox.assert_leases(session, [first], "w1")
+    with session_scope() as session, pytest.raises(outbox.LeaseLostError):
+        outbox.assert_lease(session, first, "w1")
+    assert lease.claim(second, "w2") is not None  # the model is free for another worker
+
+
 def test_a_job_past_its_maximum_runtime_stops_renewing_and_fails_with_a_clear_error(tmp_path):
     configure(tmp_path, lease_seconds="0.6", max_job_seconds='{"deletion": 0.3}')
     job_id = _job("m1")
