@@ -11,6 +11,7 @@ refused.
 from __future__ import annotations
 
 import re
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -110,7 +111,16 @@ def test_no_key_no_data(stack, page):
     assert request["id"][:8] not in page.content()
 
 
-def test_request_runs_to_certified_without_reload_with_report_and_certificate(stack, page):
+def test_request_runs_to_certified_without_reload_with_report_and_certificate(stack, page, monkeypatch):
+    from app.jobs import tabular
+
+    real_verify = tabular.Deletion.verify
+
+    def unhurried_verify(self, work, unlearned, ctx):  # the real audit, begun a moment later: a small deletion
+        time.sleep(1.0)  # now certifies between two of the page's polls, and the page must be seen to follow it
+        return real_verify(self, work, unlearned, ctx)
+
+    monkeypatch.setattr(tabular.Deletion, "verify", unhurried_verify)
     base = stack.serve(background=False)  # no executor yet: the request waits while the page opens
     hook = f"http://127.0.0.1:{free_port()}/hook"  # nobody listens: the delivery fails and can be sent again
     request = stack.delete(stack.model_id, ["r1", "r2", "r3"], callback_url=hook)
