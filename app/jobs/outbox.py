@@ -190,31 +190,14 @@ def _free(now):
 
 def claim(session: Session, job_id: str, owner: str) -> Job | None:
     """Take the lease: succeeds for a pending/dispatched job, or a running one whose lease has expired."""
-    now = utcnow()
-    result = session.execute(
-        update(Job)
-        .where(
-            Job.id == job_id,
-            Job.attempts < Job.max_attempts,
-            _free(now),
-        )
-        .values(
-            status="running",
-            lease_owner=owner,
-            attempts=Job.attempts + 1,
-            lease_expires_at=now + timedelta(seconds=get_settings().lease_seconds),
-            started_at=now,
-            updated_at=now,
-            message="started",
-        )
-        .execution_options(synchronize_session=False)  # a batch's claims: no scan of the session per statement
-    )
-    return session.get(Job, job_id, populate_existing=True) if result.rowcount == 1 else None
+    taken = claim_many(session, [job_id], owner)
+    return taken[0] if taken else None
 
 
 def claim_many(session: Session, job_ids: list[str], owner: str) -> list[Job]:
-    """``claim`` for a batch's members in one statement: the jobs among ``job_ids`` still free are taken (the same
-    compare-and-set, so a cancel or another worker wins or loses each cleanly); returns those taken."""
+    """Take the leases of the jobs among ``job_ids`` still free (pending, dispatched, or running under a lease that
+    ran out) in one compare-and-set statement, so a cancel or another worker wins or loses each cleanly; a batch's
+    members are claimed together. Returns those taken."""
     if not job_ids:
         return []
     now = utcnow()

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import AnyHttpUrl, AwareDatetime, BaseModel, ConfigDict, Field, field_validator
@@ -8,6 +8,8 @@ from pydantic import AnyHttpUrl, AwareDatetime, BaseModel, ConfigDict, Field, fi
 from app.validation import NoNulModel
 
 SampleId = Annotated[str, Field(min_length=1, max_length=200)]
+RECEIVED_AT_SKEW = timedelta(minutes=5)
+"""How far ahead of the service's clock a ``received_at`` may be (the caller's clock may run fast)."""
 
 
 class SamplesScope(BaseModel):
@@ -59,6 +61,15 @@ class DeletionRequestCreate(NoNulModel):
     received_at: AwareDatetime | None = Field(
         None, description="When the data subject's request reached the controller (the deadline runs from it)."
     )
+
+    @field_validator("received_at")
+    @classmethod
+    def _not_in_the_future(cls, value: datetime | None) -> datetime | None:
+        """The deadline runs from it: a date ahead of now would push the deadline away (2999 evaded "overdue") or
+        past the calendar's end (9999-12-31 answered 500). A few minutes of clock skew are allowed."""
+        if value is not None and value > datetime.now(UTC) + RECEIVED_AT_SKEW:
+            raise ValueError("received_at cannot be in the future (it is when the subject's request reached you)")
+        return value
 
     @field_validator("callback_url", mode="before")
     @classmethod

@@ -118,3 +118,20 @@ def test_a_failed_request_can_be_retried(setup):
             assert "deletion_request.retried" in events
     finally:
         base._REGISTRY.pop("test-nothing", None)
+
+
+def test_a_received_at_in_the_future_is_refused(setup):
+    """Issue 22 (LOW): the deadline runs from ``received_at``; 9999-12-31 answered 500 (a month later is past the
+    calendar's end) and 2999 was accepted, evading "overdue". A date ahead of now is a 422 problem; now is fine."""
+    headers, model_id = setup
+    with TestClient(create_app(run_background=False), headers=headers) as client:
+        for future in (
+            "9999-12-31T00:00:00Z",
+            "2999-01-01T00:00:00Z",
+            (datetime.now(UTC) + timedelta(days=1)).isoformat(),
+        ):
+            response = _ask(client, model_id, ["r2"], received_at=future)
+            assert response.status_code == 422, response.text
+            assert response.headers["content-type"].startswith("application/problem+json")
+            assert "future" in response.text
+        assert _ask(client, model_id, ["r2"], received_at=datetime.now(UTC).isoformat()).status_code == 202

@@ -44,7 +44,15 @@ def test_metrics_move_when_a_request_is_certified_and_readyz_answers(tmp_path):
         after = client.get("/metrics").text
         assert _value(after, "lethe_deletion_requests", '{status="certified"}') == 1
         assert _value(after, "lethe_verdicts_total", '{verdict="pass"}') == 1
-        assert _value(after, "lethe_job_duration_seconds_count", '{kind="deletion"}') == 1
+        after = wait_for(  # the job ends after its upkeep, which runs once the request is certified
+            lambda: (
+                (text := client.get("/metrics").text)
+                and _value(text, "lethe_job_duration_seconds_count", '{kind="deletion"}') == 1
+                and text
+            ),
+            timeout=60,
+            what="the deletion job to finish its upkeep",
+        )
         assert _value(after, "lethe_job_duration_seconds_sum", '{kind="deletion"}') > 0
         assert "lethe_oldest_pending_request_age_seconds 0.0" in after
     with TestClient(create_app(run_background=False)) as client:  # no executor: not ready, and it says why
