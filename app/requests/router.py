@@ -62,10 +62,21 @@ def _bad_idempotency_key(idempotency_key: str | None) -> Problem | None:
 
 
 async def require_json(request: Request) -> None:
-    """415 unless the body is declared JSON (the bulk and subject-erasure routes; intake checks it in ``_parse``)."""
+    """415 unless the body is declared JSON (intake checks it in ``_parse``, after the key)."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type != "application/json":
         raise Problem(415, "unsupported-media-type", "Unsupported media type", "Send application/json.")
+
+
+def json_caller(scope: str):
+    """A dependency: the caller's principal holding ``scope``, then 415 unless the body is JSON. The key comes first
+    (issue 22): an anonymous caller was told 415 about the bulk and subject-erasure routes before 401."""
+
+    async def dependency(request: Request, principal: Principal = Depends(require_scope(scope))) -> Principal:
+        await require_json(request)
+        return principal
+
+    return dependency
 
 
 async def _parse(request: Request, idempotency_key: str | None) -> DeletionRequestCreate:
@@ -240,10 +251,10 @@ def reject_deletion_request(
     return service.to_out(request)
 
 
-@router.post("/bulk", response_model=bulk.BulkOut, dependencies=[Depends(require_json)])
+@router.post("/bulk", response_model=bulk.BulkOut)
 def bulk_action(
     body: bulk.BulkIn,
-    principal: Principal = Depends(require_scope("admin")),
+    principal: Principal = Depends(json_caller("admin")),
     session: Session = Depends(get_session),
 ):
     """One operator action (cancel, retry, approve, reject, extend) over explicit ``ids`` or the list endpoint's

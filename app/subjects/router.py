@@ -10,7 +10,7 @@ from app.auth.service import Principal, require_scope
 from app.config import get_settings
 from app.db import get_session
 from app.problems import Problem
-from app.requests.router import require_json
+from app.requests.router import json_caller
 from app.requests.service import to_out
 from app.subjects import service
 from app.subjects.schemas import ErasureCreate, ErasureOut, SubjectRequestsOut
@@ -22,7 +22,6 @@ router = APIRouter(prefix="/v1/subjects", tags=["subjects"])
     "/erasures",
     status_code=202,
     response_model=ErasureOut,
-    dependencies=[Depends(require_json)],
     responses={
         202: {"description": "One deletion request per model holding the subject's rows; poll the Location."},
         404: {"description": "No model holds rows of this subject (problem+json, type subject-not-found)."},
@@ -30,7 +29,7 @@ router = APIRouter(prefix="/v1/subjects", tags=["subjects"])
 )
 def create_erasure(
     body: ErasureCreate,
-    principal: Principal = Depends(require_scope("requests:write")),
+    principal: Principal = Depends(json_caller("requests:write")),
     session: Session = Depends(get_session),
 ):
     """Erase one data subject from every model registered with a ``subject_column`` that holds rows of theirs. The

@@ -782,3 +782,17 @@ def test_a_bad_verdict_policy_is_refused_at_registration(api, policy, field):
     response = api.post("/v1/models", json={"name": "f", "kind": "clip_federated", "verification": {"policy": policy}})
     problem = _problem(response, 422, "validation-error")
     assert field in problem["errors"][0]["location"]
+
+
+@pytest.mark.parametrize("url", ["/v1/deletion-requests/bulk", "/v1/subjects/erasures"])
+def test_the_key_is_checked_before_the_media_type(api, url):
+    """Issue 22: the bulk and subject-erasure routes answered an anonymous caller 415 before checking the key. Now
+    no key or a wrong one is 401 whatever the body; a key with the scope and a non-JSON body is 415."""
+    anonymous = TestClient(api.app)  # the fixture's client carries a key; this one carries none
+    for client, auth in ((anonymous, {}), (api, {"authorization": "Bearer lethe_x_y"})):
+        for content_type in ("text/plain", "application/xml"):
+            response = client.post(url, content="<not json>", headers={**auth, "content-type": content_type})
+            _problem(response, 401, "unauthorized")
+    admin = make_key(["admin", "requests:write"], name="json-check")
+    response = api.post(url, content="<x/>", headers={"authorization": f"Bearer {admin}", "content-type": "text/xml"})
+    _problem(response, 415, "unsupported-media-type")
