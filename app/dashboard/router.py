@@ -371,7 +371,8 @@ def redeliver(
 @router.get("/reports/{report_id}/plots/{name}")
 def plot(report_id: str, name: str, request: Request, session: Session = Depends(get_session)) -> Response:
     _gate(request, fragment=True)
-    png, etag = plot_png(session, get_report_or_404(session, report_id), name)
+    png, etag = plot_png(get_report_or_404(session, report_id), name)
+    session.commit()  # a plot drawn now is kept
     return Response(png, media_type="image/png",
                     headers={"Cache-Control": "private, max-age=86400", "ETag": f'"{etag}"'})  # fmt: skip
 

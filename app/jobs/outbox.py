@@ -288,10 +288,7 @@ def renew_all(session: Session, job_ids: list[str], owner: str, progress: float 
 def assert_lease(session: Session, job_id: str, owner: str) -> Job:
     """Inside a finishing transaction: lock the job row and check we still hold it (a lease that ran out is held by
     nobody: another worker may have taken the model meanwhile)."""
-    job = session.execute(select(Job).where(Job.id == job_id).with_for_update()).scalar_one()
-    if not _held(job, owner):
-        raise LeaseLostError(job_id)
-    return job
+    return assert_leases(session, [job_id], owner)[0]
 
 
 def _held(job: Job, owner: str) -> bool:

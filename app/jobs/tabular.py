@@ -58,9 +58,9 @@ ENCODED_CACHE_SIZE = 4
 FRAME_CACHE_SIZE = 2
 """Raw tables a worker keeps in memory (keyed by digest): the erase step rewrites the table from it."""
 ARTIFACT_CACHE_SIZE = 32
+"""Method-state blobs a worker keeps in memory (keyed by digest; a model's prepared methods hold 1 to 4 each)."""
 SHADOW_CACHE_SIZE = 2
 """Parsed shadow sets kept (the current one and the one a deletion just stored)."""
-"""Method-state blobs a worker keeps in memory (keyed by digest; a model's prepared methods hold 1 to 4 each)."""
 NONE_NEEDED = "none-needed"
 POSITION_COLUMN = "__lethe_position"
 """Column of a rewritten table: each remaining row's position at registration."""
@@ -567,7 +567,7 @@ class Deletion:
                 work.model = registry.load_model(session, work.model.id)[0]
         with session_scope() as session:
             by_ids = {m.request.id: m.request.scope for m in work.members if m.request.scope["kind"] == "samples"}
-            named = registry.positions_by_request(session, work.dataset.id, by_ids) if len(by_ids) > 1 else {}
+            named = registry.positions_by_request(session, work.dataset.id, by_ids)
             for member in work.members:
                 member.positions, member.refusal = _member_positions(session, work, member, named)
             flagged = [p for p, _ in registry.tombstones(session, work.dataset.id, except_request=work.request.id)]

@@ -55,5 +55,6 @@ def get_plot(
     headers = {"ETag": f'"{etag}"', "Cache-Control": "private, max-age=86400"}
     if etag is not None and _not_modified(request, etag):
         return Response(status_code=304, headers=headers)
-    png, _ = plot_png(session, report, name)
+    png, _ = plot_png(report, name)
+    session.commit()  # a plot drawn now is kept
     return Response(png, media_type="image/png", headers=headers)

@@ -42,9 +42,10 @@ def add_report(
     return report
 
 
-def plot_png(session: Session, report: Report, name: str) -> tuple[bytes, str]:
+def plot_png(report: Report, name: str) -> tuple[bytes, str]:
     """A report's plot as PNG bytes and its ETag. Drawn from its data the first time (issue 21: never on a deletion's
-    path), then kept; reports written before plots were drawn on demand hold the PNG's digest itself."""
+    path) and kept on the report (the caller commits); reports written before plots were drawn on demand hold the
+    PNG's digest itself."""
     entry = report.plots.get(name)
     if entry is None:
         raise Problem(404, "plot-not-found", "No such plot", f"plots: {sorted(report.plots)}")
@@ -53,9 +54,8 @@ def plot_png(session: Session, report: Report, name: str) -> tuple[bytes, str]:
         return store.get_bytes(entry), entry
     if entry.get("png") is None or not store.exists(entry["png"]):
         png = render(name, json.loads(store.get_bytes(entry["data"])))
-        entry = {**entry, "png": store.put_bytes(png)}
-        report.plots = {**report.plots, name: entry}
-        session.commit()
+        report.plots = {**report.plots, name: {**entry, "png": store.put_bytes(png)}}
+        return png, entry["data"]
     return store.get_bytes(entry["png"]), entry["data"]
 
 

@@ -515,26 +515,14 @@ def mark_queued(session: Session, request_id: str, job_id: str, queue: str) -> N
 def mark_running(session: Session, request_id: str, job_id: str, attempt: int, owner: str) -> None:
     """A worker took the request's job. A request that has ended stays as it is: its job may be re-taken after the
     certificate only to finish the upkeep (app/jobs/pipeline.py)."""
-    now = utcnow()
     request = session.get(DeletionRequest, request_id)
-    if request.status in TERMINAL_STATUSES:
-        return
-    request.status, request.attempts, request.updated_at = "running", attempt, now
-    request.started_at = request.started_at or now
-    append_event(
-        session,
-        actor=f"worker:{owner}",
-        action="deletion_request.running",
-        entity_type="deletion_request",
-        entity_id=request_id,
-        payload={"job_id": job_id, "attempt": attempt},
-        flush=False,  # one flush for the transaction (a batch writes hundreds)
-    )
+    if request.status not in TERMINAL_STATUSES:
+        mark_running_many(session, [(request, job_id, attempt)], owner)
 
 
 def mark_running_many(session: Session, claimed: list[tuple[DeletionRequest, str, int]], owner: str) -> None:
-    """``mark_running`` for a batch's joined requests (loaded in this session; each with its job and attempt):
-    one flush of their rows and one insert of their events."""
+    """``mark_running`` for requests loaded in this session (a batch's joined ones; each with its job and attempt):
+    their rows and one insert of their events."""
     now, events = utcnow(), []
     for request, job_id, attempt in claimed:
         request.status, request.attempts, request.updated_at = "running", attempt, now
