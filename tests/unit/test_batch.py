@@ -311,6 +311,24 @@ def test_an_auto_batch_whose_approximate_step_fails_escalates_as_a_whole_to_one_
         assert [v["method"] for v in versions] == ["train", "retrain"]
 
 
+def test_a_large_auto_batch_runs_exact_once_without_an_approximate_pass(model):
+    """The hall applies the rule below: 100 one-row ``auto`` requests on a model with Newton prepared expect one
+    chance failure, so they are served by ONE exact version and each report is a single ``retrain`` attempt (no
+    Newton pass first), the version's choice saying why."""
+    model_id, headers = model
+    ids = _queue(headers, model_id, [[f"r{i}"] for i in range(200, 300)], "auto")
+    with TestClient(create_app(run_background=True), headers=headers) as client:
+        done = [wait_request(client, rid, timeout=300) for rid in ids]
+        assert {d["status"] for d in done} == {"certified"}, done
+        assert len({d["result_version_id"] for d in done}) == 1
+        for d in done[:10]:
+            reports = client.get(d["links"]["reports"]).json()["items"]
+            assert [(r["method"], r["attempt"]) for r in reports] == [("retrain", 1)], reports
+        version = client.get(f"/v1/models/{model_id}/versions").json()[-1]
+        assert version["method"] == "retrain"
+        assert "from the start" in version["metrics"]["choice"]["note"], version["metrics"]["choice"]
+
+
 def test_auto_batch_that_chance_alone_would_escalate_runs_exact_from_the_start():
     """Each request of a batch is judged on its own rows, so an ``auto`` batch of b one-row requests expects
     b · attack_fpr attack-check failures by chance alone, and one failure escalates the whole batch: from one
