@@ -92,6 +92,8 @@ def publish(
             work.model.dataset_id,
             {member.request.id: member.positions for member in work.members},
             new_digest=erasure.dataset_digest,
+            new_chunks=erasure.dataset_chunks,
+            superseded=erasure.superseded,
             state_update=erasure.state_update,
             model_id=model_id,
         )

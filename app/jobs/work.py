@@ -102,10 +102,14 @@ class ErasurePlan:
     ``dataset_digest``: the stored table rewritten without the rows (None: the wing keeps no table);
     ``state_update``: model-state keys rewritten (an encoder, round files); ``purged``: each prepared method's state
     after purging the rows; ``invalidated``: methods whose state is dropped (they cannot purge), with the reason;
-    ``notes``: further manifest entries (what could not be separated, say).
+    ``notes``: further manifest entries (what could not be separated, say); ``dataset_chunks``: the blobs a chunked
+    table's manifest lists; ``superseded``: the blobs the rewrite replaced besides the table's old digest (the
+    chunks that held the rows).
     """
 
     dataset_digest: str | None = None
+    dataset_chunks: list[str] | None = None
+    superseded: list[str] = field(default_factory=list)
     state_update: dict[str, Any] = field(default_factory=dict)
     purged: dict[str, dict[str, bytes]] = field(default_factory=dict)
     invalidated: dict[str, str] = field(default_factory=dict)

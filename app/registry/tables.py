@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Boolean, ForeignKey, Index, Integer, String, UniqueConstraint, false
+from sqlalchemy import BigInteger, Boolean, ForeignKey, Index, Integer, String, UniqueConstraint, false, text
 from sqlalchemy.orm import Mapped, mapped_column, validates
 
 from app.db import Base, JSONType, UTCDateTime, new_id, utcnow
@@ -24,6 +24,8 @@ class Dataset(Base):
     n_rows: Mapped[int | None] = mapped_column(Integer, nullable=True)
     n_positions: Mapped[int | None] = mapped_column(Integer, nullable=True)  # rows at registration; positions keep
     # their meaning after erased rows leave the stored table
+    chunks: Mapped[list[str] | None] = mapped_column(JSONType, nullable=True)  # a chunked table's blobs (the
+    # digest is its manifest's; app/jobs/chunks.py): live while listed, shredded when an erasure replaces them
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
@@ -35,6 +37,13 @@ class DatasetRow(Base):
     __table_args__ = (
         UniqueConstraint("dataset_id", "row_id", name="uq_dataset_rows_dataset_row"),
         Index("ix_dataset_rows_dataset_label", "dataset_id", "label"),
+        Index("ix_dataset_rows_dataset_position", "dataset_id", "position"),  # erasure finds rows by position
+        Index(  # the rows older databases tombstoned: read per deletion, one index entry each, not a table scan
+            "ix_dataset_rows_tombstoned",
+            "dataset_id",
+            sqlite_where=text("deleted_by IS NOT NULL"),
+            postgresql_where=text("deleted_by IS NOT NULL"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)

@@ -11,7 +11,7 @@ never loads torch; the worker turns the array into a tensor with ``torch.from_nu
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -333,11 +333,14 @@ def erase_rows(
     new_digest: str | None = None,
     state_update: Mapping[str, Any] | None = None,
     model_id: str | None = None,
+    new_chunks: Sequence[str] | None = None,
+    superseded: Sequence[str] = (),
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """Drop the rows' index entries (keeping keyed hashes of their ids, each under the request that erased it:
-    ``rows_of`` maps request id → positions), point the data set at its rewritten blob (``new_digest``; the old blob
-    is shredded at once), and return the manifest: the entries shared by every request of the version, and each
-    request's own (its rows' counts)."""
+    ``rows_of`` maps request id → positions), point the data set at its rewritten blob (``new_digest``; a chunked
+    table's: ``new_chunks`` lists its chunks; the old blob and the ``superseded`` chunks are shredded at once), and
+    return the manifest: the entries shared by every request of the version, and each request's own (its rows'
+    counts)."""
     dataset = session.get(Dataset, dataset_id)
     owner = {int(p): request_id for request_id, positions in rows_of.items() for p in positions}
     wanted = sorted(owner)
@@ -380,8 +383,12 @@ def erase_rows(
     manifest: dict[str, Any] = {}
     if new_digest is not None and new_digest != dataset.digest:
         manifest["dataset"] = {"before": dataset.digest, "after": new_digest}
-        enqueue_shred(session, [dataset.digest], "dataset rewritten without erased rows", grace_seconds=0)
+        if new_chunks is not None:  # only the chunks that held the rows were rewritten
+            rewritten = len(set(new_chunks) - set(dataset.chunks or []))
+            manifest["dataset"] |= {"chunks": len(new_chunks), "chunks_rewritten": rewritten}
+        enqueue_shred(session, [dataset.digest, *superseded], "dataset rewritten without erased rows", grace_seconds=0)
         dataset.digest = new_digest
+        dataset.chunks = list(new_chunks) if new_chunks is not None else None
     if state_update and model_id:
         model = session.get(Model, model_id)
         # verification shadows that trained on the erased rows are copies of them: the replaced set is shredded
@@ -473,6 +480,8 @@ def _live_digests(session: Session) -> set[str]:
     """Every blob something live points at: unretired versions, data sets, models' method state, locks, rounds."""
     live = set(session.execute(select(ModelVersion.digest).where(ModelVersion.retired_at.is_(None))).scalars())
     live |= set(session.execute(select(Dataset.digest)).scalars())
+    for chunks in session.execute(select(Dataset.chunks).where(Dataset.chunks.is_not(None))).scalars():
+        live |= set(chunks or [])
     for (state,) in session.execute(select(Model.state)).all():
         state = state or {}
         for entry in state.get("methods", {}).values():

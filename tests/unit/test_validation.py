@@ -73,14 +73,15 @@ def test_a_warm_worker_sees_the_table_a_reload_would_give(tmp_path):
     data = wing.load_tabular(dataset, model)
     model.state["encoder"] = data.encoder.to_dict()
     erased = np.array([3, 7, 150])
-    new_digest = get_store().put_bytes(wing.rewrite_table(dataset, erased, wing.id_columns(dataset, model)))
+    table = wing.rewrite_table(dataset, erased, wing.id_columns(dataset, model))
     encoder = wing.scrub_encoder(data.encoder, data, erased)
     assert encoder is not None
-    wing.remember_erased(dataset, data, erased, new_digest, encoder)
-    after = SimpleNamespace(**{**vars(dataset), "digest": new_digest})
+    wing.remember_erased(dataset, data, erased, table, encoder)
+    after = SimpleNamespace(**{**vars(dataset), "digest": table.digest})
     warm = wing.load_tabular(after, SimpleNamespace(state={"encoder": encoder}))
     wing.ENCODED.clear()
     wing.FRAMES.clear()
+    wing.ENCODED_CHUNKS.clear()
     cold = wing.load_tabular(after, SimpleNamespace(state={"encoder": encoder}))
     assert warm is not cold
     for name in ("X", "y", "row_ids", "present"):

@@ -61,6 +61,11 @@ def _outputs(recipe: tabular.TabularRecipe, n_features: int, n_classes: int) -> 
     return tabular.param_shapes(recipe, n_features, n_classes)[-1][1][0]
 
 
+def _row_norms(A: np.ndarray) -> np.ndarray:
+    """Each row's Euclidean norm, as one fused pass (``linalg.norm(axis=1)`` makes two n-by-p temporaries)."""
+    return np.sqrt(np.einsum("ij,ij->i", A, A))
+
+
 def _hessian64(recipe: tabular.TabularRecipe, theta: np.ndarray, Xa: np.ndarray, k: int) -> np.ndarray:
     """The LR objective's Hessian at theta in float64 throughout (tabular's own accumulates the Gram matrix in
     float32, fine for a Newton direction, not for a proof), in the flat layout."""
@@ -142,7 +147,7 @@ def strong_convexity_bound(
         return {**out, "mu": None, "bound": None, "reason": "the Hessian at theta is not positive definite"}
     lam = np.maximum(lam, lam_min)
     mask = tabular.regularisation_mask(recipe, d, n_classes).numpy()
-    typical = float(np.linalg.norm(Xa, axis=1).mean()) + recipe.l2 * float(np.linalg.norm(mask * th))
+    typical = float(_row_norms(Xa).mean()) + recipe.l2 * float(np.linalg.norm(mask * th))
     extra = ROUNDING_MARGIN * typical  # rounding allowance on g (per-row gradient magnitude), carried into the norms
     slack = 1.0 + ROUNDING_MARGIN * float(lam[-1]) / lam_min
     coords = V.T @ g
@@ -151,7 +156,7 @@ def strong_convexity_bound(
     # rho_H = max_i ||J_i H'^-1/2|| (J_i: the row's logits' Jacobian): how far a logit moves per unit H'-norm step
     T = Q @ (V / np.sqrt(lam))  # H'^-1/2 in the flat layout, [p, p or p - 1]
     if k == 1:
-        rho_h = float(np.linalg.norm(Xa @ T, axis=1).max())
+        rho_h = float(_row_norms(Xa @ T).max())
     else:
         JT = np.stack([Xa @ T[np.r_[c * d : (c + 1) * d, k * d + c]] for c in range(k)], axis=1)  # [n, C, .]
         JT -= JT.mean(axis=1, keepdims=True)  # a shift shared by all logits leaves p unchanged (module docstring)

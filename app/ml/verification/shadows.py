@@ -212,9 +212,10 @@ def drop_shadows(shadows: ShadowSet, erased_positions: np.ndarray) -> tuple[Shad
     it and goes now, with the erased rows' pool columns; ``refill_shadows`` restores the pool later, after the
     request is certified. Returns the smaller set and counts {"dropped", "kept"}."""
     erased = np.unique(np.asarray(erased_positions, dtype=np.int64).reshape(-1))
-    keep_cols = np.setdiff1d(np.arange(shadows.in_mask.shape[1]), erased)
+    keep_cols = np.ones(shadows.in_mask.shape[1], bool)  # masks, not set differences over a 1M-column pool
+    keep_cols[erased] = False
     holders = shadows_containing(shadows, erased) if erased.size else np.zeros(0, np.int64)
-    kept = np.setdiff1d(np.arange(shadows.n_shadows), holders)
+    kept = np.flatnonzero(~np.isin(np.arange(shadows.n_shadows), holders))
     result = ShadowSet(
         shadows.recipe,
         shadows.n_classes,
