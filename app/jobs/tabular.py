@@ -707,7 +707,8 @@ class Deletion:
         return erase_copies(work, unlearned, ctx)
 
     def upkeep(self, model_id: str, ctx: JobContext) -> dict[str, Any]:
-        return refill_verification(model_id, ctx)
+        completed = complete_purges(model_id, ctx)
+        return {**refill_verification(model_id, ctx), **({"purges_completed": completed} if completed else {})}
 
     def verify(self, work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> dict[str, Verification]:
         return verify_deletion(work, unlearned)
@@ -1028,6 +1029,49 @@ def pool_short(model: Model) -> bool:
         return False
     shadows = load_shadows(entry["shadows"])
     return shadows.n_shadows < shadows.settings.n_shadows
+
+
+def complete_purges(model_id: str, ctx: JobContext) -> list[str]:
+    """The upkeep's first step: each prepared method's purge that the request's path only began (a Newton state
+    downdated by the erased rows' terms: newton/method.py, ``purge="deferred"``) completed at the served model over
+    the retained rows, and swapped in; the downdated blobs are shredded. Returns the methods completed."""
+    with session_scope() as session:
+        model, dataset, served = registry.load_model(session, model_id)
+        flagged = [p for p, _ in registry.tombstones(session, dataset.id)] if dataset is not None else []
+        session.expunge_all()
+    prepared = [(n, build(get_method(n), model.spec.get("method_settings", {}).get(n, {})))
+                for n in registry.prepared_methods(model)]  # fmt: skip
+    prepared = [(name, method) for name, method in prepared if hasattr(method, "complete_purge")]
+    if not prepared or dataset is None:
+        return []
+    data = load_tabular(dataset, model)
+    recipe = tabular.TabularRecipe.from_dict(model.spec["recipe"])
+    retain = ~holdout_mask(len(data.y), model.spec.get("holdout_fraction", 0.2), recipe.seed) & data.present
+    retain[flagged] = False
+    tombstone = ~data.present
+    tombstone[flagged] = True
+    ctx.progress(0.99, "certified; completing the purge of the method state")
+    completed: dict[str, dict[str, bytes]] = {}
+    for name, method in prepared:
+        problem = TabularProblem(
+            recipe=recipe,
+            X=data.X,
+            y=data.y,
+            n_classes=data.encoder.n_classes,
+            theta=weights(served.digest),
+            retain_mask=retain,
+            forget_mask=np.zeros(len(data.y), bool),
+            tombstone_mask=tombstone,
+            artifacts=method_artifacts(model, name),
+        )
+        if (result := method.complete_purge(problem)) is not None:
+            completed[name] = dict(result.artifacts)
+    if completed:
+        remember_artifacts({f"{n}:{k}": v for n, a in completed.items() for k, v in a.items()})
+        with session_scope() as session:
+            ctx.assert_lease(session)
+            registry.update_method_state(session, model_id, completed, {})
+    return sorted(completed)
 
 
 def refill_verification(model_id: str, ctx: JobContext) -> dict[str, Any]:

@@ -64,7 +64,12 @@ class NewtonSettings(_Settings):
     """app.ml.unlearning.newton.method.NewtonConfig (``newton`` and ``influence``; on the main branch)."""
 
     exact_steps: int = Field(0, ge=0, le=100)
-    purge: Literal["recompute", "downdate"] = "recompute"
+    purge: Literal["deferred", "recompute", "downdate"] = Field(
+        "deferred",
+        description="deferred: the erased rows' terms removed on the request's path, the Hessian recomputed at the "
+        "new model in the upkeep after the certificate; recompute: recomputed on the path; downdate: never "
+        "recomputed (the stored Hessian stays at an earlier model that trained on the erased rows).",
+    )
     exact_hessian_max_params: int = Field(2048, ge=0, le=8192, description="A dense p x p float64 Hessian.")
     gauss_newton_damping: float = Field(1e-2, ge=0, le=1e6)
     certify: bool = Field(

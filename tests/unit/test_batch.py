@@ -8,13 +8,14 @@ import base64
 import json
 
 import pytest
+import torch
 from fastapi.testclient import TestClient
 
 from app.certificates.verify_cli import verify_file
 from app.jobs.tabular import stored_frame
 from app.main import create_app
 from app.storage import get_store
-from tests.helpers import configure, make_key, wait_model, wait_request, write_table
+from tests.helpers import configure, make_key, wait_for, wait_model, wait_request, write_table
 
 SCOPES = ["models:write", "models:read", "requests:write", "requests:read", "audit:read", "admin"]
 
@@ -233,7 +234,8 @@ def test_the_shadows_that_saw_the_rows_go_with_the_erasure_and_the_pool_is_refil
         with session_scope() as session:
             job = session.execute(select(Job).where(Job.request_id == rid)).scalar_one()
         wait_for(lambda: _job_status(job.id) == "succeeded", timeout=60, what="the job to finish its upkeep")
-        assert _job_result(job.id)["upkeep"] == entry["last_refill"]
+        # the purge of newton's state that the erase step began (deferred) is completed in the same upkeep
+        assert _job_result(job.id)["upkeep"] == {**entry["last_refill"], "purges_completed": ["newton"]}
         versions = client.get(f"/v1/models/{model_id}/versions").json()
         with session_scope() as session:  # as if its worker had died in the upkeep: re-offered
             session.execute(update(Job).where(Job.id == job.id).values(status="pending", attempts=1))
@@ -357,3 +359,41 @@ def test_auto_batch_that_chance_alone_would_escalate_runs_exact_from_the_start()
     assert exact_from_the_start(work(100, method="influence")) is None  # named: it runs, failures split off
     assert exact_from_the_start(work(20, policy={"attack_fpr": 0.05})) is not None
     assert exact_from_the_start(work(1, policy={"attack_fpr": 0.5})) is None  # a request alone: nothing to escalate
+
+
+def test_the_upkeep_completes_the_deferred_purge_of_the_newton_state(model):
+    """A newton deletion stores its state downdated by the erased rows' terms (purge "deferred": nothing more on the
+    request's path); the upkeep after the certificate recomputes it at the served model over the retained rows and
+    the downdated blob is shredded (newton/method.py, module docstring)."""
+    from sqlalchemy import select
+
+    from app.db import session_scope
+    from app.jobs.tables import Job
+    from app.jobs.work import weights
+    from app.ml.unlearning.newton.method import ARTIFACT_STATE, NewtonState
+    from app.registry import versions as registry
+    from app.registry.tables import Model
+
+    model_id, headers = model
+    with session_scope() as session:
+        before = session.get(Model, model_id).state["methods"]["newton"]["artifacts"][ARTIFACT_STATE]
+    (rid,) = _queue(headers, model_id, [["r7", "r8"]], "newton")
+    with TestClient(create_app(run_background=True), headers=headers) as client:
+        done = wait_request(client, rid, timeout=300)
+        assert done["status"] == "certified"
+        manifest = _statement(client.get(done["links"]["certificate"]).json())["predicate"]["erasure_manifest"]
+
+        def finished():
+            with session_scope() as session:
+                return session.execute(select(Job.status).where(Job.request_id == rid)).scalar_one() == "succeeded"
+
+        wait_for(finished, timeout=120, what="the deletion's upkeep")
+    downdated = manifest["method_state"]["newton"]["after"][ARTIFACT_STATE]  # what the certificate's step stored
+    assert downdated != before
+    with session_scope() as session:
+        digest = session.get(Model, model_id).state["methods"]["newton"]["artifacts"][ARTIFACT_STATE]
+        served = weights(registry.load_model(session, model_id)[2].digest)
+        registry.shred_due(session)
+    state = NewtonState.from_bytes(get_store().get_bytes(digest))
+    assert torch.equal(state.theta, served) and torch.equal(state.hessian_theta, served)  # recomputed there
+    assert digest != downdated and not get_store().exists(downdated) and not get_store().exists(before)

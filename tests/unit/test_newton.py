@@ -274,7 +274,8 @@ def test_sequential_requests_use_the_true_residual(lr):
 def test_purge_leaves_only_retained_rows_in_the_state(lr):
     f = mask(lr.n, range(3, lr.n, 250))
     keep = ~f
-    recompute, downdated = NewtonUnlearning(), InfluenceUnlearning(NewtonConfig(purge="downdate"))
+    recompute = NewtonUnlearning(NewtonConfig(purge="recompute"))
+    downdated = InfluenceUnlearning(NewtonConfig(purge="downdate"))
     for method, stored_at in ((recompute, "theta_new"), (downdated, "earlier_theta")):
         res = lr.unlearn(method, f)
         state = NewtonState.from_bytes(res.artifacts[ARTIFACT_STATE])
@@ -292,6 +293,35 @@ def test_purge_leaves_only_retained_rows_in_the_state(lr):
         eye = torch.eye(len(g), dtype=torch.float64)
         assert torch.allclose(state.cholesky @ state.cholesky.T, state.hessian + state.damping * eye, atol=1e-12)
         assert res.info["purge_seconds"] > 0
+
+
+def test_a_deferred_purge_downdates_on_the_path_and_completes_to_the_recomputed_state(lr):
+    """purge="deferred" (the default): the answer stores the downdated state (the erased rows' terms removed at the
+    point they entered: no pass over the retained rows on the request's path), and ``complete_purge`` (the upkeep)
+    turns it into exactly the state ``recompute`` stores — once, shared by newton and influence."""
+    f = mask(lr.n, range(3, lr.n, 250))
+    keep = ~f
+    deferred = NewtonUnlearning()
+    assert deferred.config.purge == "deferred"
+    answered = lr.unlearn(deferred, f)
+    assert answered.info["stored_hessian_at"] == "earlier_theta"
+    recomputed = lr.unlearn(NewtonUnlearning(NewtonConfig(purge="recompute")), f)
+    assert torch.equal(answered.theta, recomputed.theta)  # the answer itself does not depend on the purge mode
+
+    def problem(artifacts):  # the upkeep's: the served model, the retained rows, nothing to forget
+        return TabularProblem(lr.recipe, lr.X, lr.y, lr.C, answered.theta, keep, lr.none, f, artifacts=artifacts)
+
+    done = deferred.complete_purge(problem(answered.artifacts))
+    assert done is not None
+    state = NewtonState.from_bytes(done.artifacts[ARTIFACT_STATE])
+    want = NewtonState.from_bytes(recomputed.artifacts[ARTIFACT_STATE])
+    assert torch.equal(state.hessian_theta, answered.theta) and np.array_equal(state.rows, keep)
+    assert torch.allclose(state.hessian, want.hessian, rtol=0, atol=1e-12)
+    assert torch.allclose(state.residual, want.residual, rtol=0, atol=1e-15)
+    # influence completes from the same numbers, and a completed state needs nothing more
+    other = InfluenceUnlearning().complete_purge(problem(answered.artifacts))
+    assert other is not None and NewtonState.from_bytes(other.artifacts[ARTIFACT_STATE]).hessian.equal(state.hessian)
+    assert deferred.complete_purge(problem(done.artifacts)) is None
 
 
 def test_downdate_purge_stays_exact_over_sequential_requests(lr):
@@ -410,6 +440,9 @@ def test_purge_by_another_method_describes_the_new_model(lr):
     assert "prepare again" in NewtonUnlearning().purge(problem).info["needs_prepare"]
 
 
+RECOMPUTE = NewtonConfig(purge="recompute")
+
+
 def test_one_row_sigmoid_is_the_logistic_function_without_overflow():
     """The one-row step evaluates sigma on Python floats; a confidently classified row (|logit| in the hundreds) must
     not raise OverflowError, and the values must match scipy's expit."""
@@ -422,22 +455,23 @@ def test_one_row_sigmoid_is_the_logistic_function_without_overflow():
 def test_newton_and_influence_keep_one_state(lr, monkeypatch):
     """The erase step purges the method that did not answer; newton and influence keep the same state (the Hessian,
     its factor and the residual at the new θ over the retained rows), so the purge takes the one the answering
-    method has just computed instead of a second pass over the rows (issue 21), and it equals a fresh one."""
+    method has just computed instead of a second pass over the rows (issue 21), and it equals a fresh one. (purge
+    "recompute"; the default "deferred" shares the same way in its upkeep: the test above.)"""
     from app.ml.unlearning.newton import method as newton_module
 
     forget = mask(lr.n, [5, 17])
-    answered = lr.unlearn(InfluenceUnlearning(), forget)
+    answered = lr.unlearn(InfluenceUnlearning(RECOMPUTE), forget)
     passes = []
     real_state = NewtonUnlearning._state
     monkeypatch.setattr(NewtonUnlearning, "_state", lambda self, *a: passes.append(1) or real_state(self, *a))
-    prepared = lr.artifacts(NewtonUnlearning())
+    prepared = lr.artifacts(NewtonUnlearning(RECOMPUTE))
     problem = TabularProblem(lr.recipe, lr.X, lr.y, lr.C, answered.theta, ~forget, forget, lr.none, artifacts=prepared)
-    purged = NewtonState.from_bytes(NewtonUnlearning().purge(problem).artifacts[ARTIFACT_STATE])
+    purged = NewtonState.from_bytes(NewtonUnlearning(RECOMPUTE).purge(problem).artifacts[ARTIFACT_STATE])
     assert passes == []  # shared, not recomputed
-    fresh, _ = real_state(NewtonUnlearning(), problem, answered.theta, ~forget)
+    fresh, _ = real_state(NewtonUnlearning(RECOMPUTE), problem, answered.theta, ~forget)
     for name in ("theta", "hessian_theta", "hessian", "cholesky", "residual"):
         assert torch.equal(getattr(purged, name), getattr(fresh, name)), name
     assert np.array_equal(purged.rows, ~forget)
     newton_module.WARM.clear()  # nothing kept: the purge computes the state itself
-    NewtonUnlearning().purge(problem)
+    NewtonUnlearning(RECOMPUTE).purge(problem)
     assert passes == [1]

@@ -85,7 +85,7 @@ class L2ULNConfig:
         self.newton_config()  # validates
 
     def newton_config(self) -> NewtonConfig:
-        return NewtonConfig(**self.newton)
+        return NewtonConfig(**{"purge": "recompute", **self.newton})  # its state has no deferred completion
 
     def unlearner_config(self) -> UnlearnerConfig:
         return UnlearnerConfig(

@@ -29,7 +29,15 @@ State and purge (GDPR: H and r are aggregates of every training row, the erased 
 ``unlearn`` returns new state with the erased rows' contributions gone:
 - the residual is recomputed at the published theta' (float32, as stored) over R: one gradient pass, which is also
   the honest ``retained_grad_norm``. It is required, not optional: the next request starts from it;
-- ``purge="recompute"`` (default): H is recomputed over R at theta' (O(|R| p^2), the preparation's cost, reported as
+- ``purge="deferred"`` (default): the answer's purge is the downdate below (exact removal of the erased rows' terms,
+  O(k p^2): nothing more on the request's path), and ``complete_purge`` — the service's upkeep right after the
+  certificates, in the same job (issue 21) — recomputes H over R at theta', as ``recompute`` would have. Until then
+  the stored Hessian is at the parent model, which trained on the erased rows: the retired parent's weights are the
+  same kind of copy and are shredded at the end of that same job (retired_version_grace_seconds, 0 by default), so
+  the deferred state never outlives what the store already held; a worker that dies first leaves the job to be
+  retried, and the retry's upkeep completes it. Besides, the subtraction leaves rounding residue of the erased terms
+  (float64, relative 1e-16), gone with the recompute;
+- ``purge="recompute"``: H is recomputed over R at theta' (O(|R| p^2), the preparation's cost, reported as
   ``purge_seconds``). The stored state is then a function of theta' and the retained rows only;
 - ``purge="downdate"``: the erased rows' terms are subtracted, evaluated at the point where they were added
   (O(k p^2), nothing more to compute for ``newton``), so the Hessian stays at the model of the last full
@@ -66,7 +74,7 @@ from app.ml.unlearning.warm import WarmStates
 ARTIFACT_STATE = "newton_state.safetensors"
 WARM = WarmStates()
 """Parsed states of this worker (warm.py): a request on a state this process stored or read pays no parse."""
-PURGE_MODES = ("recompute", "downdate")
+PURGE_MODES = ("deferred", "recompute", "downdate")
 BIAS_SHIFT_RIDGE = 1e-10
 """Added to the diagonal for softmax layouts, whose Hessian is singular along the shared output-bias shift."""
 INDEFINITE_DAMPING_START = 1e-8
@@ -86,7 +94,7 @@ class NewtonConfig:
     """Settings shared by ``newton`` and ``influence`` (see the module docstring)."""
 
     exact_steps: int = 0
-    purge: str = "recompute"
+    purge: str = "deferred"
     exact_hessian_max_params: int = 2048
     gauss_newton_damping: float = GAUSS_NEWTON_DAMPING
     certify: bool = False
@@ -462,6 +470,15 @@ def _computed_at(state: Any, *, theta: torch.Tensor, rows: np.ndarray, kind: str
     )
 
 
+def _reuse(fresh: NewtonState, requests: int) -> NewtonState:
+    """A state another method computed (the same numbers), with this method's request count; its precomputed views
+    of those numbers are shared too."""
+    new_state = replace(fresh, requests=requests)
+    if (views := getattr(fresh, "_lr_fast", None)) is not None:
+        new_state._lr_fast = views  # type: ignore[attr-defined]
+    return new_state
+
+
 # ---------------------------------------------------------------------------------------------- the methods
 class NewtonUnlearning:
     """Newton removal: the Hessian downdated by the erased rows (more exact, O(k p^2 + p^3) per request)."""
@@ -718,7 +735,8 @@ class NewtonUnlearning:
         kind = self.config.hessian_kind(recipe, theta.numel())
         base = self._base_damping(recipe, X.shape[1], C, kind)
         erased = state.rows & ~rows
-        if self.config.purge == "downdate" and not (rows & ~state.rows).any() and kind == state.hessian_kind:
+        downdating = self.config.purge in ("downdate", "deferred")
+        if downdating and not (rows & ~state.rows).any() and kind == state.hessian_kind:
             d = X.shape[1]
             l2_mask = recipe.l2 * tabular.regularisation_mask(recipe, d, C)
             H_f = tabular.data_hessian_sum(recipe, state.hessian_theta, X[erased], y[erased], C, kind)
@@ -732,9 +750,7 @@ class NewtonUnlearning:
         elif (fresh := WARM.find(partial(_computed_at, theta=theta, rows=rows, kind=kind, base=base))) is not None:
             # the method that answered computed this very state a moment ago (newton and influence keep the same
             # one: the Hessian, its factor and the residual at the new θ over the retained rows): not twice
-            new_state = replace(fresh, requests=state.requests)
-            if (views := getattr(fresh, "_lr_fast", None)) is not None:  # views of the same numbers: shared too
-                new_state._lr_fast = views  # type: ignore[attr-defined]
+            new_state = _reuse(fresh, state.requests)
         else:
             new_state, _ = self._state(problem, theta, rows)
             new_state.requests = state.requests
@@ -747,6 +763,32 @@ class NewtonUnlearning:
             "purge": self.config.purge,
             "purge_seconds": time.perf_counter() - t0,
         }
+        return UnlearningResult(theta=theta, info=info, artifacts=artifacts)
+
+    def complete_purge(self, problem: TabularProblem) -> UnlearningResult | None:
+        """The deferred part of ``purge="deferred"`` (module docstring), for the upkeep after the certificates: the
+        state recomputed at ``problem.theta`` (the served model) over ``problem.retain_mask``, so that no stored
+        number depends on an erased row any more; shared by newton and influence (one computation for both). None
+        when the stored state is already that (nothing deferred, or another purge mode)."""
+        if self.config.purge != "deferred" or ARTIFACT_STATE not in problem.artifacts:
+            return None
+        theta = self._theta(problem)
+        state = WARM.get(problem.artifacts[ARTIFACT_STATE], NewtonState.from_bytes)
+        rows = np.asarray(problem.retain_mask, dtype=bool)
+        kind = self.config.hessian_kind(problem.recipe, theta.numel())
+        base = self._base_damping(problem.recipe, problem.X.shape[1], problem.n_classes, kind)
+        at = partial(_computed_at, theta=theta, rows=rows, kind=kind, base=base)
+        if at(state):
+            return None
+        t0 = time.perf_counter()
+        if (fresh := WARM.find(at)) is not None:
+            new_state = _reuse(fresh, state.requests)
+        else:
+            new_state, _ = self._state(problem, theta, rows)
+            new_state.requests = state.requests
+        artifacts = {ARTIFACT_STATE: new_state.to_bytes()}
+        WARM.put(artifacts[ARTIFACT_STATE], new_state)
+        info = {"method": self.mode, "stage": "complete_purge", "seconds": time.perf_counter() - t0}
         return UnlearningResult(theta=theta, info=info, artifacts=artifacts)
 
 
