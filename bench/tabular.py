@@ -46,8 +46,9 @@ each method's deletions pay only their own state upkeep. The registrations' prep
 validation on real deletions) is recorded; then ``reps_e2e`` deletions per method and |D_f|, each on an idle model
 (the previous job's upkeep finished) and timed POST -> certified (``e2e_s``), then its upkeep after the certificate
 (``upkeep_s``: shadow refill, deferred purge) until the model is idle again; whether each audit was informative and
-which evidence each verdict rests on are recorded; speedup_e2e = median retrain e2e / median method e2e. Deletions through the service are sequential (each on the then-current version) and keep working until
-a method's state is used up (L2UL's units): what ran and what was refused is recorded.
+which evidence each verdict rests on are recorded; speedup_e2e = median retrain e2e / median method e2e. Deletions
+through the service are sequential (each on the then-current version) and keep working until a method's state is
+used up (L2UL's units): what ran and what was refused is recorded.
 """
 
 from __future__ import annotations
