@@ -657,7 +657,7 @@ def extend(
 
 REQUEST_COLUMNS = [
     "id", "model_id", "subject_hash", "method", "status", "progress", "attempts", "scope", "received_at", "due_at",
-    "overdue", "extensions", "created_at", "started_at", "completed_at", "result_version_id", "error",
+    "overdue", "answered_late", "extensions", "created_at", "started_at", "completed_at", "result_version_id", "error",
 ]  # fmt: skip
 AUDIT_COLUMNS = ["seq", "at", "actor", "action", "entity_type", "entity_id", "payload", "prev_hash", "hash"]
 

@@ -134,6 +134,7 @@ class DeletionRequest(_Out):
     due_at: datetime | None = None
     days_left: float | None = None
     overdue: bool = False
+    answered_late: bool = False
     extensions: list[dict[str, Any]] = Field(default_factory=list)
     stuck: bool = False
     erasure: dict[str, Any] | None = None

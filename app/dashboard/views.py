@@ -10,13 +10,16 @@ from typing import Any
 from markupsafe import Markup, escape
 
 ACTIVE_STATUSES = ("received", "queued", "running", "verifying")
+ANSWERED_STATUSES = ("certified", "rejected", "cancelled")  # app/requests/tables.py (the dashboard reads no tables)
 
 
-def time_left(days_left: float | None, overdue: bool, status: str) -> str:
+def time_left(days_left: float | None, overdue: bool, status: str, answered_late: bool = False) -> str:
+    """The deadline as a person reads it: time left, OVERDUE while the erasure is still owed (a failed or
+    pending-approval request too), answered (late) once it is not."""
     if days_left is None:
         return "—"
-    if status not in ACTIVE_STATUSES:
-        return "answered"
+    if status in ANSWERED_STATUSES:
+        return "answered late" if answered_late else "answered"
     if overdue:
         return f"OVERDUE by {_span(-days_left)}"
     return f"{_span(days_left)} left"
@@ -38,7 +41,7 @@ def request_json(out: Any) -> dict[str, Any]:
         "message": out.message or "",
         "active": out.status in ACTIVE_STATUSES,
         "overdue": bool(out.overdue),
-        "time_left": time_left(out.days_left, out.overdue, out.status),
+        "time_left": time_left(out.days_left, out.overdue, out.status, out.answered_late),
     }
 
 

@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from app.db import session_scope, utcnow
 from app.jobs.tables import Job
 from app.reports.tables import Report
-from app.requests.service import WAITING_STATUSES
+from app.requests.service import ANSWERED_STATUSES, APPROVAL_STATUS, WAITING_STATUSES
 from app.requests.tables import REQUEST_STATUSES, DeletionRequest
 from app.webhooks.tables import WebhookDelivery
 
@@ -67,12 +67,25 @@ class LetheCollector(Collector):
             yield depth
 
             oldest = session.execute(
-                select(func.min(DeletionRequest.created_at)).where(DeletionRequest.status.in_(WAITING_STATUSES))
+                select(func.min(DeletionRequest.created_at)).where(
+                    DeletionRequest.status.in_((APPROVAL_STATUS, *WAITING_STATUSES))
+                )
             ).scalar()
             yield GaugeMetricFamily(
                 "lethe_oldest_pending_request_age_seconds",
-                "Age of the oldest deletion request no worker has started.",
+                "Age of the oldest deletion request no worker has started (pending approval included).",
                 value=(now - oldest).total_seconds() if oldest else 0.0,
+            )
+            overdue = session.execute(
+                select(func.count()).where(
+                    DeletionRequest.status.notin_(ANSWERED_STATUSES), DeletionRequest.due_at < now
+                )
+            ).scalar()
+            yield GaugeMetricFamily(
+                "lethe_overdue_requests",
+                "Deletion requests past their GDPR deadline whose erasure is still owed (failed and pending approval "
+                "included).",
+                value=overdue,
             )
             failures = session.execute(
                 select(func.count()).where(WebhookDelivery.attempts > 0, WebhookDelivery.status != "delivered")

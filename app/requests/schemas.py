@@ -93,7 +93,8 @@ class DeletionRequestOut(BaseModel):
     received_at: datetime | None = None
     due_at: datetime | None = None
     days_left: float | None = None  # negative once overdue
-    overdue: bool = False
+    overdue: bool = False  # past its deadline with the erasure still owed (failed and pending-approval included)
+    answered_late: bool = False  # certified or rejected after its deadline
     extensions: list[dict[str, Any]] = []
     stuck: bool = False  # still received/queued after LETHE_STUCK_AFTER_SECONDS: no worker has taken it
     erasure: dict[str, Any] | None = None  # the erasure manifest: every store rewritten, with digests and counts

@@ -30,8 +30,8 @@ from app.registry.schemas import SCOPES_BY_KIND
 from app.registry.tables import DatasetRow, Model, ModelVersion
 from app.registry.versions import ID_QUERY_CHUNK, erased_hashes, hash_row_id
 from app.requests.schemas import DeletionRequestCreate, DeletionRequestOut
+from app.requests.tables import ANSWERED_STATUSES, TERMINAL_STATUSES, DeletionRequest, InflightRow
 from app.requests.tables import REQUEST_STATUSES as REQUEST_STATUSES  # re-exported: the dashboard reads no tables
-from app.requests.tables import TERMINAL_STATUSES, DeletionRequest, InflightRow
 from app.webhooks import service as webhooks
 
 META_METHODS = {AUTO}
@@ -66,6 +66,7 @@ def to_out(request: DeletionRequest) -> DeletionRequestOut:
         due_at=request.due_at,
         days_left=round((request.due_at - utcnow()).total_seconds() / 86400, 2) if request.due_at else None,
         overdue=is_overdue(request),
+        answered_late=answered_late(request),
         extensions=request.extensions or [],
         result_version_id=request.result_version_id,
         created_at=request.created_at,
@@ -466,7 +467,7 @@ def list_requests(
     if status:
         query = query.where(DeletionRequest.status == status)
     if overdue:
-        query = query.where(DeletionRequest.status.notin_(TERMINAL_STATUSES), DeletionRequest.due_at < utcnow())
+        query = query.where(DeletionRequest.status.notin_(ANSWERED_STATUSES), DeletionRequest.due_at < utcnow())
     if stuck:
         before = utcnow() - timedelta(seconds=get_settings().stuck_after_seconds)
         query = query.where(DeletionRequest.status.in_(WAITING_STATUSES), DeletionRequest.created_at < before)
@@ -707,7 +708,15 @@ def add_months(moment: datetime, months: int) -> datetime:
 
 
 def is_overdue(request: DeletionRequest) -> bool:
-    return request.due_at is not None and request.status not in TERMINAL_STATUSES and request.due_at < utcnow()
+    """Its deadline passed and the erasure is still owed: a failed or pending-approval request too (the obligation,
+    not the job, decides)."""
+    return request.due_at is not None and request.status not in ANSWERED_STATUSES and request.due_at < utcnow()
+
+
+def answered_late(request: DeletionRequest) -> bool:
+    """Erased or refused after its deadline (a withdrawal is no answer): what a DPO reports, kept once answered."""
+    done = request.completed_at
+    return request.status in ("certified", "rejected") and None not in (done, request.due_at) and done > request.due_at
 
 
 def flag_overdue(session: Session) -> int:
@@ -717,7 +726,7 @@ def flag_overdue(session: Session) -> int:
         session.execute(
             select(DeletionRequest)
             .where(
-                DeletionRequest.status.notin_(TERMINAL_STATUSES),
+                DeletionRequest.status.notin_(ANSWERED_STATUSES),
                 DeletionRequest.due_at < now,
                 DeletionRequest.overdue_at.is_(None),
             )

@@ -20,6 +20,10 @@ REQUEST_STATUSES = (
     "cancelled",
 )
 TERMINAL_STATUSES = ("certified", "failed", "rejected", "cancelled")
+ANSWERED_STATUSES = ("certified", "rejected", "cancelled")
+"""The data subject has been answered (GDPR Art. 12(3)/(4)): erased, refused with the reason, or withdrawn. Every
+other status still owes the erasure — ``failed`` (no job left, the rows not erased) and ``pending-approval`` included
+— and its deadline keeps running."""
 
 
 class DeletionRequest(Base):

@@ -135,3 +135,47 @@ def test_a_received_at_in_the_future_is_refused(setup):
             assert response.headers["content-type"].startswith("application/problem+json")
             assert "future" in response.text
         assert _ask(client, model_id, ["r2"], received_at=datetime.now(UTC).isoformat()).status_code == 202
+
+
+def test_the_deadline_is_the_obligation_not_the_status(setup):
+    """Issue 23, item 3: a failed request (its erasure still owed) and one pending approval are overdue past their
+    deadline, counted by the overdue filter, the audit flag and the gauge; an answer after the deadline is recorded
+    as answered late (API, dashboard wording), never as on time."""
+    from app.dashboard.views import time_left
+
+    headers, model_id = setup
+    received = (datetime.now(UTC) - timedelta(days=40)).isoformat()
+    base.register_method(
+        "test-nothing-late",
+        "app.ml.unlearning.baselines.sisa:DoNothingConfig",
+        "app.ml.unlearning.baselines.sisa:DoNothing",
+        model_kinds={"tabular"},
+        scopes={"samples"},
+    )
+    try:
+        with TestClient(create_app(run_background=True), headers=headers) as client:
+            trained = [f"r{i}" for i, held in enumerate(holdout_mask(200, 0.2, seed=0)) if not held]
+            asked = _ask(client, model_id, [trained[0]], method="test-nothing-late", received_at=received).json()
+            failed = wait_request(client, asked["id"], 120)
+            assert failed["status"] == "failed" and failed["overdue"] is True and failed["answered_late"] is False
+            certified = wait_request(client, _ask(client, model_id, [trained[1]], received_at=received).json()["id"])
+            assert certified["status"] == "certified"
+            assert certified["overdue"] is False and certified["answered_late"] is True
+            assert time_left(certified["days_left"], False, "certified", True) == "answered late"
+            assert time_left(failed["days_left"], True, "failed").startswith("OVERDUE by")
+            patched = client.patch(f"/v1/models/{model_id}", json={"requires_approval": True})
+            assert patched.status_code == 200, patched.text
+            pending = _ask(client, model_id, [trained[2]], received_at=received).json()
+            assert pending["status"] == "pending-approval" and pending["overdue"] is True
+            overdue = {r["id"] for r in client.get("/v1/deletion-requests", params={"overdue": "true"}).json()["items"]}
+            assert overdue == {failed["id"], pending["id"]}
+            with session_scope() as session:
+                flag_overdue(session)
+            for rid in (failed["id"], pending["id"]):
+                events = [e["action"] for e in client.get("/v1/audit", params={"entity_id": rid}).json()["items"]]
+                assert "deletion_request.overdue" in events, rid
+            metrics = client.get("/metrics").text
+            assert "lethe_overdue_requests 2.0" in metrics
+            assert "lethe_oldest_pending_request_age_seconds 0.0" not in metrics  # the pending approval counts
+    finally:
+        base._REGISTRY.pop("test-nothing-late", None)
