@@ -199,14 +199,15 @@ def get_session() -> Iterator[Session]:
 
 
 def migrate(url: str | None = None) -> None:
-    """Bring the database to the newest Alembic revision (tests and the CLI migrate; nothing calls create_all)."""
+    """Bring the database to the newest Alembic revision (tests and the CLI migrate; nothing calls create_all). The
+    revisions ship inside the package (``app/migrations``), so an installed wheel migrates from any working
+    directory; ``alembic.ini`` at the repository's root is for developers running ``alembic`` by hand."""
     from pathlib import Path
 
     from alembic import command
     from alembic.config import Config
 
-    root = Path(__file__).resolve().parent.parent
-    config = Config(str(root / "alembic.ini"))
-    config.set_main_option("script_location", str(root / "migrations"))
+    config = Config()
+    config.set_main_option("script_location", str(Path(__file__).resolve().parent / "migrations"))
     config.attributes["url"] = url or get_settings().resolved_database_url
     command.upgrade(config, "head")
