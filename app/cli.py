@@ -206,13 +206,26 @@ def serve(host: str = "127.0.0.1", port: int = 8000, workers: int = 1, log_level
 
 
 @app.command()
-def worker(queues: str = "gpu,cpu", concurrency: int = 1, loglevel: str = "INFO") -> None:
+def worker(
+    queues: str = "gpu,cpu",
+    concurrency: int = 1,
+    loglevel: str = "INFO",
+    name: Annotated[
+        str | None,
+        typer.Option(help="Celery node name (default: lethe-<queues>-<pid>@<host>, unique for workers on one host)."),
+    ] = None,
+) -> None:
     """Run a Celery worker (one per GPU, prefetch 1)."""
+    import os
+
     from workers.celery_app import celery_app
 
+    node = name or f"lethe-{queues.replace(',', '-')}-{os.getpid()}@%h"
     celery_app.worker_main(
         [
             "worker",
+            "-n",
+            node,
             "-Q",
             queues,
             "--concurrency",

@@ -8,8 +8,10 @@
 
 from __future__ import annotations
 
+import os
+
 from celery import Celery
-from celery.signals import setup_logging
+from celery.signals import setup_logging, worker_ready, worker_shutdown
 from kombu import Queue
 
 from app.config import get_settings
@@ -35,3 +37,22 @@ celery_app.conf.update(
 def _structured_logs(loglevel=None, **_) -> None:
     """Celery leaves logging to us: the same JSON lines as the API, each with the job's ids (app/jobs/pipeline.py)."""
     configure_logging(loglevel or settings.log_level, json_lines=settings.log_json)
+
+
+_heartbeat = None
+
+
+@worker_ready.connect
+def _start_heartbeat(sender=None, **_) -> None:
+    """Write this worker's heartbeat row (app/jobs/heartbeat.py): what /readyz and /metrics count, per queue."""
+    global _heartbeat
+    from app.jobs.heartbeat import Heartbeat
+
+    queues = sorted(q.name for q in getattr(getattr(sender, "task_consumer", None), "queues", []) or [])
+    _heartbeat = Heartbeat(f"{getattr(sender, 'hostname', 'worker')}:{os.getpid()}", queues).start()
+
+
+@worker_shutdown.connect
+def _stop_heartbeat(**_) -> None:
+    if _heartbeat is not None:
+        _heartbeat.stop()

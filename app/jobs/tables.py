@@ -38,3 +38,15 @@ class Job(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class WorkerHeartbeat(Base):
+    """A Celery worker's last sign of life and the queues it consumes (app/jobs/heartbeat.py), so that readiness and
+    metrics read a row instead of broadcasting to every worker and waiting seconds for replies (issue 23)."""
+
+    __tablename__ = "worker_heartbeats"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)  # node name and process: unique per worker
+    queues: Mapped[list[str]] = mapped_column(JSONType, default=list)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

@@ -13,6 +13,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
 from app.db import session_scope, utcnow
+from app.jobs.heartbeat import listening
 from app.jobs.tables import Job
 from app.reports.tables import Report
 from app.requests.service import ANSWERED_STATUSES, APPROVAL_STATUS, WAITING_STATUSES
@@ -76,6 +77,12 @@ class LetheCollector(Collector):
                 "Age of the oldest deletion request no worker has started (pending approval included).",
                 value=(now - oldest).total_seconds() if oldest else 0.0,
             )
+            workers = GaugeMetricFamily(
+                "lethe_workers", "Celery workers whose heartbeat is fresh, by queue they consume.", labels=["queue"]
+            )
+            for queue, count in sorted({"cpu": 0, "gpu": 0, **listening(session)}.items()):
+                workers.add_metric([queue], count)
+            yield workers
             overdue = session.execute(
                 select(func.count()).where(
                     DeletionRequest.status.notin_(ANSWERED_STATUSES), DeletionRequest.due_at < now

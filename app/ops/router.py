@@ -1,4 +1,6 @@
-"""Operations endpoints: ``/metrics`` (Prometheus text format) and ``/readyz`` (database, broker, workers)."""
+"""Operations endpoints: ``/metrics`` (Prometheus text format) and ``/readyz`` (what this process needs to serve:
+the database, and on the embedded default the in-process executor; the workers' heartbeats are reported, not
+required)."""
 
 from __future__ import annotations
 
@@ -11,12 +13,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from sqlalchemy import text
 
 from app.config import get_settings
-from app.db import get_engine
+from app.db import get_engine, session_scope
+from app.jobs.heartbeat import listening
 from app.ops.metrics import LetheCollector
 
 router = APIRouter(tags=["operations"])
-READY_TIMEOUT_SECONDS = 2.0
-"""How long /readyz waits for the broker and for workers to answer a ping."""
 READY_CACHE_SECONDS = 2.0
 """How long one probe's answer serves every /readyz caller."""
 
@@ -50,22 +51,13 @@ def metrics() -> Response:
     return Response(generate_latest(_registry), media_type=CONTENT_TYPE_LATEST)
 
 
-def _workers_by_queue() -> dict[str, int]:
-    """Celery workers answering a ping, per queue they consume (``celery inspect active_queues``)."""
-    from workers.celery_app import celery_app  # here: the embedded default never loads Celery
-
-    replies = celery_app.control.inspect(timeout=READY_TIMEOUT_SECONDS).active_queues() or {}
-    counts: dict[str, int] = {}
-    for queues in replies.values():
-        for queue in queues:
-            counts[queue["name"]] = counts.get(queue["name"], 0) + 1
-    return counts
-
-
 @router.get("/readyz")
 def readyz(request: Request) -> JSONResponse:
-    """Ready when the database answers and, with a broker, the broker answers and a worker listens on each queue;
-    on the embedded default, when the in-process executor runs. 503 names what is missing.
+    """Ready when what this process needs answers: the database, and on the embedded default the in-process
+    executor. 503 names what is missing. The Celery workers are reported (``workers``: per queue, those whose
+    heartbeat is fresh, app/jobs/heartbeat.py) but never required: intake needs only the database, and a GPU
+    worker's outage must not take every API replica out of a load balancer (issue 23); alert on
+    ``lethe_workers{queue}`` instead.
 
     One probe at a time, its answer shared for READY_CACHE_SECONDS (issue 22, HIGH): each probe takes a database
     connection and a Celery ``inspect`` broadcast takes one of kombu's broker connections and waits for replies, so
@@ -86,8 +78,11 @@ def readyz(request: Request) -> JSONResponse:
 
 
 def _answer(checks: dict[str, object]) -> JSONResponse:
-    ready = all(v == "ok" or (isinstance(v, int) and v > 0) for v in checks.values())
-    return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
+    workers = checks.get("workers")
+    gate = {k: v for k, v in checks.items() if k != "workers"}
+    ready = all(v == "ok" for v in gate.values())
+    body = {"ready": ready, "checks": gate, **({"workers": workers} if workers is not None else {})}
+    return JSONResponse(body, status_code=200 if ready else 503)
 
 
 def _probe(request: Request) -> dict[str, object]:
@@ -102,12 +97,7 @@ def _probe(request: Request) -> dict[str, object]:
     if settings.embedded_executor:
         executor = getattr(request.app.state, "executor", None)
         checks["executor"] = "ok" if executor is not None and executor.alive() else "not running"
-    else:
-        try:
-            workers = _workers_by_queue()
-            checks["broker"] = "ok"
-            for queue in ("cpu", "gpu"):
-                checks[f"workers:{queue}"] = workers.get(queue, 0) or "none listening"
-        except Exception as exc:
-            checks["broker"] = f"down: {type(exc).__name__}"
+    elif checks["database"] == "ok":
+        with session_scope() as session:
+            checks["workers"] = {"cpu": 0, "gpu": 0, **listening(session)}
     return checks

@@ -100,3 +100,32 @@ def test_readiness_probes_run_one_at_a_time_and_share_their_answer(tmp_path, mon
         )
         before = calls[0]
         assert client.get("/readyz").status_code == 200 and calls[0] == before  # within READY_CACHE_SECONDS: shared
+
+
+def test_worker_heartbeats_count_fresh_workers_per_queue(tmp_path):
+    """Issue 23, item 2: workers are counted from their heartbeat rows (no broadcast): a worker counts on each queue
+    it consumes while its last beat is fresh, not after, and not once it said it is gone."""
+    from datetime import timedelta
+
+    from app.db import session_scope
+    from app.jobs import heartbeat
+    from app.jobs.tables import WorkerHeartbeat
+
+    configure(tmp_path / "home")
+    with session_scope() as session:
+        heartbeat.beat(session, "a@host:1", ["cpu", "gpu"])
+        heartbeat.beat(session, "b@host:2", ["cpu"])
+        heartbeat.beat(session, "c@host:3", ["gpu"])
+    with session_scope() as session:
+        assert heartbeat.listening(session) == {"cpu": 2, "gpu": 2}
+        stale = session.get(WorkerHeartbeat, "c@host:3")
+        stale.seen_at = stale.seen_at - timedelta(seconds=heartbeat.FRESH_SECONDS + 1)  # three beats missed
+        heartbeat.gone(session, "b@host:2")  # stopped: removed its row
+    with session_scope() as session:
+        assert heartbeat.listening(session) == {"cpu": 1, "gpu": 1}
+        heartbeat.beat(session, "c@host:3", ["gpu"])  # beats again
+    with session_scope() as session:
+        assert heartbeat.listening(session) == {"cpu": 1, "gpu": 2}
+    with TestClient(create_app(run_background=True)) as client:  # the embedded default reports no workers
+        body = client.get("/readyz").json()
+        assert body["checks"] == {"database": "ok", "executor": "ok"} and "workers" not in body
