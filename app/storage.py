@@ -70,14 +70,6 @@ class ArtifactStore:
             raise ValueError(f"artifact {digest} is corrupt (content does not match its digest)")
         return data
 
-    def head(self, digest: str, n: int) -> bytes:
-        """The blob's first ``n`` bytes (unverified: what decides how to read it, never what is read)."""
-        try:
-            with self.fs.open(self._path(digest), "rb") as handle:
-                return handle.read(n)
-        except FileNotFoundError:
-            raise ArtifactNotFoundError(digest) from None
-
     def exists(self, digest: str) -> bool:
         return self.fs.exists(self._path(digest))
 

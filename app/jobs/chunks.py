@@ -4,8 +4,15 @@ lakehouse delete rewrites only the files it touches (Delta Lake), instead of the
 A registered table is stored as uploaded (one blob). Its first erasure splits it into chunks of consecutive
 registration positions (``CHUNK_ROWS`` positions each); every later erasure rewrites the chunks whose position range
 holds an erased row and keeps the others' blobs. The table's digest is then that of a small JSON manifest listing
-its chunks (content-addressed like every blob: a table's identity still names its exact content). Each chunk is a
-file of the table's own format with a position column, so a chunk alone says which registration rows it holds.
+its chunks (content-addressed like every blob: a table's identity still names its exact content); the data set's row
+in the database lists them too (``Dataset.chunks``), and that, never a blob's content, says a table is chunked.
+
+Each chunk is an uncompressed Parquet file with a position column, so a chunk alone says which registration rows it
+holds. Parquet, whatever the upload's format: every column keeps the type read from the whole table (a CSV chunk
+would be re-typed from its own rows: ``01`` read as 1 in a chunk without a text value); uncompressed, so a byte
+scan of the store for an erased id or value (the erasure tests, bench/stream.py) cannot miss one hidden by
+compression; and each data set's chunks carry its id in their metadata, so two data sets registered from one file
+never share a chunk blob (one's erasure shreds what the other was about to list).
 
 Why by hand: Delta Lake and Iceberg need their own catalogue and log; here the registry already is the log (the data
 set's digest and chunk list change in the publishing transaction) and the artifact store already content-addresses
@@ -21,10 +28,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 KIND = "lethe.table-chunks/1"
-HEAD = b'{"chunks":'
-"""How a manifest's canonical JSON (sorted keys) starts; no CSV or Parquet file does."""
+FORMAT = "parquet"
 CHUNK_ROWS = 16_384
 """Registration positions per chunk: a one-row erasure of a 1M-row table rewrites 1/61 of it (about 20 ms), while a
 chunk stays large enough for Parquet's per-file overhead not to matter."""
@@ -40,7 +48,7 @@ class Chunk:
 
 @dataclass(frozen=True)
 class Manifest:
-    format: str  # csv | parquet: each chunk's file format (the table's own)
+    format: str  # each chunk's file format: parquet
     position_column: str
     chunks: tuple[Chunk, ...]
 
@@ -68,28 +76,26 @@ class Manifest:
         return out
 
 
-def read_manifest(blob: bytes) -> Manifest | None:
-    """The manifest in ``blob``, or None when the blob is a table file itself (a table as uploaded)."""
-    if not blob.startswith(HEAD):
-        return None
+def read_manifest(blob: bytes) -> Manifest:
+    """The manifest a chunked table's digest names (the data set's row says it is one)."""
     body = json.loads(blob)
     if body.get("kind") != KIND:
-        return None
+        raise ValueError("the stored table's manifest is not a chunk manifest")
     chunks = tuple(Chunk(d, int(a), int(b), int(n)) for d, a, b, n in body["chunks"])
     return Manifest(body["format"], body["position_column"], chunks)
 
 
-def write_frame(frame: pd.DataFrame, fmt: str) -> bytes:
+def write_frame(frame: pd.DataFrame, dataset_id: str) -> bytes:
+    """One chunk's bytes: uncompressed Parquet, the data set's id in the file's metadata (module docstring)."""
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), b"lethe.dataset": dataset_id.encode()})
     buffer = io.BytesIO()
-    if fmt == "parquet":
-        frame.to_parquet(buffer, index=False)
-    else:
-        frame.to_csv(buffer, index=False)
+    pq.write_table(table, buffer, compression="none")
     return buffer.getvalue()
 
 
 def split(
-    frame: pd.DataFrame, positions: np.ndarray, erased: np.ndarray, fmt: str, position_column: str, n_positions: int
+    frame: pd.DataFrame, positions: np.ndarray, erased: np.ndarray, position_column: str, n_positions: int
 ) -> list[tuple[int, int, pd.DataFrame]]:
     """A whole table (``frame``, its rows' registration ``positions``) as chunks without the ``erased`` positions:
     (first, stop, rows) for every chunk range that keeps a row."""

@@ -156,32 +156,32 @@ def store_shadows(shadows: ShadowSet) -> str:
     return digest
 
 
-def _manifest(digest: str) -> Manifest | None:
-    """The stored table's chunk manifest (chunks.py), or None for a table stored as uploaded (one file). Only the
-    blob's first bytes are read to tell; the answer is kept (content-addressed: it never goes stale)."""
+def _manifest(digest: str) -> Manifest:
+    """A chunked table's manifest (chunks.py; the data set's row says it is one), kept once read."""
     known = MANIFESTS.get(digest)
-    if known is None:
-        store = get_store()
-        chunked = store.head(digest, len(chunks.HEAD)) == chunks.HEAD
-        manifest = read_manifest(store.get_bytes(digest)) if chunked else None
-        known = MANIFESTS.put(digest, manifest or False)
-    return known or None
+    return known if known is not None else MANIFESTS.put(digest, read_manifest(get_store().get_bytes(digest)))
+
+
+def is_chunked(dataset: Dataset) -> bool:
+    """Whether the data set's table is stored in chunks: the database says so (``Dataset.chunks``), never the
+    blob's content (an uploaded file that looks like a manifest stays a file)."""
+    return getattr(dataset, "chunks", None) is not None
 
 
 def _read_chunk(digest: str, text_columns: tuple[str, ...]):
     return load_table(io.BytesIO(get_store().get_bytes(digest)), None, text_columns)
 
 
-def stored_frame(digest: str, text_columns: tuple[str, ...]):
+def stored_frame(digest: str, text_columns: tuple[str, ...], chunked: bool = False):
     """The stored table as read (a DataFrame), from memory when this worker read or wrote it last; its identifier
     columns (``text_columns``: row ids, subjects) exactly as written. A chunked table's chunks, in position order."""
     df = FRAMES.get((digest, text_columns))
     if df is None:
-        manifest = _manifest(digest)
-        if manifest is None:
+        if not chunked:
             table = load_table(io.BytesIO(get_store().get_bytes(digest)), None, text_columns)
         else:
-            table = pd.concat([_read_chunk(c.digest, text_columns) for c in manifest.chunks], ignore_index=True)
+            parts = [_read_chunk(c.digest, text_columns) for c in _manifest(digest).chunks]
+            table = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
         df = FRAMES.put((digest, text_columns), table)
     return df
 
@@ -204,6 +204,7 @@ def _load_encoded(
     n_positions: int | None,
     exclude: tuple[str, ...] = (),
     text_columns: tuple[str, ...] = (),
+    chunked: bool = False,
 ) -> TabularData:
     """``exclude``: further columns that are no feature (the subject column), for the first fit only (a stored
     encoder already names its feature columns)."""
@@ -211,16 +212,16 @@ def _load_encoded(
     cached = ENCODED.get(key)
     if cached is not None:
         return cached
-    manifest = _manifest(dataset_digest)
-    if manifest is not None and encoder_json is not None:
+    if chunked and encoder_json is not None:
+        manifest = _manifest(dataset_digest)
         encoder = TableEncoder.from_dict(json.loads(encoder_json))
         parts = [
             _encoded_chunk(c.digest, encoder, key[1:4], text_columns or (row_id_column,), manifest.position_column)
             for c in manifest.chunks
         ]
-        n = int(n_positions or max(c.stop for c in manifest.chunks))
+        n = int(n_positions or max((c.stop for c in manifest.chunks), default=0))
         return ENCODED.put(key, _assemble(parts, encoder, n))
-    df = stored_frame(dataset_digest, text_columns or (row_id_column,))
+    df = stored_frame(dataset_digest, text_columns or (row_id_column,), chunked)
     if encoder_json is None:
         encoder = TableEncoder.fit(df, label_column, exclude=[row_id_column, POSITION_COLUMN, *exclude])
     else:
@@ -284,7 +285,7 @@ def load_tabular(dataset: Dataset, model: Model) -> TabularData:
     )
     subject_column = (getattr(model, "spec", None) or {}).get("subject_column")
     exclude = (subject_column,) if subject_column and not model.state.get("encoder") else ()
-    return _load_encoded(*key, exclude=exclude, text_columns=id_columns(dataset, model))
+    return _load_encoded(*key, exclude=exclude, text_columns=id_columns(dataset, model), chunked=is_chunked(dataset))
 
 
 def remember_erased(
@@ -343,19 +344,18 @@ def rewrite_table(dataset: Dataset, erased: np.ndarray, text_columns: tuple[str,
     held one are rewritten (a table stored as uploaded is split into chunks at its first erasure). Every blob is in
     the store when this returns; the data set points at the new manifest when the erasure is published."""
     store, erased = get_store(), np.unique(np.asarray(erased, dtype=np.int64))
-    manifest = _manifest(dataset.digest)
-    fmt = "parquet" if dataset.format == "parquet" else "csv"
-    if manifest is None:
+    if not is_chunked(dataset):
         df = stored_frame(dataset.digest, text_columns)
         positions = df[POSITION_COLUMN].to_numpy(np.int64) if POSITION_COLUMN in df.columns else np.arange(len(df))
         n = int(dataset.n_positions or len(df))
-        parts, untouched, replaced = chunks.split(df, positions, erased, fmt, POSITION_COLUMN, n), [], []
-        manifest = Manifest(fmt, POSITION_COLUMN, ())
+        parts, untouched, replaced = chunks.split(df, positions, erased, POSITION_COLUMN, n), [], []
+        manifest = Manifest(chunks.FORMAT, POSITION_COLUMN, ())
     else:
+        manifest = _manifest(dataset.digest)
         parts, untouched, old = chunks.rewrite(manifest, erased, lambda d: _read_chunk(d, text_columns))
         replaced = [c.digest for c in old]
     written = [
-        chunks.Chunk(store.put_bytes(chunks.write_frame(frame, manifest.format)), first, stop, len(frame))
+        chunks.Chunk(store.put_bytes(chunks.write_frame(frame, dataset.id)), first, stop, len(frame))
         for first, stop, frame in parts
     ]
     listed = sorted([*untouched, *written], key=lambda c: c.first)
@@ -445,7 +445,7 @@ def train(job: Job, ctx: JobContext) -> None:
             ctx.assert_lease(session)
             registry.index_rows(session, dataset.id, data.row_ids.tolist(), data.encoder.decode_labels(data.y))
             if model.spec.get("subject_column"):  # per-person erasure: the subject of each row, as keyed hashes only
-                frame = stored_frame(dataset.digest, id_columns(dataset, model))
+                frame = stored_frame(dataset.digest, id_columns(dataset, model), is_chunked(dataset))
                 positions = frame[POSITION_COLUMN] if POSITION_COLUMN in frame.columns else range(len(frame))
                 values = frame[model.spec["subject_column"]].tolist()
                 subjects.index_rows(session, dataset.id, zip(positions, values, strict=True))
@@ -680,8 +680,8 @@ class Deletion:
     batches = True
 
     def load(self, work: DeletionWork, ctx: JobContext) -> TabularInputs | None:
-        if pool_short(work.model):  # the last upkeep did not finish (its worker died): refilled before any audit
-            refill_verification(work.model.id, ctx)
+        if pool_short(work.model) or purge_pending(work.model):  # the last upkeep did not finish (its worker died,
+            self.upkeep(work.model.id, ctx)  # its retries ran out): done first, before any audit or new state
             with session_scope() as session:
                 work.model = registry.load_model(session, work.model.id)[0]
         with session_scope() as session:
@@ -852,6 +852,8 @@ def erase_copies(work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> E
             purged[name] = dict(result.artifacts)
     for artifacts in purged.values():
         remember_artifacts(artifacts)
+    deferred = sorted(n for n in purged if _purge_mode(work.model, n) == "deferred")
+    notes = {"purge_deferred": {"methods": deferred, "completed": "by this job's upkeep, after the certificate"}}
     state_update: dict[str, Any] = {"encoder": encoder} if encoder else {}
     if "verification" in work.model.state:
         state_update["verification"] = _drop_shadows(work.model.state["verification"], erased)
@@ -862,7 +864,14 @@ def erase_copies(work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> E
         state_update=state_update,
         purged=purged,
         invalidated=invalidated,
+        notes=notes if deferred else {},
     )
+
+
+def _purge_mode(model: Model, name: str) -> str | None:
+    """A prepared method's purge mode (``deferred``: its state is completed in the upkeep), if it has one."""
+    config = getattr(build(get_method(name), model.spec.get("method_settings", {}).get(name, {})), "config", None)
+    return getattr(config, "purge", None)
 
 
 # ------------------------------------------------------------------------------------------------------ verification
@@ -1029,6 +1038,15 @@ def pool_short(model: Model) -> bool:
         return False
     shadows = load_shadows(entry["shadows"])
     return shadows.n_shadows < shadows.settings.n_shadows
+
+
+def purge_pending(model: Model) -> bool:
+    """Whether a prepared method's stored state still waits for the upkeep's ``complete_purge``."""
+    for name in registry.prepared_methods(model):
+        method = build(get_method(name), model.spec.get("method_settings", {}).get(name, {}))
+        if hasattr(method, "purge_pending") and method.purge_pending(method_artifacts(model, name)):
+            return True
+    return False
 
 
 def complete_purges(model_id: str, ctx: JobContext) -> list[str]:

@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]
 Rate = Annotated[float, Field(gt=0, le=10)]
@@ -92,9 +92,18 @@ class L2ULNSettings(_Settings):
     lr: Rate = 1e-3
     weight_decay: Decay = 1e-4
     calibration_tasks: int = Field(6, ge=0, le=1000)
-    newton: NewtonSettings = Field(default_factory=lambda: NewtonSettings())
+    newton: NewtonSettings = Field(
+        default_factory=lambda: NewtonSettings(purge="recompute"),
+        description="The Newton step's settings; purge recompute (default) or downdate, never deferred.",
+    )
     workers: int = Field(0, ge=0, le=64, description="Process pool size; 0 = one per CPU core.")
     seed: Seed = 0
+
+    @model_validator(mode="after")
+    def _no_deferred_purge(self) -> L2ULNSettings:
+        if self.newton.purge == "deferred" and "purge" in self.newton.model_fields_set:
+            raise ValueError("newton.purge 'deferred' is not for l2ul_n (nothing completes it): recompute or downdate")
+        return self
 
 
 class SISASettings(_Settings):

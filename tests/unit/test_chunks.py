@@ -29,7 +29,9 @@ def table(tmp_path, monkeypatch):
         cache.clear()
     write_table(tmp_path / "t.csv", n=N, seed=1)
     digest = get_store().put_bytes((tmp_path / "t.csv").read_bytes())
-    dataset = SimpleNamespace(digest=digest, label_column="label", row_id_column="row_id", n_positions=N, format="csv")
+    dataset = SimpleNamespace(
+        id="d1", digest=digest, label_column="label", row_id_column="row_id", n_positions=N, format="csv", chunks=None
+    )
     data = wing.load_tabular(dataset, SimpleNamespace(state={}))
     return dataset, data, data.encoder.to_dict()
 
@@ -38,7 +40,7 @@ def _erase(dataset, data, encoder, erased):
     erased = np.asarray(erased)
     rewrite = wing.rewrite_table(dataset, erased, ("row_id",))
     wing.remember_erased(dataset, data, erased, rewrite, encoder)
-    after = SimpleNamespace(**{**vars(dataset), "digest": rewrite.digest})
+    after = SimpleNamespace(**{**vars(dataset), "digest": rewrite.digest, "chunks": rewrite.chunks})
     return rewrite, after, wing.load_tabular(after, SimpleNamespace(state={"encoder": encoder}))
 
 
@@ -61,7 +63,7 @@ def test_an_erasure_rewrites_only_the_chunks_that_held_the_rows(table):
     assert len(second.written) == 1 and second.written[0].first == 100  # the one chunk that held 120 and 121
     assert second.replaced == [first.chunks[2]]
     assert [d for i, d in enumerate(second.chunks) if i != 2] == [d for i, d in enumerate(first.chunks) if i != 2]
-    frame = wing.stored_frame(second.digest, ("row_id",))
+    frame = wing.stored_frame(second.digest, ("row_id",), chunked=True)
     assert len(frame) == N - 4 and not {"r3", "r7", "r120", "r121"} & set(frame["row_id"])
     assert not warm2.present[[3, 7, 120, 121]].any() and warm2.present.sum() == N - 4
     _same(warm2, _cold(after2, encoder))  # what the erasing worker keeps is what a reload gives
@@ -105,3 +107,28 @@ def test_replaced_chunks_are_shredded_and_listed_ones_kept(table):
     assert counts == {"shredded": 2, "kept": 1}  # b and the old manifest; the chunk another data set lists stays
     assert not store.exists(b) and not store.exists(manifest)
     assert store.exists(a) and store.exists(c) and store.exists(shared)
+
+
+def test_chunks_keep_the_whole_tables_column_types_and_are_never_shared(tmp_path, monkeypatch):
+    """A CSV column read as text over the whole table (``01``, ``02`` and one ``x``) stays text in every chunk: a
+    chunk without the ``x`` re-read as CSV would give 1 and 2, categories the encoder never saw (all-zero one-hot
+    rows). And two data sets registered from one file never share a chunk blob (one's erasure would shred what the
+    other lists)."""
+    configure(tmp_path / "home")
+    monkeypatch.setattr(chunks, "CHUNK_ROWS", 50)
+    for cache in (wing.ENCODED, wing.FRAMES, wing.ENCODED_CHUNKS, wing.MANIFESTS):
+        cache.clear()
+    frame = write_table(tmp_path / "t.csv", n=N, seed=2)
+    frame["code"] = ["01" if i % 2 else "02" for i in range(N)]
+    frame.loc[170, "code"] = "x"
+    frame.to_csv(tmp_path / "t.csv", index=False)
+    digest = get_store().put_bytes((tmp_path / "t.csv").read_bytes())
+    fields = dict(digest=digest, label_column="label", row_id_column="row_id", n_positions=N, format="csv", chunks=None)
+    first = SimpleNamespace(id="d1", **fields)
+    data = wing.load_tabular(first, SimpleNamespace(state={}))
+    encoder = data.encoder.to_dict()
+    assert encoder["categories"]["code"] == ["01", "02", "x"]
+    rewrite, after, warm = _erase(first, data, encoder, [3])
+    _same(warm, _cold(after, encoder))
+    twin = _erase(SimpleNamespace(id="d2", **fields), data, encoder, [3])[0]
+    assert not set(rewrite.chunks) & set(twin.chunks)

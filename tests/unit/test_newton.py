@@ -311,7 +311,9 @@ def test_a_deferred_purge_downdates_on_the_path_and_completes_to_the_recomputed_
     def problem(artifacts):  # the upkeep's: the served model, the retained rows, nothing to forget
         return TabularProblem(lr.recipe, lr.X, lr.y, lr.C, answered.theta, keep, lr.none, f, artifacts=artifacts)
 
+    assert deferred.purge_pending(answered.artifacts)  # what a deletion's load checks when an upkeep never ran
     done = deferred.complete_purge(problem(answered.artifacts))
+    assert not deferred.purge_pending(done.artifacts)
     assert done is not None
     state = NewtonState.from_bytes(done.artifacts[ARTIFACT_STATE])
     want = NewtonState.from_bytes(recomputed.artifacts[ARTIFACT_STATE])

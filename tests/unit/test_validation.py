@@ -67,7 +67,7 @@ def test_a_warm_worker_sees_the_table_a_reload_would_give(tmp_path):
     frame.to_csv(tmp_path / "t.csv", index=False)
     digest = get_store().put_bytes((tmp_path / "t.csv").read_bytes())
     dataset = SimpleNamespace(
-        digest=digest, label_column="label", row_id_column="row_id", n_positions=200, format="csv"
+        id="d1", digest=digest, label_column="label", row_id_column="row_id", n_positions=200, format="csv"
     )
     model = SimpleNamespace(state={})
     data = wing.load_tabular(dataset, model)
@@ -77,7 +77,7 @@ def test_a_warm_worker_sees_the_table_a_reload_would_give(tmp_path):
     encoder = wing.scrub_encoder(data.encoder, data, erased)
     assert encoder is not None
     wing.remember_erased(dataset, data, erased, table, encoder)
-    after = SimpleNamespace(**{**vars(dataset), "digest": table.digest})
+    after = SimpleNamespace(**{**vars(dataset), "digest": table.digest, "chunks": table.chunks})
     warm = wing.load_tabular(after, SimpleNamespace(state={"encoder": encoder}))
     wing.ENCODED.clear()
     wing.FRAMES.clear()

@@ -85,7 +85,12 @@ class L2ULNConfig:
         self.newton_config()  # validates
 
     def newton_config(self) -> NewtonConfig:
-        return NewtonConfig(**{"purge": "recompute", **self.newton})  # its state has no deferred completion
+        """The Newton step's settings; its state (kept inside L2UL-N's own artifact) has no deferred completion, so
+        its purge is ``recompute`` unless ``downdate`` is asked for, never ``deferred``."""
+        config = NewtonConfig(**{"purge": "recompute", **self.newton})
+        if config.purge == "deferred":
+            raise ValueError("l2ul_n's newton.purge cannot be 'deferred' (nothing completes it): recompute or downdate")
+        return config
 
     def unlearner_config(self) -> UnlearnerConfig:
         return UnlearnerConfig(

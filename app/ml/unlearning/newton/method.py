@@ -32,11 +32,12 @@ State and purge (GDPR: H and r are aggregates of every training row, the erased 
 - ``purge="deferred"`` (default): the answer's purge is the downdate below (exact removal of the erased rows' terms,
   O(k p^2): nothing more on the request's path), and ``complete_purge`` — the service's upkeep right after the
   certificates, in the same job (issue 21) — recomputes H over R at theta', as ``recompute`` would have. Until then
-  the stored Hessian is at the parent model, which trained on the erased rows: the retired parent's weights are the
-  same kind of copy and are shredded at the end of that same job (retired_version_grace_seconds, 0 by default), so
-  the deferred state never outlives what the store already held; a worker that dies first leaves the job to be
-  retried, and the retry's upkeep completes it. Besides, the subtraction leaves rounding residue of the erased terms
-  (float64, relative 1e-16), gone with the recompute;
+  the stored Hessian is at the parent model, which trained on the erased rows: a derivative of them of the same kind
+  as the retired parent's weights (queued for shredding by the same publish, retired_version_grace_seconds 0 by
+  default). Bound: the completion is the upkeep's first step, so it lives until the end of the deletion's own job;
+  a worker that dies first leaves the job to be retried, and should every retry fail, the model's next deletion
+  completes it before anything else (``purge_pending``). Besides, the subtraction leaves rounding residue of the
+  erased terms (float64, relative 1e-16), gone with the recompute;
 - ``purge="recompute"``: H is recomputed over R at theta' (O(|R| p^2), the preparation's cost, reported as
   ``purge_seconds``). The stored state is then a function of theta' and the retained rows only;
 - ``purge="downdate"``: the erased rows' terms are subtracted, evaluated at the point where they were added
@@ -764,6 +765,13 @@ class NewtonUnlearning:
             "purge_seconds": time.perf_counter() - t0,
         }
         return UnlearningResult(theta=theta, info=info, artifacts=artifacts)
+
+    def purge_pending(self, artifacts: dict[str, bytes]) -> bool:
+        """Whether the stored state still waits for ``complete_purge`` (its Hessian is not at its own model)."""
+        if self.config.purge != "deferred" or ARTIFACT_STATE not in artifacts:
+            return False
+        state = WARM.get(artifacts[ARTIFACT_STATE], NewtonState.from_bytes)
+        return not torch.equal(state.hessian_theta, state.theta)
 
     def complete_purge(self, problem: TabularProblem) -> UnlearningResult | None:
         """The deferred part of ``purge="deferred"`` (module docstring), for the upkeep after the certificates: the
