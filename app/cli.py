@@ -76,6 +76,17 @@ def keys_create(
     bound = f"; bound to model {model}" + (f", client {client_id}" if client_id else "") if model else ""
     expiry = f"; expires {expires_at.isoformat(timespec='seconds')}" if expires_at else ""
     typer.echo(f"(key id {key_id}; scopes {sorted(set(scope))}{bound}{expiry}; it will not be shown again)", err=True)
+    typer.echo(f"(in {_database()}: the server must use this database, LETHE_HOME / LETHE_DATABASE_URL)", err=True)
+
+
+def _database() -> str:
+    """The database this process uses, its password hidden (a key made in another home is a key the server rejects:
+    say which)."""
+    from sqlalchemy.engine import make_url
+
+    from app.config import get_settings
+
+    return make_url(get_settings().resolved_database_url).render_as_string(hide_password=True)
 
 
 @keys_app.command("list")
@@ -212,14 +223,13 @@ def serve(host: str = "127.0.0.1", port: int = 8000, workers: int = 1, log_level
 def serve_banner(host: str, port: int) -> str:
     """What a person starting the server needs first: where it answers, the dashboard, the home folder, the database
     (its password hidden) and where jobs run."""
-    from sqlalchemy.engine import make_url
 
     from app.config import get_settings
 
     settings = get_settings()
     shown = "localhost" if host in ("0.0.0.0", "::") else host
     base = f"http://{shown}:{port}"
-    database = make_url(settings.resolved_database_url).render_as_string(hide_password=True)
+    database = _database()
     jobs = "in this process (embedded)" if settings.embedded_executor else "Celery workers via the broker"
     return "\n".join(
         [

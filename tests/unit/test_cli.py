@@ -296,6 +296,7 @@ def test_keys_create_list_revoke(service):
     assert created.exit_code == 0
     key = created.stdout.strip().splitlines()[0]
     assert key.startswith("lethe_")
+    assert "sqlite:///" in created.output and "lethe.db" in created.output  # which database holds it (issue 23)
     listing = run(service, "keys", "list")
     assert listing.exit_code == 0 and "cli-made" in listing.output and "API keys" in listing.output
     entry = next(json.loads(line) for line in run(service, "keys", "list", "--json").output.splitlines()
