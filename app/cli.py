@@ -21,7 +21,10 @@ keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 signing_app = typer.Typer(help="Certificate signing keys (Ed25519).", no_args_is_help=True)
 app.add_typer(signing_app, name="signing-keys")
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_UNAUTHORISED, EXIT_UNREACHABLE = 0, 1, 2, 3, 4, 5
+"""0 done; 1 the deletion failed or the operation was refused; 2 a usage error; 3 not found (404, 410); 4 not
+authorised (401, 403); 5 the API cannot be reached or is unavailable (503): distinct, so a script can tell "the
+erasure failed" from "try again later" (issue 23)."""
 
 
 def _logging(level: str | None = None) -> None:
@@ -73,6 +76,17 @@ def keys_create(
     bound = f"; bound to model {model}" + (f", client {client_id}" if client_id else "") if model else ""
     expiry = f"; expires {expires_at.isoformat(timespec='seconds')}" if expires_at else ""
     typer.echo(f"(key id {key_id}; scopes {sorted(set(scope))}{bound}{expiry}; it will not be shown again)", err=True)
+    typer.echo(f"(in {_database()}: the server must use this database, LETHE_HOME / LETHE_DATABASE_URL)", err=True)
+
+
+def _database() -> str:
+    """The database this process uses, its password hidden (a key made in another home is a key the server rejects:
+    say which)."""
+    from sqlalchemy.engine import make_url
+
+    from app.config import get_settings
+
+    return make_url(get_settings().resolved_database_url).render_as_string(hide_password=True)
 
 
 @keys_app.command("list")
@@ -201,8 +215,32 @@ def serve(host: str = "127.0.0.1", port: int = 8000, workers: int = 1, log_level
     from app.db import migrate as run_migrations
 
     run_migrations()
+    typer.echo(serve_banner(host, port))
     # access_log=False: the API writes its own access line, JSON with the request id (app/logs.py)
     uvicorn.run("app.asgi:app", host=host, port=port, workers=workers, log_level=log_level, access_log=False)
+
+
+def serve_banner(host: str, port: int) -> str:
+    """What a person starting the server needs first: where it answers, the dashboard, the home folder, the database
+    (its password hidden) and where jobs run."""
+
+    from app.config import get_settings
+
+    settings = get_settings()
+    shown = "localhost" if host in ("0.0.0.0", "::") else host
+    base = f"http://{shown}:{port}"
+    database = _database()
+    jobs = "in this process (embedded)" if settings.embedded_executor else "Celery workers via the broker"
+    return "\n".join(
+        [
+            f"Lethe API on {base}  (listening on {host}:{port})",
+            f"  dashboard  {base}/dashboard",
+            f"  API docs   {base}/docs",
+            f"  home       {settings.home.expanduser().resolve()}",
+            f"  database   {database}",
+            f"  jobs       {jobs}",
+        ]
+    )
 
 
 @app.command()
@@ -286,7 +324,8 @@ def demo(keep: bool = typer.Option(False, help="Keep the demo's folder (var/demo
 # They talk to the API through app.client, with LETHE_URL and LETHE_API_KEY (or --url / --api-key). Exit codes:
 # 0 done (certified, or the operation succeeded), 1 failed, rejected or cancelled (or the operation failed),
 # 2 usage error, 3 not found or not authorised.
-_NOT_FOUND_STATUSES = (401, 403, 404, 410)
+_NOT_FOUND_STATUSES = (404, 410)
+_UNAUTHORISED_STATUSES = (401, 403)
 _STATUS_STYLE = {
     "certified": "green",
     "failed": "red",
@@ -313,10 +352,16 @@ def _client(ctx: typer.Context):
     return LetheClient(options.get("url") or os.environ.get("LETHE_URL"), key)
 
 
+def _client_url(ctx: typer.Context) -> str:
+    from app.client import DEFAULT_URL
+
+    return (ctx.find_root().obj or {}).get("url") or os.environ.get("LETHE_URL") or DEFAULT_URL
+
+
 @contextmanager
 def _api(ctx: typer.Context):
-    """A client, with API errors turned into exit codes: 3 for 401/403/404/410, 1 for any other problem or an
-    unreachable API."""
+    """A client, with API errors turned into exit codes (``EXIT_*``): 3 for 404/410, 4 for 401/403, 5 for 503 or an
+    unreachable API, 1 for any other problem."""
     import httpx
 
     from app.client import LetheProblem
@@ -333,10 +378,18 @@ def _api(ctx: typer.Context):
         )
         for error in problem.extensions.get("errors") or []:
             _console(stderr=True).print(f"  {'.'.join(error.get('location', []))}: {error.get('message')}")
-        raise typer.Exit(EXIT_NOT_FOUND if problem.status in _NOT_FOUND_STATUSES else EXIT_FAILED) from None
+        raise typer.Exit(_exit_for_problem(problem.status)) from None
     except httpx.TransportError as exc:
-        _console(stderr=True).print(f"error: cannot reach the API: {exc}")
-        raise typer.Exit(EXIT_FAILED) from None
+        _console(stderr=True).print(f"error: cannot reach the API at {_client_url(ctx)}: {exc}")
+        raise typer.Exit(EXIT_UNREACHABLE) from None
+
+
+def _exit_for_problem(status: int) -> int:
+    if status in _NOT_FOUND_STATUSES:
+        return EXIT_NOT_FOUND
+    if status in _UNAUTHORISED_STATUSES:
+        return EXIT_UNAUTHORISED
+    return EXIT_UNREACHABLE if status == 503 else EXIT_FAILED
 
 
 @app.callback()
@@ -347,7 +400,10 @@ def main(
         str | None, typer.Option("--api-key", envvar="LETHE_API_KEY", help="An API key.", show_default=False)
     ] = None,
 ) -> None:
-    """Lethe: unlearning as a service. Exit codes: 0 done, 1 failed, 2 usage error, 3 not found or unauthorised."""
+    """Lethe: unlearning as a service. Exit codes: 0 done, 1 failed or refused, 2 usage error, 3 not found,
+    4 unauthorised, 5 API unreachable or unavailable."""
+    if url and not url.startswith(("http://", "https://")):
+        raise typer.BadParameter(f"{url!r} has no scheme: write http://{url} or https://{url}", param_hint="--url")
     ctx.obj = {"url": url, "api_key": api_key}
 
 
@@ -644,6 +700,30 @@ def cancel(ctx: typer.Context, request_id: str) -> None:
     """Cancel a request no worker has started (admin)."""
     with _api(ctx) as client:
         request = client.cancel(request_id)
+    _console().print(f"{request.id} {request.status}")
+
+
+@app.command()
+def approve(
+    ctx: typer.Context,
+    request_id: str,
+    note: Annotated[str | None, typer.Option(help="Recorded in the audit log.")] = None,
+) -> None:
+    """Approve a request waiting for approval: its job is created now (admin, audited)."""
+    with _api(ctx) as client:
+        request = client.approve(request_id, note)
+    _console().print(f"{request.id} {request.status}")
+
+
+@app.command()
+def reject(
+    ctx: typer.Context,
+    request_id: str,
+    reason: Annotated[str, typer.Option(help="Told to the data subject (GDPR Art. 12(4)) and audited.")],
+) -> None:
+    """Refuse a request waiting for approval, with the reason (admin, audited)."""
+    with _api(ctx) as client:
+        request = client.reject(request_id, reason)
     _console().print(f"{request.id} {request.status}")
 
 

@@ -471,6 +471,19 @@ class LetheClient:
         """Cancel a request no worker has started (admin)."""
         return DeletionRequest.model_validate(self._json("POST", f"/v1/deletion-requests/{request_id}/cancel"))
 
+    def approve(self, request_id: str, note: str | None = None) -> DeletionRequest:
+        """Approve a request waiting for approval (its model requires it): its job is created now (admin, audited)."""
+        body = {"note": note} if note else None
+        return DeletionRequest.model_validate(
+            self._json("POST", f"/v1/deletion-requests/{request_id}/approve", json=body)
+        )
+
+    def reject(self, request_id: str, reason: str) -> DeletionRequest:
+        """Refuse a request waiting for approval, with the reason told to the data subject (admin, audited)."""
+        return DeletionRequest.model_validate(
+            self._json("POST", f"/v1/deletion-requests/{request_id}/reject", json={"reason": reason})
+        )
+
     def retry(self, request_id: str) -> DeletionRequest:
         """Run a failed request again (admin)."""
         return DeletionRequest.model_validate(self._json("POST", f"/v1/deletion-requests/{request_id}/retry"))

@@ -11,14 +11,16 @@ gets its own key derived from it with HKDF-SHA256 (``Settings.derived_key(purpos
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import time
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 MIN_SECRET_BYTES = 32
 
@@ -48,7 +50,7 @@ class Settings(BaseSettings):
         description="Master secret (>= 32 bytes) the per-purpose keys are derived from; default a generated file "
         "in `home`.",
     )
-    data_roots: list[Path] = Field(
+    data_roots: Annotated[list[Path], NoDecode] = Field(
         default_factory=list,
         description="Folders a registered data-set path may lie under; none by default (uploads only). A root may "
         "not contain the service's home, the artifact store or a `.env` file.",
@@ -85,7 +87,7 @@ class Settings(BaseSettings):
     retry_after_seconds: int = Field(5, description="Retry-After sent with 202 Accepted.")
     webhook_timeout_seconds: float = Field(5.0, gt=0, description="Total time one webhook delivery attempt may take.")
     webhook_retry_hours: float = Field(24.0, gt=0, description="How long a webhook is retried before it is dead.")
-    webhook_allowed_hosts: list[str] = Field(
+    webhook_allowed_hosts: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Hosts, addresses or CIDRs a callback may reach although private or loopback (e.g. 127.0.0.1).",
     )
@@ -118,6 +120,20 @@ class Settings(BaseSettings):
     audit_checkpoint_every: int = Field(
         100, ge=1, description="Write a keyed checkpoint of the audit chain's head every N events."
     )
+
+    @field_validator("data_roots", "webhook_allowed_hosts", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        """A list setting as people write it: ``a,b`` (or one value), or a JSON list ``["a", "b"]``."""
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                return json.loads(text)
+            except json.JSONDecodeError:
+                raise ValueError('a JSON list that does not parse; write "a,b" or ["a", "b"]') from None
+        return [part.strip() for part in text.split(",") if part.strip()]
 
     @field_validator("secret_key")
     @classmethod
@@ -265,6 +281,23 @@ def _file_secret(home: str) -> bytes:
     return _read_secret(path)
 
 
+class SettingsError(SystemExit):
+    """Settings that cannot be used, as one line naming each variable and what it accepts — never its value (it may
+    be a secret). A SystemExit, so that every process (the CLI, the API, a worker) stops with that line, not a
+    105-line traceback (issue 23)."""
+
+
+def describe(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors(include_input=False, include_url=False):
+        name = f"LETHE_{str(item['loc'][0]).upper()}" if item["loc"] else "settings"
+        parts.append(f"{name}: {item['msg'].removeprefix('Value error, ')}")
+    return "lethe: invalid settings: " + "; ".join(parts)
+
+
 @lru_cache
 def get_settings() -> Settings:
-    return Settings()
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise SettingsError(describe(exc)) from None

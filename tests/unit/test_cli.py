@@ -1,6 +1,6 @@
 """The `lethe` CLI against a real embedded service (uvicorn on a loopback port, SQLite, in-process executor): every
-command's exit code (0 done, 1 failed, 2 usage, 3 not found/unauthorised), `status --watch` drawing a progress bar
-on a running request and ending with the verdict, the tables, and the exports."""
+command's exit code (0 done, 1 failed, 2 usage, 3 not found, 4 unauthorised, 5 unreachable), `status --watch`
+drawing a progress bar on a running request and ending with the verdict, the tables, and the exports."""
 
 from __future__ import annotations
 
@@ -189,7 +189,7 @@ def test_cancel_extend_and_refusals(service):
         assert extended.exit_code == 0 and "due" in extended.output
         assert run(service, "extend", blocker.id, "--months", "3", "--reason", "too long").exit_code == 2
         # a reader may look but not act: 403 is exit 3
-        assert run(service, "cancel", blocker.id, key=service["reader"]).exit_code == 3
+        assert run(service, "cancel", blocker.id, key=service["reader"]).exit_code == 4
         assert run(service, "status", blocker.id, key=service["reader"]).exit_code == 0
     finally:
         GATE.set()
@@ -198,14 +198,50 @@ def test_cancel_extend_and_refusals(service):
     assert run(service, "cancel", blocker.id).exit_code == 1  # 409 request-started: the operation failed
 
 
+def test_approve_and_reject_a_pending_request(service):
+    """Issue 23, item 4: the operator's approval is in the CLI and the typed client too, not only the API."""
+    import time
+
+    from app.requests.intake import MODEL_TTL
+
+    client: LetheClient = service["client"]
+    model_id = service["model"].id
+    assert client.request("PATCH", f"/v1/models/{model_id}", json={"requires_approval": True}).status_code == 200
+    time.sleep(MODEL_TTL + 0.1)  # the intake's snapshot of the model is at most MODEL_TTL old
+    try:
+        first, second = (
+            client.submit_deletion(model_id, {"kind": "samples", "sample_ids": [next(service["rows"])]}, s)
+            for s in ("approve-me", "reject-me")
+        )
+        assert first.status == second.status == "pending-approval"
+        assert run(service, "approve", first.id, key=service["reader"]).exit_code == 4  # 403: admins only
+        approved = run(service, "approve", first.id, "--note", "checked the identity")
+        assert approved.exit_code == 0 and first.id in approved.output
+        assert run(service, "reject", second.id).exit_code == 2  # the reason is required
+        rejected = run(service, "reject", second.id, "--reason", "no such person in our records")
+        assert rejected.exit_code == 0 and "rejected" in rejected.output
+        assert client.wait(first.id, timeout=120).status == "certified"
+        assert client.get_deletion(second.id).status == "rejected"
+        assert run(service, "approve", second.id).exit_code == 1  # 409: no longer waiting for approval
+        actions = [e.action for e in client.iter_audit(entity_id=first.id)]
+        assert "deletion_request.approved" in actions
+    finally:
+        client.request("PATCH", f"/v1/models/{model_id}", json={"requires_approval": False})
+        time.sleep(MODEL_TTL + 0.1)
+
+
 def test_unauthorised_not_found_and_usage_errors(service):
     model_id = service["model"].id
     unknown = "00000000-0000-0000-0000-000000000000"
     assert run(service, "status", unknown).exit_code == 3
     assert run(service, "report", unknown).exit_code == 3
     bad_key = run(service, "status", unknown, key="lethe_nothere_0000000000000000")
-    assert bad_key.exit_code == 3 and "401" in bad_key.output  # `lethe status` used to exit 0 on a 401
-    assert run(service, "list", key="lethe_nothere_0000000000000000").exit_code == 3
+    assert bad_key.exit_code == 4 and "401" in bad_key.output  # `lethe status` used to exit 0 on a 401
+    assert run(service, "list", key="lethe_nothere_0000000000000000").exit_code == 4
+    closed = _free_port()  # nothing listens there (loopback)
+    unreachable = run(service, "status", unknown, env={"LETHE_URL": f"http://127.0.0.1:{closed}"})
+    assert unreachable.exit_code == 5 and f"127.0.0.1:{closed}" in unreachable.output
+    assert run(service, "--url", "127.0.0.1:8000", "status", unknown).exit_code == 2  # no scheme: a usage error
     no_key = run(service, "status", unknown, env={"LETHE_API_KEY": ""})
     assert no_key.exit_code == 2 and "LETHE_API_KEY" in no_key.output
     assert run(service, "submit", model_id, "--subject", "x").exit_code == 2  # no scope given
@@ -260,13 +296,14 @@ def test_keys_create_list_revoke(service):
     assert created.exit_code == 0
     key = created.stdout.strip().splitlines()[0]
     assert key.startswith("lethe_")
+    assert "sqlite:///" in created.output and "lethe.db" in created.output  # which database holds it (issue 23)
     listing = run(service, "keys", "list")
     assert listing.exit_code == 0 and "cli-made" in listing.output and "API keys" in listing.output
     entry = next(json.loads(line) for line in run(service, "keys", "list", "--json").output.splitlines()
                  if json.loads(line)["name"] == "cli-made")  # fmt: skip
     assert run(service, "list", key=key).exit_code == 0
     assert run(service, "keys", "revoke", entry["id"]).exit_code == 0
-    assert wait_for(lambda: run(service, "list", key=key).exit_code == 3, timeout=30, what="revocation")
+    assert wait_for(lambda: run(service, "list", key=key).exit_code == 4, timeout=30, what="revocation")
     assert run(service, "keys", "revoke", "no-such-key").exit_code == 3
     assert run(service, "keys", "create", "--scope", "nonsense").exit_code == 2
 
