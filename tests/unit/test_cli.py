@@ -251,7 +251,7 @@ def test_unauthorised_not_found_and_usage_errors(service):
     typo = run(service, "submit", model_id, "--subject", "x", "--sample-id", "r9999")
     assert typo.exit_code == 1 and "unknown-sample-ids" in typo.output
     unreachable = run(service, "status", unknown, env={"LETHE_URL": f"http://127.0.0.1:{_free_port()}"})
-    assert unreachable.exit_code == 1 and "cannot reach" in unreachable.output
+    assert unreachable.exit_code == 5 and "cannot reach" in unreachable.output
 
 
 def test_export_requests_and_audit_log(service, tmp_path):
