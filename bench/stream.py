@@ -6,9 +6,12 @@ the settings a user gets by default (holdout 0.2, 64 shadows, method ``auto``, t
 
 1. register it (Adult LR with ``newton`` and ``influence``; the generated 1M-row LR likewise; Adult MLP only when
    asked for, ``NOT_RUN_BY_DEFAULT`` says why), wait until its methods are prepared;
-2. idle latency: one one-row ``auto`` request at a time on the idle model, POST → certified (3 times, median);
+2. the first requests after registration: one one-row ``auto`` request at a time, POST → certified (3 times,
+   median ``first_after_registration_s``: a worker's first request on the model reads and encodes the whole table);
 3. unbatched: the model's batch bound set to one request (PATCH), a few hundred one-row ``auto`` requests POSTed at
    once (an async client, 32 in flight); certified deletions per second from the first POST to the last certificate;
+   then the idle latency of the model in service (both workers have served it; ``idle_auto_s``): one request at a
+   time, each after the previous job's upkeep has ended, 3 times, median;
 4. batched: the default bounds again, the stream (Adult LR 10,000; 1M-row LR 3,000; Adult MLP 1,000) POSTed at once;
    the same figures, and p50/p99 POST → certified, versions created, verdicts, CPU-seconds per deletion (the two
    workers' process trees);
@@ -421,15 +424,20 @@ def run_model(bench: Bench, name: str, setting: Setting, quick: bool, rng: np.ra
     print(f"  registered in {model['registration_s']} s")
     n_stream = setting.quick_requests if quick else setting.requests
     n_unbatched = setting.quick_unbatched if quick else setting.unbatched
-    order = [f"{row_prefix(setting)}-{i:07d}" for i in rng.permutation(n_rows)[: n_stream + n_unbatched + 3]]
-    idle_rows, unbatched_rows, stream_rows = order[:3], order[3 : 3 + n_unbatched], order[3 + n_unbatched :]
-    idle = bench.idle(model_id, idle_rows)
-    print(f"  idle one-row auto: {idle} s")
-    print(f"  where it goes (s after acceptance): {bench.idle_phases[-len(idle) :]}")
+    order = [f"{row_prefix(setting)}-{i:07d}" for i in rng.permutation(n_rows)[: n_stream + n_unbatched + 6]]
+    first_rows, idle_rows = order[:3], order[3:6]
+    unbatched_rows, stream_rows = order[6 : 6 + n_unbatched], order[6 + n_unbatched :]
+    first = bench.idle(model_id, first_rows)
+    first_phases = bench.idle_phases[-len(first) :]
+    print(f"  first requests after registration, one at a time: {first} s")
+    print(f"  where it goes (s after acceptance): {first_phases}")
     defaults = model["batch"]  # what registration gave the model
     bench.set_batch(model_id, 1, 1)
     unbatched = bench.stream(model_id, unbatched_rows, "unbatched", timeout=3600)
     print(f"  unbatched: {unbatched['certified_per_s']} certified/s over {unbatched['requests']} requests")
+    idle = bench.idle(model_id, idle_rows)  # the model in service (both workers have served it), idle again
+    print(f"  idle one-row auto, model in service: {idle} s")
+    print(f"  where it goes (s after acceptance): {bench.idle_phases[-len(idle) :]}")
     bench.set_batch(model_id, defaults["max_requests"], defaults["max_rows"])  # back to the defaults
     batched = bench.stream(model_id, stream_rows, "batched", timeout=3600)
     print(
@@ -437,7 +445,7 @@ def run_model(bench: Bench, name: str, setting: Setting, quick: bool, rng: np.ra
         f"{batched['versions']} versions, p50 {batched['p50_s']} s, p99 {batched['p99_s']} s"
     )
     print(f"  batches: {[(b['method'], b['requests'], b['at_s']) for b in batched['batches']]}")
-    checks = bench.check(model_id, batched["ids"] + unbatched["ids"], idle_rows + unbatched_rows + stream_rows)
+    checks = bench.check(model_id, batched["ids"] + unbatched["ids"], order)
     print(f"  checks: {checks}")
     held_out = _held_out_count(batched["ids"])
     for phase in (batched, unbatched):
@@ -449,6 +457,8 @@ def run_model(bench: Bench, name: str, setting: Setting, quick: bool, rng: np.ra
         "methods": {m: e.get("status") for m, e in (model.get("unlearning") or {}).items()},
         "idle_auto_s": idle,
         "idle_phases_s": bench.idle_phases[-len(idle) :],
+        "first_after_registration_s": first,
+        "first_after_registration_phases_s": first_phases,
         "unbatched": unbatched,
         "batched": batched,
         "batched_over_unbatched": round(ratio, 2) if ratio else None,
@@ -489,6 +499,7 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
             "all_certified": b["statuses"].get("certified", 0) == b["requests"],
             "certificates_verified": c["certificates_verified"],
             "idle_auto_s": statistics.median(r["idle_auto_s"]),
+            "first_after_registration_s": statistics.median(r["first_after_registration_s"]),
         }
     return out
 

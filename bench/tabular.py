@@ -573,7 +573,9 @@ class Service:
                 choice=version["metrics"].get("choice", {}).get("reason"),
             )
         else:
-            out["error"] = (body.get("error") or "")[:300]
+            error = body.get("error") or {}  # a problem object (its type and detail), or older text
+            out["error"] = (error.get("detail") or error.get("type") if isinstance(error, dict) else str(error))[:300]
+            out["problem"] = error.get("type", "").rsplit("/", 1)[-1] if isinstance(error, dict) else None
         return out
 
 
