@@ -479,6 +479,8 @@ def train(job: Job, ctx: JobContext) -> None:
             version_id = version.id
     else:
         theta, version_id = weights(existing.digest), existing.id
+    if not is_chunked(dataset):
+        chunk_table(ctx, dataset, model, data)
     with session_scope() as session:
         model, _, _ = registry.load_model(session, job.model_id)
     if "verification" not in model.state:
@@ -488,6 +490,18 @@ def train(job: Job, ctx: JobContext) -> None:
         model, _, _ = registry.load_model(session, job.model_id)
     preparations = prepare_methods(ctx, model, recipe, data, theta, holdout)
     finish(job.id, ctx.owner, {"version_id": version_id, "preparations": preparations})
+
+
+def chunk_table(ctx: JobContext, dataset: Dataset, model: Model, data: TabularData) -> None:
+    """The registered table re-stored as chunks (chunks.py) before any deletion, and kept warm: the first erasure
+    then rewrites one chunk instead of splitting the whole table (a 1M-row table's first deletion paid 3 s for it)."""
+    ctx.progress(0.15, "storing the table in chunks")
+    none = np.zeros(0, np.int64)
+    table = rewrite_table(dataset, none, id_columns(dataset, model))
+    with session_scope() as session:
+        ctx.assert_lease(session)
+        registry.adopt_chunks(session, dataset.id, table.digest, table.chunks)
+    remember_erased(dataset, data, none, table, data.encoder.to_dict())
 
 
 def shadow_keep_fraction(holdout_fraction: float, n_shadows: int) -> float:

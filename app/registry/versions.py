@@ -406,6 +406,16 @@ def erase_rows(
     return manifest, own
 
 
+def adopt_chunks(session: Session, dataset_id: str, digest: str, chunks: Sequence[str]) -> None:
+    """The registered table re-stored as chunks (app/jobs/chunks.py) at its first version: the data set points at
+    the manifest and the file as uploaded is shredded (the same rows, now in the chunks). Once per data set."""
+    dataset = session.get(Dataset, dataset_id)
+    if dataset.chunks is not None or dataset.digest == digest:
+        return
+    enqueue_shred(session, [dataset.digest], "table re-stored in chunks", grace_seconds=0)
+    dataset.digest, dataset.chunks = digest, list(chunks)
+
+
 def swap_verification(session: Session, model_id: str, expected: str, entry: Mapping[str, Any]) -> bool:
     """Point the model at a refilled shadow set, if its current set is still ``expected`` (compare-and-set under
     the model row's lock); the superseded blob is shredded. False when another writer changed it meanwhile."""
