@@ -397,3 +397,28 @@ def test_the_upkeep_completes_the_deferred_purge_of_the_newton_state(model):
     state = NewtonState.from_bytes(get_store().get_bytes(digest))
     assert torch.equal(state.theta, served) and torch.equal(state.hessian_theta, served)  # recomputed there
     assert digest != downdated and not get_store().exists(downdated) and not get_store().exists(before)
+
+
+def test_a_table_is_stored_in_chunks_at_its_first_version(model):
+    """The registered table is re-stored in chunks when version 1 is trained (the first erasure then rewrites one
+    chunk instead of splitting the whole table), and the file as uploaded is shredded (the same rows, now in chunks)."""
+    from sqlalchemy import select
+
+    from app.audit.tables import AuditEvent
+    from app.db import session_scope
+    from app.registry import versions as registry
+    from app.registry.tables import Dataset, Model
+
+    model_id, _ = model
+    with session_scope() as session:
+        dataset = session.get(Dataset, session.get(Model, model_id).dataset_id)
+        chunked, digest = dataset.chunks, dataset.digest
+        registered = session.execute(
+            select(AuditEvent.payload).where(AuditEvent.entity_id == model_id, AuditEvent.action == "model.registered")
+        ).scalar_one()
+        registry.shred_due(session)
+    uploaded = registered["dataset_digest"]
+    assert chunked and digest != uploaded
+    table = stored_frame(digest, ("row_id",), chunked=True)
+    assert len(table) == 400 and set(table["row_id"]) == {f"r{i}" for i in range(400)}
+    assert all(get_store().exists(d) for d in chunked) and not get_store().exists(uploaded)
