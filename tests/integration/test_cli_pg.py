@@ -43,5 +43,5 @@ def test_cli_on_postgresql_and_celery(stack, tmp_path):
     assert events[0]["action"] == "deletion_request.received" and events[-1]["action"] == "deletion_request.certified"
     listed = [json.loads(line)["id"] for line in run("models", "--name", "cli-pg", "--json").output.splitlines()]
     assert listed == [model.id]
-    assert run("status", request_id, key="lethe_nothere_0000").exit_code == 3
+    assert run("status", request_id, key="lethe_nothere_0000").exit_code == 4  # 401: unauthorised
     assert run("status", "00000000-0000-0000-0000-000000000000").exit_code == 3

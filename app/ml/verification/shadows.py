@@ -166,8 +166,8 @@ def shadow_phi(shadows: ShadowSet, X: np.ndarray, y: np.ndarray) -> np.ndarray:
     """φ of every shadow on the given rows: float64 [N, n_rows] (signals.logit_scaled_confidence)."""
     X, y = np.asarray(X), np.asarray(y)
     out = np.empty((shadows.n_shadows, len(X)))
-    for i, theta in enumerate(shadows.thetas):
-        out[i] = logit_scaled_confidence(tabular.predict_logits(shadows.recipe, theta, X, shadows.n_classes), y)
+    for i, logits in enumerate(tabular.predict_logits_many(shadows.recipe, shadows.thetas, X, shadows.n_classes)):
+        out[i] = logit_scaled_confidence(logits, y)
     return out
 
 
