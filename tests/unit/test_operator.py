@@ -4,6 +4,7 @@ request no worker has started, retry a failed one (embedded default)."""
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -37,6 +38,22 @@ def setup(tmp_path):
             ).json()["id"]
         wait_for(lambda: client.get(f"/v1/models/{model_id}").json()["status"] == "ready", timeout=120, what="ready")
     return headers, model_id
+
+
+@contextmanager
+def _do_nothing(name: str):
+    """A method that returns the model unchanged (its verdict fails), registered for one test only."""
+    base.register_method(
+        name,
+        "app.ml.unlearning.baselines.sisa:DoNothingConfig",
+        "app.ml.unlearning.baselines.sisa:DoNothing",
+        model_kinds={"tabular"},
+        scopes={"samples"},
+    )
+    try:
+        yield
+    finally:
+        base._REGISTRY.pop(name, None)
 
 
 def _ask(client, model_id, ids, **extra):
@@ -96,28 +113,18 @@ def test_deadlines_extensions_overdue_and_cancel(setup):
 
 def test_a_failed_request_can_be_retried(setup):
     headers, model_id = setup
-    base.register_method(
-        "test-nothing",
-        "app.ml.unlearning.baselines.sisa:DoNothingConfig",
-        "app.ml.unlearning.baselines.sisa:DoNothing",
-        model_kinds={"tabular"},
-        scopes={"samples"},
-    )
-    try:
-        with TestClient(create_app(run_background=True), headers=headers) as client:
-            trained = next(f"r{i}" for i, held in enumerate(holdout_mask(200, 0.2, seed=0)) if not held)
-            failed = wait_request(client, _ask(client, model_id, [trained], method="test-nothing").json()["id"], 120)
-            assert failed["status"] == "failed" and failed["scope"]["sample_ids"] == [trained]  # kept: still owed
-            retried = client.post(f"/v1/deletion-requests/{failed['id']}/retry")
-            assert retried.status_code == 202 and retried.json()["status"] in ("received", "queued", "running")
-            again = wait_request(client, failed["id"], timeout=120)
-            assert again["status"] == "failed"  # the same method fails its verdict again, and says so
-            reports = client.get(again["links"]["reports"]).json()["items"]
-            assert len(reports) == 2
-            events = [e["action"] for e in client.get("/v1/audit", params={"entity_id": failed["id"]}).json()["items"]]
-            assert "deletion_request.retried" in events
-    finally:
-        base._REGISTRY.pop("test-nothing", None)
+    with _do_nothing("test-nothing"), TestClient(create_app(run_background=True), headers=headers) as client:
+        trained = next(f"r{i}" for i, held in enumerate(holdout_mask(200, 0.2, seed=0)) if not held)
+        failed = wait_request(client, _ask(client, model_id, [trained], method="test-nothing").json()["id"], 120)
+        assert failed["status"] == "failed" and failed["scope"]["sample_ids"] == [trained]  # kept: still owed
+        retried = client.post(f"/v1/deletion-requests/{failed['id']}/retry")
+        assert retried.status_code == 202 and retried.json()["status"] in ("received", "queued", "running")
+        again = wait_request(client, failed["id"], timeout=120)
+        assert again["status"] == "failed"  # the same method fails its verdict again, and says so
+        reports = client.get(again["links"]["reports"]).json()["items"]
+        assert len(reports) == 2
+        events = [e["action"] for e in client.get("/v1/audit", params={"entity_id": failed["id"]}).json()["items"]]
+        assert "deletion_request.retried" in events
 
 
 def test_a_received_at_in_the_future_is_refused(setup):
@@ -149,39 +156,29 @@ def test_the_deadline_is_the_obligation_not_the_status(setup):
 
     headers, model_id = setup
     received = (datetime.now(UTC) - timedelta(days=40)).isoformat()
-    base.register_method(
-        "test-nothing-late",
-        "app.ml.unlearning.baselines.sisa:DoNothingConfig",
-        "app.ml.unlearning.baselines.sisa:DoNothing",
-        model_kinds={"tabular"},
-        scopes={"samples"},
-    )
-    try:
-        with TestClient(create_app(run_background=True), headers=headers) as client:
-            trained = [f"r{i}" for i, held in enumerate(holdout_mask(200, 0.2, seed=0)) if not held]
-            asked = _ask(client, model_id, [trained[0]], method="test-nothing-late", received_at=received).json()
-            failed = wait_request(client, asked["id"], 120)
-            assert failed["status"] == "failed" and failed["overdue"] is True and failed["answered_late"] is False
-            certified = wait_request(client, _ask(client, model_id, [trained[1]], received_at=received).json()["id"])
-            assert certified["status"] == "certified"
-            assert certified["overdue"] is False and certified["answered_late"] is True
-            assert time_left(certified["days_left"], False, "certified", True) == "answered late"
-            assert time_left(failed["days_left"], True, "failed").startswith("OVERDUE by")
-            patched = client.patch(f"/v1/models/{model_id}", json={"requires_approval": True})
-            assert patched.status_code == 200, patched.text
-            time.sleep(MODEL_TTL + 0.1)  # the intake's snapshot of the model is at most MODEL_TTL old
-            pending = _ask(client, model_id, [trained[2]], received_at=received).json()
-            assert pending["status"] == "pending-approval" and pending["overdue"] is True
-            overdue = {r["id"] for r in client.get("/v1/deletion-requests", params={"overdue": "true"}).json()["items"]}
-            assert overdue == {failed["id"], pending["id"]}
-            with session_scope() as session:
-                flag_overdue(session)
-            for rid in (failed["id"], pending["id"]):
-                events = [e["action"] for e in client.get("/v1/audit", params={"entity_id": rid}).json()["items"]]
-                assert "deletion_request.overdue" in events, rid
-            metrics = client.get("/metrics").text
-            assert "lethe_overdue_requests 2.0" in metrics
-            age = re.search(r"^lethe_oldest_pending_request_age_seconds (\S+)$", metrics, flags=re.M)
-            assert age and float(age.group(1)) > 0  # the pending approval counts (no job waits besides it)
-    finally:
-        base._REGISTRY.pop("test-nothing-late", None)
+    with _do_nothing("test-nothing-late"), TestClient(create_app(run_background=True), headers=headers) as client:
+        trained = [f"r{i}" for i, held in enumerate(holdout_mask(200, 0.2, seed=0)) if not held]
+        asked = _ask(client, model_id, [trained[0]], method="test-nothing-late", received_at=received).json()
+        failed = wait_request(client, asked["id"], 120)
+        assert failed["status"] == "failed" and failed["overdue"] is True and failed["answered_late"] is False
+        certified = wait_request(client, _ask(client, model_id, [trained[1]], received_at=received).json()["id"])
+        assert certified["status"] == "certified"
+        assert certified["overdue"] is False and certified["answered_late"] is True
+        assert time_left(certified["days_left"], False, "certified", True) == "answered late"
+        assert time_left(failed["days_left"], True, "failed").startswith("OVERDUE by")
+        patched = client.patch(f"/v1/models/{model_id}", json={"requires_approval": True})
+        assert patched.status_code == 200, patched.text
+        time.sleep(MODEL_TTL + 0.1)  # the intake's snapshot of the model is at most MODEL_TTL old
+        pending = _ask(client, model_id, [trained[2]], received_at=received).json()
+        assert pending["status"] == "pending-approval" and pending["overdue"] is True
+        overdue = {r["id"] for r in client.get("/v1/deletion-requests", params={"overdue": "true"}).json()["items"]}
+        assert overdue == {failed["id"], pending["id"]}
+        with session_scope() as session:
+            flag_overdue(session)
+        for rid in (failed["id"], pending["id"]):
+            events = [e["action"] for e in client.get("/v1/audit", params={"entity_id": rid}).json()["items"]]
+            assert "deletion_request.overdue" in events, rid
+        metrics = client.get("/metrics").text
+        assert "lethe_overdue_requests 2.0" in metrics
+        age = re.search(r"^lethe_oldest_pending_request_age_seconds (\S+)$", metrics, flags=re.M)
+        assert age and float(age.group(1)) > 0  # the pending approval counts (no job waits besides it)

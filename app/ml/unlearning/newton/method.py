@@ -748,13 +748,8 @@ class NewtonUnlearning:
                 theta.clone(), state.hessian_theta, H, L, damping, residual, rows.copy(), kind, state.base_damping,
                 state.requests,
             ), recipe, X.shape[1], C)  # fmt: skip
-        elif (fresh := WARM.find(partial(_computed_at, theta=theta, rows=rows, kind=kind, base=base))) is not None:
-            # the method that answered computed this very state a moment ago (newton and influence keep the same
-            # one: the Hessian, its factor and the residual at the new θ over the retained rows): not twice
-            new_state = _reuse(fresh, state.requests)
         else:
-            new_state, _ = self._state(problem, theta, rows)
-            new_state.requests = state.requests
+            new_state = self._full_state(problem, theta, rows, kind, base, state.requests)
         artifacts = {ARTIFACT_STATE: new_state.to_bytes()}
         WARM.put(artifacts[ARTIFACT_STATE], new_state)
         info = {
@@ -765,6 +760,16 @@ class NewtonUnlearning:
             "purge_seconds": time.perf_counter() - t0,
         }
         return UnlearningResult(theta=theta, info=info, artifacts=artifacts)
+
+    def _full_state(self, problem: TabularProblem, theta, rows, kind: str, base: float, requests: int) -> NewtonState:
+        """The full state at ``theta`` over ``rows``: the one the method that answered computed a moment ago (newton
+        and influence keep the same one: the Hessian, its factor and the residual), else computed here."""
+        fresh = WARM.find(partial(_computed_at, theta=theta, rows=rows, kind=kind, base=base))
+        if fresh is not None:
+            return _reuse(fresh, requests)
+        state, _ = self._state(problem, theta, rows)
+        state.requests = requests
+        return state
 
     def purge_pending(self, artifacts: dict[str, bytes]) -> bool:
         """Whether the stored state still waits for ``complete_purge`` (its Hessian is not at its own model)."""
@@ -789,11 +794,7 @@ class NewtonUnlearning:
         if at(state):
             return None
         t0 = time.perf_counter()
-        if (fresh := WARM.find(at)) is not None:
-            new_state = _reuse(fresh, state.requests)
-        else:
-            new_state, _ = self._state(problem, theta, rows)
-            new_state.requests = state.requests
+        new_state = self._full_state(problem, theta, rows, kind, base, state.requests)
         artifacts = {ARTIFACT_STATE: new_state.to_bytes()}
         WARM.put(artifacts[ARTIFACT_STATE], new_state)
         info = {"method": self.mode, "stage": "complete_purge", "seconds": time.perf_counter() - t0}
