@@ -306,6 +306,10 @@ def test_keys_create_list_revoke(service):
     assert wait_for(lambda: run(service, "list", key=key).exit_code == 4, timeout=30, what="revocation")
     assert run(service, "keys", "revoke", "no-such-key").exit_code == 3
     assert run(service, "keys", "create", "--scope", "nonsense").exit_code == 2
+    events = list(service["client"].iter_audit(entity_id=entry["id"]))  # creation and revocation are audited
+    assert [e.action for e in events] == ["api_key.created", "api_key.revoked"]
+    assert events[0].payload["name"] == "cli-made" and events[0].payload["scopes"] == ["requests:read"]
+    assert key not in json.dumps([e.payload for e in events]) and key.split("_")[-1] not in str(events)
 
 
 def test_serve_worker_and_demo_are_wired():
