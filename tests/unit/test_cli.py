@@ -215,14 +215,16 @@ def test_approve_and_reject_a_pending_request(service):
         )
         assert first.status == second.status == "pending-approval"
         assert run(service, "approve", first.id, key=service["reader"]).exit_code == 4  # 403: admins only
-        approved = run(service, "approve", first.id, "--note", "checked the identity")
+        assert run(service, "approve", first.id).exit_code == 4  # 403: not by the key that submitted it
+        approver = make_key(SCOPES, name="approver")
+        approved = run(service, "approve", first.id, "--note", "checked the identity", key=approver)
         assert approved.exit_code == 0 and first.id in approved.output
         assert run(service, "reject", second.id).exit_code == 2  # the reason is required
         rejected = run(service, "reject", second.id, "--reason", "no such person in our records")
         assert rejected.exit_code == 0 and "rejected" in rejected.output
         assert client.wait(first.id, timeout=120).status == "certified"
         assert client.get_deletion(second.id).status == "rejected"
-        assert run(service, "approve", second.id).exit_code == 1  # 409: no longer waiting for approval
+        assert run(service, "approve", second.id, key=approver).exit_code == 1  # 409: no longer waiting
         actions = [e.action for e in client.iter_audit(entity_id=first.id)]
         assert "deletion_request.approved" in actions
     finally:
