@@ -19,6 +19,7 @@ from fastapi import Depends, Request
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.audit.service import append_event
 from app.auth.tables import ApiKey
 from app.config import get_settings
 from app.db import get_sessionmaker, utcnow
@@ -77,7 +78,10 @@ def create_key(
     model_id: str | None = None,
     client_id: str | None = None,
     expires_in: timedelta | None = None,
+    actor: str = "operator (cli)",
 ) -> tuple[ApiKey, str]:
+    """A new key (returned once; only its keyed hash is stored), recorded in the audit log (issue 22: key creation
+    and revocation were not audited): its name, prefix, scopes, binding and expiry, never the key."""
     unknown = sorted(set(scopes) - set(SCOPES))
     if unknown or not scopes:
         raise ValueError(f"unknown scopes {unknown}; choose from {list(SCOPES)}")
@@ -108,15 +112,23 @@ def create_key(
     )
     session.add(row)
     session.flush()
+    _audit(session, actor, "api_key.created", row)
     return row, key
+
+
+def _audit(session: Session, actor: str, action: str, row: ApiKey) -> None:
+    expires = row.expires_at.isoformat() if row.expires_at else None
+    payload = {"name": row.name, "prefix": row.prefix, "scopes": list(row.scopes), "model_id": row.model_id,
+               "client_id": row.client_id, "expires_at": expires}  # fmt: skip
+    append_event(session, actor=actor, action=action, entity_type="api_key", entity_id=row.id, payload=payload)
 
 
 def list_keys(session: Session) -> list[ApiKey]:
     return list(session.execute(select(ApiKey).order_by(ApiKey.created_at)).scalars())
 
 
-def revoke_key(session: Session, key_id: str) -> ApiKey:
-    """Revoke by id (or by the key's prefix); refused on the key's next request in every API process."""
+def revoke_key(session: Session, key_id: str, actor: str = "operator (cli)") -> ApiKey:
+    """Revoke by id (or by the key's prefix); refused on the key's next request in every API process; audited."""
     row = session.get(ApiKey, key_id)
     if row is None:
         row = session.execute(select(ApiKey).where(ApiKey.prefix == key_id)).scalar_one_or_none()
@@ -124,6 +136,7 @@ def revoke_key(session: Session, key_id: str) -> ApiKey:
         raise ValueError(f"no API key {key_id!r}")
     if row.revoked_at is None:
         row.revoked_at = utcnow()
+        _audit(session, actor, "api_key.revoked", row)
     return row
 
 

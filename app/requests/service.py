@@ -839,8 +839,14 @@ def retry_request(session: Session, principal: Principal, request_id: str):
 
 
 def approve_request(session: Session, principal: Principal, request_id: str, note: str | None = None):
-    """Approve a request waiting for approval: its job is created now, so the dispatcher can hand it to a worker."""
+    """Approve a request waiting for approval: its job is created now, so the dispatcher can hand it to a worker.
+    Four eyes: never by the key that submitted it (issue 22, LOW: one admin key both submitted and approved)."""
     request = get_request_or_404(session, request_id)
+    if request.api_key_id is not None and request.api_key_id == principal.key_id:
+        raise Problem(
+            403, "approval-by-submitter", "A request cannot be approved by the key that submitted it",
+            "approval takes a second admin's key (four eyes)",
+        )  # fmt: skip
     if not _leave_approval(session, request, "received"):
         raise Problem(
             409, "not-awaiting-approval", "Only a request waiting for approval can be approved",

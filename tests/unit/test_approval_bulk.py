@@ -83,10 +83,15 @@ def test_nothing_runs_before_approval(setup):
             f"/v1/deletion-requests/{body['id']}/approve", headers={"authorization": f"Bearer {reader}"}
         )
         assert refused.status_code == 403
-        approved = client.post(f"/v1/deletion-requests/{body['id']}/approve", json={"note": "checked the ticket"})
+        own = client.post(f"/v1/deletion-requests/{body['id']}/approve")  # the key that submitted it
+        assert own.status_code == 403 and own.json()["type"].endswith("/approval-by-submitter")
+        approver = {"authorization": f"Bearer {make_key(['admin'], name='approver')}"}
+        approved = client.post(
+            f"/v1/deletion-requests/{body['id']}/approve", json={"note": "checked the ticket"}, headers=approver
+        )
         assert approved.status_code == 202 and approved.json()["status"] == "received"
         assert len(_jobs_of(body["id"])) == 1
-        again = client.post(f"/v1/deletion-requests/{body['id']}/approve")
+        again = client.post(f"/v1/deletion-requests/{body['id']}/approve", headers=approver)
         assert again.status_code == 409 and again.json()["type"].endswith("/not-awaiting-approval")
         assert again.headers["content-type"].startswith("application/problem+json")
         dispatcher.tick()
@@ -165,17 +170,19 @@ def test_bulk_actions_over_ids_and_filters(setup):
         assert extended["selected"] == 3 and extended["done"] == 3
         assert extended["results"][0]["id"] == ids[1]  # oldest first
 
+        approver = {"authorization": f"Bearer {make_key(['admin'], name='approver')}"}
         approved = client.post(
             bulk,
             json={"action": "approve", "filter": {"status": "pending-approval",
                   "created_after": (datetime.now(UTC) - timedelta(hours=1)).isoformat()}},
+            headers=approver,
         ).json()  # fmt: skip
         assert approved["done"] == 3 and {r["status"] for r in approved["results"]} == {"received"}
         for request_id in ids[1:]:
             events = _actions(client, request_id)
             assert "deletion_request.approved" in events and "deletion_request.extended" in events
             assert len(_jobs_of(request_id)) == 1
-        skipped = client.post(bulk, json={"action": "approve", "ids": ids}).json()
+        skipped = client.post(bulk, json={"action": "approve", "ids": ids}, headers=approver).json()
         assert skipped["done"] == 0 and {r["problem_type"].rsplit("/", 1)[-1] for r in skipped["results"]} == {
             "not-awaiting-approval"
         }

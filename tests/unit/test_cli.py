@@ -215,14 +215,16 @@ def test_approve_and_reject_a_pending_request(service):
         )
         assert first.status == second.status == "pending-approval"
         assert run(service, "approve", first.id, key=service["reader"]).exit_code == 4  # 403: admins only
-        approved = run(service, "approve", first.id, "--note", "checked the identity")
+        assert run(service, "approve", first.id).exit_code == 4  # 403: not by the key that submitted it
+        approver = make_key(SCOPES, name="approver")
+        approved = run(service, "approve", first.id, "--note", "checked the identity", key=approver)
         assert approved.exit_code == 0 and first.id in approved.output
         assert run(service, "reject", second.id).exit_code == 2  # the reason is required
         rejected = run(service, "reject", second.id, "--reason", "no such person in our records")
         assert rejected.exit_code == 0 and "rejected" in rejected.output
         assert client.wait(first.id, timeout=120).status == "certified"
         assert client.get_deletion(second.id).status == "rejected"
-        assert run(service, "approve", second.id).exit_code == 1  # 409: no longer waiting for approval
+        assert run(service, "approve", second.id, key=approver).exit_code == 1  # 409: no longer waiting
         actions = [e.action for e in client.iter_audit(entity_id=first.id)]
         assert "deletion_request.approved" in actions
     finally:
@@ -306,6 +308,10 @@ def test_keys_create_list_revoke(service):
     assert wait_for(lambda: run(service, "list", key=key).exit_code == 4, timeout=30, what="revocation")
     assert run(service, "keys", "revoke", "no-such-key").exit_code == 3
     assert run(service, "keys", "create", "--scope", "nonsense").exit_code == 2
+    events = list(service["client"].iter_audit(entity_id=entry["id"]))  # creation and revocation are audited
+    assert [e.action for e in events] == ["api_key.created", "api_key.revoked"]
+    assert events[0].payload["name"] == "cli-made" and events[0].payload["scopes"] == ["requests:read"]
+    assert key not in json.dumps([e.payload for e in events]) and key.split("_")[-1] not in str(events)
 
 
 def test_serve_worker_and_demo_are_wired():
