@@ -66,27 +66,50 @@ def _row_norms(A: np.ndarray) -> np.ndarray:
     return np.sqrt(np.einsum("ij,ij->i", A, A))
 
 
-def _hessian64(recipe: tabular.TabularRecipe, theta: np.ndarray, Xa: np.ndarray, k: int) -> np.ndarray:
+ROW_BLOCK = 65_536
+"""Rows per block of the bound's float64 passes: [x, 1] of a 1M-row table at once is several 170 MB temporaries
+(0.9 s of a deletion's critical path in the stream); a block of 65,536 stays within the caches' reach."""
+
+
+def _blocks(X: np.ndarray):
+    """[x, 1] in float64, ROW_BLOCK rows at a time."""
+    for start in range(0, len(X), ROW_BLOCK):
+        rows = np.asarray(X[start : start + ROW_BLOCK], dtype=np.float64)
+        yield np.concatenate([rows, np.ones((len(rows), 1))], axis=1)
+
+
+def _softmax_rho(Xa: np.ndarray, T: np.ndarray, k: int, d: int) -> float:
+    """max over these rows of ||J_i T||: the rows' logit Jacobians through H'^-1/2, centred over the classes."""
+    JT = np.stack([Xa @ T[np.r_[c * d : (c + 1) * d, k * d + c]] for c in range(k)], axis=1)  # [n, C, .]
+    JT -= JT.mean(axis=1, keepdims=True)  # a shift shared by all logits leaves p unchanged (module docstring)
+    return float(np.sqrt(np.linalg.eigvalsh(JT @ JT.transpose(0, 2, 1))[:, -1].max()))
+
+
+def _hessian64(recipe: tabular.TabularRecipe, theta: np.ndarray, X: np.ndarray, k: int) -> np.ndarray:
     """The LR objective's Hessian at theta in float64 throughout (tabular's own accumulates the Gram matrix in
-    float32, fine for a Newton direction, not for a proof), in the flat layout."""
-    n, d1 = Xa.shape
-    d = d1 - 1
+    float32, fine for a Newton direction, not for a proof), in the flat layout; summed over row blocks."""
+    n, d = X.shape
+    d1 = d + 1
     if k == 1:
-        z = Xa @ theta
-        s = np.exp(-np.logaddexp(0.0, z) - np.logaddexp(0.0, -z))  # sigmoid(z) sigmoid(-z) without underflow
-        H = (Xa * (s / n)[:, None]).T @ Xa
+        H = np.zeros((d1, d1))
+        for Xa in _blocks(X):
+            z = Xa @ theta
+            s = np.exp(-np.logaddexp(0.0, z) - np.logaddexp(0.0, -z))  # sigmoid(z) sigmoid(-z) without underflow
+            H += (Xa * (s / n)[:, None]).T @ Xa
         H[np.arange(d), np.arange(d)] += recipe.l2
         return H
     Wa = np.concatenate([theta[: k * d].reshape(k, d), theta[k * d :, None]], axis=1)
-    Z = Xa @ Wa.T
-    P = np.exp(Z - np.logaddexp.reduce(Z, axis=1, keepdims=True))
     Hb = np.zeros((k, d1, k, d1))
+    for Xa in _blocks(X):
+        Z = Xa @ Wa.T
+        P = np.exp(Z - np.logaddexp.reduce(Z, axis=1, keepdims=True))
+        for c in range(k):
+            for c2 in range(c, k):
+                w = P[:, c] * ((1.0 if c == c2 else 0.0) - P[:, c2]) / n
+                Hb[c, :, c2, :] += (Xa * w[:, None]).T @ Xa
     for c in range(k):
-        for c2 in range(c, k):
-            w = P[:, c] * ((1.0 if c == c2 else 0.0) - P[:, c2]) / n
-            block = (Xa * w[:, None]).T @ Xa
-            Hb[c, :, c2, :] = block
-            Hb[c2, :, c, :] = block.T
+        for c2 in range(c + 1, k):
+            Hb[c2, :, c, :] = Hb[c, :, c2, :].T
     idx = np.concatenate([np.arange(k * d1).reshape(k, d1)[:, :d].reshape(-1), np.arange(k) * d1 + d])
     H = Hb.reshape(k * d1, k * d1)[np.ix_(idx, idx)]
     H[np.arange(k * d), np.arange(k * d)] += recipe.l2
@@ -124,8 +147,7 @@ def strong_convexity_bound(
     X = np.asarray(X)
     d = X.shape[1]
     k = _outputs(recipe, d, n_classes)
-    Xa = np.concatenate([X.astype(np.float64), np.ones((len(X), 1))], axis=1)
-    H = _hessian64(recipe, th, Xa, k)
+    H = _hessian64(recipe, th, X, k)
     out: dict[str, Any] = {"grad_norm": grad_norm, "rows": int(len(X))}
     Q = np.eye(len(th))
     if k == 1:
@@ -147,7 +169,8 @@ def strong_convexity_bound(
         return {**out, "mu": None, "bound": None, "reason": "the Hessian at theta is not positive definite"}
     lam = np.maximum(lam, lam_min)
     mask = tabular.regularisation_mask(recipe, d, n_classes).numpy()
-    typical = float(_row_norms(Xa).mean()) + recipe.l2 * float(np.linalg.norm(mask * th))
+    typical = sum(float(_row_norms(Xa).sum()) for Xa in _blocks(X)) / max(len(X), 1)
+    typical += recipe.l2 * float(np.linalg.norm(mask * th))
     extra = ROUNDING_MARGIN * typical  # rounding allowance on g (per-row gradient magnitude), carried into the norms
     slack = 1.0 + ROUNDING_MARGIN * float(lam[-1]) / lam_min
     coords = V.T @ g
@@ -156,11 +179,9 @@ def strong_convexity_bound(
     # rho_H = max_i ||J_i H'^-1/2|| (J_i: the row's logits' Jacobian): how far a logit moves per unit H'-norm step
     T = Q @ (V / np.sqrt(lam))  # H'^-1/2 in the flat layout, [p, p or p - 1]
     if k == 1:
-        rho_h = float(_row_norms(Xa @ T).max())
+        rho_h = max(float(_row_norms(Xa @ T).max()) for Xa in _blocks(X))
     else:
-        JT = np.stack([Xa @ T[np.r_[c * d : (c + 1) * d, k * d + c]] for c in range(k)], axis=1)  # [n, C, .]
-        JT -= JT.mean(axis=1, keepdims=True)  # a shift shared by all logits leaves p unchanged (module docstring)
-        rho_h = float(np.sqrt(np.linalg.eigvalsh(JT @ JT.transpose(0, 2, 1))[:, -1].max()))
+        rho_h = max(_softmax_rho(Xa, T, k, d) for Xa in _blocks(X))
     rho_h *= slack
     a = 1.0 if k == 1 else SOFTMAX_LOGIT_FACTOR
     out["newton_step_norm"] = step_norm
