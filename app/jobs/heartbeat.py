@@ -17,6 +17,8 @@ from app.jobs.tables import WorkerHeartbeat
 
 log = logging.getLogger("lethe.heartbeat")
 HEARTBEAT_SECONDS = 10.0
+QUEUES = ("cpu", "gpu")
+"""The queues jobs are sent to (workers/celery_app.py): tabular models on cpu, federated CLIP on gpu."""
 FRESH_SECONDS = 3 * HEARTBEAT_SECONDS
 """A worker not seen for this long counts as gone (three missed beats: a busy worker's thread still beats)."""
 
@@ -35,9 +37,10 @@ def gone(session: Session, name: str) -> None:
 
 
 def listening(session: Session, fresh_seconds: float = FRESH_SECONDS) -> dict[str, int]:
-    """Workers seen within ``fresh_seconds``, per queue they consume."""
+    """Workers seen within ``fresh_seconds``, per queue they consume (the service's queues always named, 0 when
+    none listens)."""
     since = utcnow() - timedelta(seconds=fresh_seconds)
-    counts: dict[str, int] = {}
+    counts: dict[str, int] = dict.fromkeys(QUEUES, 0)
     for queues in session.execute(select(WorkerHeartbeat.queues).where(WorkerHeartbeat.seen_at >= since)).scalars():
         for queue in queues or []:
             counts[queue] = counts.get(queue, 0) + 1

@@ -63,11 +63,13 @@ FRAME_CACHE_SIZE = 2
 ARTIFACT_CACHE_SIZE = 32
 """Method-state blobs a worker keeps in memory (keyed by digest; a model's prepared methods hold 1 to 4 each)."""
 SHADOW_CACHE_SIZE = 2
+"""Parsed shadow sets kept (the current one and the one a deletion just stored)."""
 ENCODED_CHUNK_CACHE_SIZE = 1024
 ENCODED_CHUNK_CACHE_BYTES = 1 << 30
 """Encoded chunks of stored tables a worker keeps (chunks.py): a table's every chunk, so that the versions another
 worker made cost this one only the chunks they rewrote; bounded by their size (1 GiB) as much as by their count."""
-"""Parsed shadow sets kept (the current one and the one a deletion just stored)."""
+MANIFEST_CACHE_SIZE = 128
+"""Chunk manifests kept parsed (a few kilobytes each)."""
 NONE_NEEDED = "none-needed"
 POSITION_COLUMN = "__lethe_position"
 """Column of a rewritten table: each remaining row's position at registration."""
@@ -138,7 +140,7 @@ FRAMES = _Warm(FRAME_CACHE_SIZE)
 ARTIFACT_BYTES = _Warm(ARTIFACT_CACHE_SIZE)
 SHADOWS = _Warm(SHADOW_CACHE_SIZE)
 ENCODED_CHUNKS = _Warm(ENCODED_CHUNK_CACHE_SIZE, ENCODED_CHUNK_CACHE_BYTES)
-MANIFESTS = _Warm(FRAME_CACHE_SIZE * 64)
+MANIFESTS = _Warm(MANIFEST_CACHE_SIZE)
 
 
 def load_shadows(digest: str) -> ShadowSet:
@@ -331,7 +333,8 @@ def remember_artifacts(artifacts: dict[str, bytes]) -> None:
 @dataclass(frozen=True)
 class TableRewrite:
     """A stored table after an erasure (chunks.py): its manifest's digest, every chunk it lists, the chunks written
-    now, and the blobs superseded (the chunks that held the erased rows; the whole file at a table's first erasure)."""
+    now, and the chunks superseded (those that held the erased rows; the file a table was split from is the data
+    set's old digest, shredded as such)."""
 
     digest: str
     chunks: list[str]
@@ -341,8 +344,9 @@ class TableRewrite:
 
 def rewrite_table(dataset: Dataset, erased: np.ndarray, text_columns: tuple[str, ...]) -> TableRewrite:
     """The stored table without the erased positions, each remaining row keeping its position: only the chunks that
-    held one are rewritten (a table stored as uploaded is split into chunks at its first erasure). Every blob is in
-    the store when this returns; the data set points at the new manifest when the erasure is published."""
+    held one are rewritten (a table still stored as uploaded — version 1's ``chunk_table``, or a data set registered
+    before chunks — is split into chunks here). Every blob is in the store when this returns; the data set points at
+    the new manifest when the erasure (or the split) is published."""
     store, erased = get_store(), np.unique(np.asarray(erased, dtype=np.int64))
     if not is_chunked(dataset):
         df = stored_frame(dataset.digest, text_columns)
@@ -383,6 +387,14 @@ def scrub_encoder(encoder: TableEncoder, data: TabularData, erased: np.ndarray) 
                 changed = True
         j += len(cats)
     return scrubbed if changed else None
+
+
+def tombstones(data: TabularData, flagged: list[int]) -> np.ndarray:
+    """Rows never trained on again: those an older database tombstoned (``flagged``) and those erased (their slots
+    are empty)."""
+    mask = ~data.present
+    mask[flagged] = True
+    return mask
 
 
 def holdout_mask(n: int, fraction: float, seed: int) -> np.ndarray:
@@ -559,7 +571,7 @@ def prepare_methods(ctx: JobContext, model: Model, recipe, data: TabularData, th
         for name in model.spec.get("unlearning", [])
         if get_method(name).needs_preparation and states.get(name, {}).get("status") not in ("ready", "refused")
     ]
-    methods = {name: build(get_method(name), model.spec.get("method_settings", {}).get(name, {})) for name in todo}
+    methods = {name: built(model, name) for name in todo}
     fast = [name for name in todo if getattr(methods[name], "approximates_retraining", False)]
     n = len(data.y)
     base = TabularProblem(
@@ -710,10 +722,9 @@ class Deletion:
         data = load_tabular(work.dataset, work.model)
         recipe = tabular.TabularRecipe.from_dict(work.model.spec["recipe"])
         n = len(data.y)
-        forget, tombstone = np.zeros(n, bool), np.zeros(n, bool)
+        forget = np.zeros(n, bool)
         forget[positions] = True
-        tombstone[flagged] = True
-        tombstone |= ~data.present  # erased by earlier requests: their slots are empty
+        tombstone = tombstones(data, flagged)
         holdout = holdout_mask(n, work.model.spec.get("holdout_fraction", 0.2), recipe.seed)
         return TabularInputs(data, recipe, positions, holdout, forget, tombstone)
 
@@ -841,7 +852,7 @@ def erase_copies(work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> E
         else:
             purged[unlearned.method] = unlearned.method_artifacts
     for name in sorted(set(registry.prepared_methods(work.model)) - {unlearned.method}):
-        method = build(get_method(name), work.model.spec.get("method_settings", {}).get(name, {}))
+        method = built(work.model, name)
         if not hasattr(method, "purge"):
             invalidated[name] = f"{name} cannot purge rows erased by another method"
             continue
@@ -882,10 +893,14 @@ def erase_copies(work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> E
     )
 
 
+def built(model: Model, name: str):
+    """The model's method ``name`` with the settings it was registered with."""
+    return build(get_method(name), model.spec.get("method_settings", {}).get(name, {}))
+
+
 def _purge_mode(model: Model, name: str) -> str | None:
     """A prepared method's purge mode (``deferred``: its state is completed in the upkeep), if it has one."""
-    config = getattr(build(get_method(name), model.spec.get("method_settings", {}).get(name, {})), "config", None)
-    return getattr(config, "purge", None)
+    return getattr(getattr(built(model, name), "config", None), "purge", None)
 
 
 # ------------------------------------------------------------------------------------------------------ verification
@@ -1057,7 +1072,7 @@ def pool_short(model: Model) -> bool:
 def purge_pending(model: Model) -> bool:
     """Whether a prepared method's stored state still waits for the upkeep's ``complete_purge``."""
     for name in registry.prepared_methods(model):
-        method = build(get_method(name), model.spec.get("method_settings", {}).get(name, {}))
+        method = built(model, name)
         if hasattr(method, "purge_pending") and method.purge_pending(method_artifacts(model, name)):
             return True
     return False
@@ -1071,17 +1086,14 @@ def complete_purges(model_id: str, ctx: JobContext) -> list[str]:
         model, dataset, served = registry.load_model(session, model_id)
         flagged = [p for p, _ in registry.tombstones(session, dataset.id)] if dataset is not None else []
         session.expunge_all()
-    prepared = [(n, build(get_method(n), model.spec.get("method_settings", {}).get(n, {})))
-                for n in registry.prepared_methods(model)]  # fmt: skip
+    prepared = [(name, built(model, name)) for name in registry.prepared_methods(model)]
     prepared = [(name, method) for name, method in prepared if hasattr(method, "complete_purge")]
     if not prepared or dataset is None:
         return []
     data = load_tabular(dataset, model)
     recipe = tabular.TabularRecipe.from_dict(model.spec["recipe"])
-    retain = ~holdout_mask(len(data.y), model.spec.get("holdout_fraction", 0.2), recipe.seed) & data.present
-    retain[flagged] = False
-    tombstone = ~data.present
-    tombstone[flagged] = True
+    tombstone = tombstones(data, flagged)
+    retain = ~holdout_mask(len(data.y), model.spec.get("holdout_fraction", 0.2), recipe.seed) & ~tombstone
     ctx.progress(0.99, "certified; completing the purge of the method state")
     completed: dict[str, dict[str, bytes]] = {}
     for name, method in prepared:
@@ -1099,7 +1111,8 @@ def complete_purges(model_id: str, ctx: JobContext) -> list[str]:
         if (result := method.complete_purge(problem)) is not None:
             completed[name] = dict(result.artifacts)
     if completed:
-        remember_artifacts({f"{n}:{k}": v for n, a in completed.items() for k, v in a.items()})
+        for artifacts in completed.values():
+            remember_artifacts(artifacts)
         with session_scope() as session:
             ctx.assert_lease(session)
             registry.update_method_state(session, model_id, completed, {})

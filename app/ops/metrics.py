@@ -80,7 +80,7 @@ class LetheCollector(Collector):
             workers = GaugeMetricFamily(
                 "lethe_workers", "Celery workers whose heartbeat is fresh, by queue they consume.", labels=["queue"]
             )
-            for queue, count in sorted({"cpu": 0, "gpu": 0, **listening(session)}.items()):
+            for queue, count in sorted(listening(session).items()):
                 workers.add_metric([queue], count)
             yield workers
             overdue = session.execute(

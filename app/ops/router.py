@@ -60,9 +60,9 @@ def readyz(request: Request) -> JSONResponse:
     ``lethe_workers{queue}`` instead.
 
     One probe at a time, its answer shared for READY_CACHE_SECONDS (issue 22, HIGH): each probe takes a database
-    connection and a Celery ``inspect`` broadcast takes one of kombu's broker connections and waits for replies, so
-    unauthenticated callers in parallel used to exhaust both pools and hang the API (and the dispatcher's sends).
-    A caller arriving while a probe runs gets the last answer, or 503 "checking" before the first one."""
+    connection, and unauthenticated callers in parallel once exhausted the pools (then with a Celery broadcast per
+    probe) and hung the API. A caller arriving while a probe runs gets the last answer, or 503 "checking" before the
+    first one."""
     state = _readiness(request)
     last = state.last
     if last is not None and time.monotonic() - last[0] < READY_CACHE_SECONDS:
@@ -99,5 +99,5 @@ def _probe(request: Request) -> dict[str, object]:
         checks["executor"] = "ok" if executor is not None and executor.alive() else "not running"
     elif checks["database"] == "ok":
         with session_scope() as session:
-            checks["workers"] = {"cpu": 0, "gpu": 0, **listening(session)}
+            checks["workers"] = listening(session)
     return checks

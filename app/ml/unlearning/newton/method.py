@@ -471,15 +471,6 @@ def _computed_at(state: Any, *, theta: torch.Tensor, rows: np.ndarray, kind: str
     )
 
 
-def _reuse(fresh: NewtonState, requests: int) -> NewtonState:
-    """A state another method computed (the same numbers), with this method's request count; its precomputed views
-    of those numbers are shared too."""
-    new_state = replace(fresh, requests=requests)
-    if (views := getattr(fresh, "_lr_fast", None)) is not None:
-        new_state._lr_fast = views  # type: ignore[attr-defined]
-    return new_state
-
-
 # ---------------------------------------------------------------------------------------------- the methods
 class NewtonUnlearning:
     """Newton removal: the Hessian downdated by the erased rows (more exact, O(k p^2 + p^3) per request)."""
@@ -766,7 +757,10 @@ class NewtonUnlearning:
         and influence keep the same one: the Hessian, its factor and the residual), else computed here."""
         fresh = WARM.find(partial(_computed_at, theta=theta, rows=rows, kind=kind, base=base))
         if fresh is not None:
-            return _reuse(fresh, requests)
+            state = replace(fresh, requests=requests)
+            if (views := getattr(fresh, "_lr_fast", None)) is not None:  # views of the same numbers: shared too
+                state._lr_fast = views  # type: ignore[attr-defined]
+            return state
         state, _ = self._state(problem, theta, rows)
         state.requests = requests
         return state
