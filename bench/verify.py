@@ -62,6 +62,7 @@ training the default shadow runs, the registration's extra cost.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -69,6 +70,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -128,6 +130,7 @@ class Plan:
     impostor_trials: dict[str, int] = field(default_factory=dict)
     impostor_method_trials: dict[str, dict[str, int]] = field(default_factory=dict)
     clip_impostor_trials: int = 3
+    clip_ease_trials: int = 1
     """Fewer trials per scenario for an expensive genuine method (``{setting: {method: trials}}``), recorded."""
     sisa: dict[str, Any] = field(default_factory=lambda: asdict(SISAConfig()))
 
@@ -161,6 +164,8 @@ def make_plan(mode: str) -> Plan:
         clip={"n_clients": 5, "pairs_per_client": 200, "n_test": 300, "rounds": 20},
         impostor_trials={"adult_lr": 20, "overfit_mlp": 20},
         impostor_method_trials={"overfit_mlp": {"sisa": 10}},
+        clip_impostor_trials=20,
+        clip_ease_trials=5,
     )
 
 
@@ -714,10 +719,10 @@ IMPOSTOR_NOTES = {
     "'<check>[part]'); every part must pass",
     "batched_audit": "impostors_info.<setting>.batched_audit_check: the batched audit (shadow phi computed once per "
     "trial for all candidates) compared with service_audit (run_audit per candidate) on the first trial",
-    "clip": "federated (CLIP) models have no evidence class yet, so the tabular panel does not apply to them; "
-    "clip.impostors runs the parameter-only impostors (do_nothing, one_ulp, noise) through verify_federated's verdict "
-    "(which does not apply the informative-evidence rule) per deletion scope, reported as measured "
-    "(impostors_summary.clip_*, informational: not part of the aims)",
+    "clip": "impostors.clip (clip.impostors has the details): the federated panel of clip_impostors.py (the "
+    "parameter-only impostors, gradient ascent, the two retrain impostors; no half Newton step: CLIP has no Newton "
+    "step) and the genuine fed_retrain and EASE, judged by verify_federated's verdict with clip_evidence.py; part of "
+    "the aims (impostors_summary.clip_*)",
     "adult_mlp": "an Adult MLP setting (6,000-row subsample, default MLP recipe) was not run: one fit on 4,800 rows "
     "took 7.1 s on this machine, so its 64 + 32 shadows alone (~11 min) exceed the panel's time budget",
 }
@@ -996,7 +1001,8 @@ def impostor_summary(panel: dict[str, dict], plan: Plan, notes: dict[str, Any]) 
                 for m, n in v.items()
             ),
             "no Adult MLP setting (IMPOSTOR_NOTES.adult_mlp)",
-            f"CLIP: only the parameter-only impostors, {plan.clip_impostor_trials} trials each (clip.impostors)",
+            f"CLIP: the panel on a 300-pair federation (CLIP_PANEL), EASE {plan.clip_ease_trials} trials per "
+            f"scenario (of {plan.clip_impostor_trials}) (clip.impostors)",
         ],
     }
     out["aims"] = {
@@ -1073,7 +1079,7 @@ def plot_impostors(panel: dict[str, dict], path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- CLIP
-def clip_audit(plan: Plan, log, keep: dict | None = None) -> dict[str, Any]:
+def clip_audit(plan: Plan, log) -> dict[str, Any]:
     from app.ml.data.captions import CaptionDataset
     from app.ml.federation import FedSettings, make_demo_federation
     from app.ml.verification.clip_shadows import (
@@ -1153,90 +1159,157 @@ def clip_audit(plan: Plan, log, keep: dict | None = None) -> dict[str, Any]:
         "shadows)"
     )
     out["device"] = str(clip.device)
-    if keep is not None:  # for the impostor stage (clip_impostors), after every timed section
-        keep["demo"], keep["blob"] = demo, blob
     return out
 
 
-CLIP_IMPOSTORS = ("do_nothing", "one_ulp", "noise_1e-6", "noise_1e-4", "noise_1e-2")
-"""The impostors that need only θ (the others are tabular: a retrain, the retained gradient, ascent on rows)."""
+CLIP_PANEL = {"n_clients": 5, "pairs_per_client": 60, "n_test": 100, "rounds": 8}
+"""The CLIP panel's federation: the demo's concept federation at the quick plan's size, in both modes (a federated
+retrain at the full plan's size takes ~15 s on this CPU, and a trial needs three: the genuine retrain, the verifier's
+replay and the wrong-pairs impostor)."""
+CLIP_SCENARIOS = {"random_1": 1, "random_50": 50, "most_exposed": 50}
+CLIP_EXPOSED_POOL = 100
+"""most_exposed draws its 50 pairs from the 100 pairs the original model's LiRA score ranks highest."""
+CLIP_GENUINE = ("retrain", "ease")
 
 
-def clip_impostors(demo, shadows: bytes, trials: int, log) -> dict[str, Any]:
-    """impostors.py's parameter-only impostors through the federated verdict (app/jobs/federated.py verify_federated:
-    audit_clip_deletion with the stored shadow LoRA runs, the retain R@1 check, decide without the informative-
-    evidence rule, which the federated wing does not apply yet), per deletion scope of the demo federation."""
-    import dataclasses
-    from types import SimpleNamespace
+def _evidence_rows(evidence: list[dict]) -> list[dict]:
+    return [
+        {
+            "name": c["name"],
+            "ratio": evidence_ratio(c),
+            "power": c["power"],
+            "informative": c["informative"],
+            "passed": c["passed"],
+            "figure": c["figure"],
+            "threshold": c["threshold"],
+        }
+        for c in evidence
+    ]
 
+
+def clip_impostors(plan: Plan, trials: int, ease_trials: int, log) -> dict[str, Any]:
+    """The CLIP impostor panel (issue 20): per scenario and trial, every impostor of clip_impostors.py and the
+    genuine methods (federated retraining; EASE, fewer trials) on the same deletion, each judged by the worker's
+    federated verdict (app/jobs/federated.py verify_federated: audit_clip_deletion with the stored shadow LoRA runs,
+    clip_evidence — the forget excess and, for exact claims it does not decide, the verifier's own replay —, the retain
+    R@1 check, decide with the default policy)."""
+    import functools
+
+    from app.jobs.federated import EVAL_RETAIN_PAIRS, EVAL_SAMPLE_SEED, _retain_check, _retrieval
     from app.ml.data.captions import CaptionDataset
-    from app.ml.verification.clip_shadows import audit_clip_deletion, clip_shadows_from_bytes
+    from app.ml.federation import FedSettings, make_demo_federation
+    from app.ml.unlearning import get_method
+    from app.ml.unlearning.baselines.fed_retrain import FedRetrain
+    from app.ml.verification.clip_evidence import clip_evidence, replay_of
+    from app.ml.verification.clip_impostors import CLIP_EXACT_IMPOSTORS, CLIP_IMPOSTORS, ClipImpostorCase
+    from app.ml.verification.clip_shadows import (
+        ClipShadowSettings,
+        audit_clip_deletion,
+        pair_phi,
+        train_clip_shadows,
+    )
 
-    try:  # the worker's own helpers (retain set, retrieval, retain check): mirrored, not copied
-        from app.jobs.federated import EVAL_RETAIN_PAIRS, EVAL_SAMPLE_SEED, _retain_check, _retrieval
-    except ImportError as exc:  # the tree is edited concurrently: report instead of losing the whole run
-        log(f"  clip impostors skipped: app.jobs.federated did not import ({exc})")
-        return {"error": f"app.jobs.federated did not import: {exc}"}
     start_all = time.perf_counter()
-    shadows = clip_shadows_from_bytes(shadows)
-
+    sizes = CLIP_PANEL
+    fed = FedSettings(rounds=sizes["rounds"], seed=0)
+    demo = make_demo_federation(
+        seed=0, n_clients=sizes["n_clients"], pairs_per_client=sizes["pairs_per_client"], n_test=sizes["n_test"],
+        fed_settings=fed, cache_training=True,
+    )  # fmt: skip
+    clip, data, theta = demo.model, demo.data, demo.theta
+    shadows = train_clip_shadows(clip, demo.theta_init, data.clients, fed, ClipShadowSettings())
     policy = VerdictPolicy()
-    fed_policy = dataclasses.replace(policy, max_utility_loss_points=None, require_informative_evidence=False)
-    clip, data = demo.model, demo.data
+    fed_policy = dataclasses.replace(policy, max_utility_loss_points=None)
     nonmembers = data.heldout if data.heldout is not None else data.test
     pool = CaptionDataset.concat(data.clients)
-    out: dict[str, Any] = {
-        "what": "verify_federated's verdict on impostors.py's parameter-only impostors (do_nothing once, the random "
-        f"ones {trials} trials each) per scope; the federated wing does not apply the informative-evidence rule "
-        "(no evidence class for CLIP yet), so an impostor passes there whenever the attack is uninformative, the "
-        "parameters changed and the retain R@1 drop is within the policy",
-        "trials": trials,
-        "scopes": {},
-    }
-    for si, scope in enumerate(("samples", "client", "class")):
-        masks = data.forget_masks(scope)
-        positions = np.flatnonzero(np.concatenate(masks))
-        forget = pool.subset(positions)
-        leaving = {k for k, m in enumerate(masks) if m.all()} if scope == "client" else set()
-        retain = CaptionDataset.concat(
-            [c.subset(np.flatnonzero(~m)) for k, (c, m) in enumerate(zip(data.clients, masks, strict=True))
-             if k not in leaving and (~m).any()]
-        )  # fmt: skip
-        retain = retain.subset(np.random.default_rng(EVAL_SAMPLE_SEED).permutation(len(retain))[:EVAL_RETAIN_PAIRS])
-        sets = {"forget": forget, "retain": retain, "test": data.test}
-        before = _retrieval(clip, demo.theta, sets, data.test)
-        case = I.ImpostorCase(None, None, None, 0, demo.theta, None, None)  # type: ignore[arg-type]
-        cells: dict[str, Any] = {}
-        for name in CLIP_IMPOSTORS:
-            rows = []
-            for trial in range(1 if name == "do_nothing" else trials):
-                rng = np.random.default_rng([IMPOSTOR_SEED, len(SETTINGS), si, trial])
-                theta_new = I.IMPOSTORS[name](case, rng)
-                report, _ = audit_clip_deletion(
-                    shadows, clip, forget, positions, nonmembers, demo.theta, theta_new, trained_on_forget=True,
-                    policy=policy,
-                )  # fmt: skip
+    offsets = np.cumsum([0] + [len(c) for c in data.clients])
+    _, exposure = audit_clip_deletion(shadows, clip, pool, np.arange(len(pool)), nonmembers, theta, theta)
+    ranked = np.argsort(-exposure.forget_scores["original"])
+    ease = get_method("ease").build({})
+    trained: dict[bytes, torch.Tensor] = {}  # the impostors' retrains by kept pairs (the kept-every-pair one runs once)
+    methods = [*CLIP_IMPOSTORS, *CLIP_GENUINE]
+    raw: dict[str, dict[str, list[dict]]] = {m: {s: [] for s in CLIP_SCENARIOS} for m in methods}
+    passes: list[dict] = []
+    for si, (scenario, k) in enumerate(CLIP_SCENARIOS.items()):
+        for trial in range(trials):
+            rng = np.random.default_rng([IMPOSTOR_SEED, len(SETTINGS), si, trial])
+            candidates = ranked[:CLIP_EXPOSED_POOL] if scenario == "most_exposed" else np.arange(len(pool))
+            positions = np.sort(rng.choice(candidates, size=k, replace=False))
+            flat = np.zeros(len(pool), bool)
+            flat[positions] = True
+            masks = [flat[offsets[i] : offsets[i + 1]] for i in range(len(data.clients))]
+            problem = demo.problem("samples", forget_masks=masks)
+            replay = functools.cache(replay_of(problem))  # the verifier's one replay per deletion
+            case = ClipImpostorCase(
+                clip, list(data.clients), masks, theta, demo.theta_init, fed, sizes["rounds"], trained
+            )
+            thetas = {name: impostor(case, rng) for name, impostor in CLIP_IMPOSTORS.items()}
+            thetas["retrain"] = FedRetrain().unlearn(problem).theta
+            if trial < ease_trials:
+                thetas["ease"] = ease.unlearn(problem).theta
+            forget = pool.subset(positions)
+            retain = CaptionDataset.concat([problem.retain_data(c) for c in problem.retained_clients()])
+            retain = retain.subset(np.random.default_rng(EVAL_SAMPLE_SEED).permutation(len(retain))[:EVAL_RETAIN_PAIRS])
+            sets = {"forget": forget, "retain": retain, "test": data.test}
+            before = _retrieval(clip, theta, sets, data.test)
+            theta_r = thetas["retrain"].to(torch.float64)
+            base = float((theta.to(torch.float64) - theta_r).norm())
+            audited = CaptionDataset.concat([forget, nonmembers])  # the shadows' φ once per deletion, as the worker's
+            shadow_phi = np.stack([pair_phi(clip, th, audited) for th in shadows.thetas])
+            for name, theta_new in thetas.items():
+                exact = name in CLIP_EXACT_IMPOSTORS or name == "retrain"
+                report, scores = audit_clip_deletion(
+                    shadows, clip, forget, positions, nonmembers, theta, theta_new, policy=policy, shadow_phi=shadow_phi
+                )
+                evidence = clip_evidence(scores, theta, theta_new, exact, "samples", replay, policy.max_residual_ratio)
                 unlearned = SimpleNamespace(
                     metrics={"before": before, "after": _retrieval(clip, theta_new, sets, data.test)}
                 )
-                verdict = decide(report, fed_policy, exact=False, extra_checks=[_retain_check(unlearned, policy)])
-                rows.append(
-                    {"passed": verdict["verdict"] == "pass", "failed": _failed_checks(verdict),
-                     "attack_informative": bool(report["informative"])}
+                verdict = decide(
+                    report, fed_policy, exact=exact, evidence=evidence,
+                    extra_checks=[_retain_check(unlearned, policy, exact)],
                 )  # fmt: skip
-            passed = sum(r["passed"] for r in rows)
-            cells[name] = {
-                "trials": len(rows),
-                "passed": passed,
-                "pass_rate": passed / len(rows),
-                "attack_informative": sum(r["attack_informative"] for r in rows),
-                "failed_checks": _count(n for r in rows for n in r["failed"]),
-            }
-        clip.set_theta(demo.theta)
-        out["scopes"][scope] = {"forget_pairs": len(forget), "nonmember_pairs": len(nonmembers), "impostors": cells}
-        log(f"  clip impostors {scope}: " + ", ".join(f"{n} {c['passed']}/{c['trials']}" for n, c in cells.items()))
-    out["seconds"] = time.perf_counter() - start_all
-    return out
+                row = {
+                    "passed": verdict["verdict"] == "pass",
+                    "failed_checks": _failed_checks(verdict),
+                    "supporting": verdict["evidence"],
+                    "attack_informative": bool(report["informative"]),
+                    "evidence": _evidence_rows(evidence),
+                    "param_ratio": float((theta_new.to(torch.float64) - theta_r).norm()) / base if base > 0 else None,
+                }
+                raw[name][scenario].append(row)
+                if row["passed"] and name in CLIP_IMPOSTORS:
+                    passes.append({"method": name, "scenario": scenario, "trial": trial,
+                                   "positions": positions.tolist(), "reasons": verdict["reasons"], **row})  # fmt: skip
+            clip.set_theta(theta)
+        log(
+            f"  clip impostors {scenario}: {trials} trials ({time.perf_counter() - start_all:.0f}s); "
+            + ", ".join(f"{m} {sum(r['passed'] for r in raw[m][scenario])}/{len(raw[m][scenario])}" for m in methods)
+        )
+    table = {m: {s: _cell(raw[m][s], m in CLIP_GENUINE) for s in CLIP_SCENARIOS} for m in methods}
+    return {
+        "table": table,
+        "sizes": sizes,
+        "n_shadows": shadows.n_shadows,
+        "trials": trials,
+        "trials_per_method": {m: ease_trials if m == "ease" else trials for m in methods},
+        "scenarios": {
+            s: (
+                f"{k} pair(s) drawn uniformly per trial from the {len(pool)} training pairs"
+                if s != "most_exposed"
+                else f"{k} pairs drawn per trial from the {CLIP_EXPOSED_POOL} pairs the original's LiRA score ranks "
+                "highest"
+            )
+            for s, k in CLIP_SCENARIOS.items()
+        },  # fmt: skip
+        "seeds": f"numpy default_rng([{IMPOSTOR_SEED}, {len(SETTINGS)}, scenario index, trial])",
+        "impostor_passes": passes,
+        "what": "verify_federated's verdict (offline LiRA with the default 4 shadow LoRA runs against the federation's "
+        "test pairs, clip_evidence's forget excess — two-sided, a samples deletion — and, for the exact claims it does "
+        "not decide, the verifier's replay of the recipe; the retain R@1 check; decide with the default policy) on "
+        "clip_impostors.py's panel and on federated retraining and EASE (default settings)",
+        "seconds": time.perf_counter() - start_all,
+    }
 
 
 _PANEL_JOBS: dict[str, Any] = {}
@@ -1416,17 +1489,14 @@ def main(argv: list[str] | None = None) -> int:
     if "overfit_mlp" in settings:
         results["overfit_original_tpr_at_1fpr"] = settings["overfit_mlp"]["methods"]["retrain"]["tpr_original"]
         results["overfit_audit_s"] = settings["overfit_mlp"]["audit_cost"]["audit_s_median"]
-    clip_state: dict[str, Any] = {}
+    if "clip" in only and not args.no_impostors:  # the longest panel first: the tabular ones share the other process
+        jobs = {"clip": lambda: clip_impostors(plan, plan.clip_impostor_trials, plan.clip_ease_trials, log), **jobs}
     if "clip" in only and not args.impostors_only:
-        results["clip"] = clip_audit(plan, log, clip_state)
+        results["clip"] = clip_audit(plan, log)
         results["clip_audit_s"] = results["clip"]["scenarios"]["samples"]["audit_s_median"]
         results["clip_shadow_train_s"] = results["clip"]["shadow_train_s"]
         results["clip_shadows"] = results["clip"]["n_shadows"]
         out.write_text(json.dumps(results, indent=1, default=float))
-        if not args.no_impostors:
-            jobs["clip"] = lambda: clip_impostors(
-                clip_state["demo"], clip_state["blob"], plan.clip_impostor_trials, log
-            )
     start = time.perf_counter()
     done = run_panels(jobs, args.impostor_workers, log)
     results["impostor_stage"] = {
@@ -1442,18 +1512,24 @@ def main(argv: list[str] | None = None) -> int:
     if panel:
         results["impostors_summary"] = impostor_summary(panel, plan, IMPOSTOR_NOTES)
     if "clip" in done:
-        results["clip"]["impostors"] = done["clip"]
-        scopes = done["clip"].get("scopes", {})
-        cells = [c for sc in scopes.values() for c in sc["impostors"].values()]
-        clip_summary = {
-            "clip_impostor_passes": sum(c["passed"] for c in cells),
-            "clip_impostor_verdicts": sum(c["trials"] for c in cells),
-            "clip_impostor_passes_by_scope": {
-                scope: {n: f"{c['passed']}/{c['trials']}" for n, c in sc["impostors"].items()}
-                for scope, sc in scopes.items()
-            },
-        }
-        results.setdefault("impostors_summary", {}).update(clip_summary)
+        results.setdefault("clip", {})["impostors"] = done["clip"]
+        table = done["clip"]["table"]
+
+        def clip_rate(method: str) -> float | None:
+            n = sum(c["trials"] for c in table[method].values())
+            return sum(c["passed"] for c in table[method].values()) / n if n else None
+
+        impostor_cells = [c for m, cells in table.items() if m not in CLIP_GENUINE for c in cells.values()]
+        results.setdefault("impostors", {})["clip"] = table
+        results.setdefault("impostors_summary", {}).update(
+            {
+                "clip_impostor_passes": sum(c["passed"] for c in impostor_cells),
+                "clip_impostor_verdicts": sum(c["trials"] for c in impostor_cells),
+                "clip_retrain_pass_rate": clip_rate("retrain"),
+                "clip_ease_pass_rate": clip_rate("ease"),
+                "clip_trials_per_scenario": done["clip"]["trials"],
+            }
+        )
     results["machine"]["loadavg_end"] = os.getloadavg()
     results["wall_time_s"] = time.perf_counter() - t_start
     out.write_text(json.dumps(results, indent=1, default=float))

@@ -33,6 +33,8 @@ from app.ml.clip import TINY_ARCH, ClipLoRA, ClipSpec, LoraSettings, pretrain_ti
 from app.ml.data.captions import CaptionDataset, federation_from_spec, file_sha256
 from app.ml.federation import FederatedProblem, FedSettings, apply_round
 from app.ml.federation.lock import ForgetLock, merge_locks
+from app.ml.verification.audit import theta_facts
+from app.ml.verification.clip_evidence import clip_evidence, replay_of
 from app.ml.verification.clip_shadows import (
     ClipShadowSettings,
     audit_clip_deletion,
@@ -43,7 +45,7 @@ from app.ml.verification.clip_shadows import (
 )
 from app.ml.verification.lira import attack_summary
 from app.ml.verification.plots import plot_data
-from app.ml.verification.policy import VerdictPolicy, decide, theta_unchanged
+from app.ml.verification.policy import VerdictPolicy, decide
 from app.ml.verification.retrieval import evaluate_retrieval
 from app.ml.verification.signals import clip_pair_confidence
 from app.registry import versions as registry
@@ -497,15 +499,19 @@ def _retain_check(unlearned: Unlearned, policy: VerdictPolicy, exact: bool = Fal
 def verify_federated(work: DeletionWork, unlearned: Unlearned) -> Verification:
     """Offline LiRA with the model's shadow LoRA runs on the forget pairs against matched non-member pairs (the
     federation's held-out split, else its test pairs), over one fixed caption gallery, for the original and the new
-    model; the audit's power (the original model's figure); the retain R@1 drop; changed parameters. The verdict
-    policy decides as for tabular models (policy.decide): an uninformative attack is reported as such and is not a
-    pass of the attack check. Without shadows (a model registered before them) the population attack is reported,
-    not enforced, and the report says why."""
+    model; the evidence of clip_evidence.py (the forget pairs' excess over the non-members against doing nothing's;
+    for exact retraining, when that does not decide, an independent replay of the recipe); the retain R@1 drop;
+    changed parameters. The verdict policy decides as for tabular models (policy.decide): an approximate method
+    without informative evidence is not certified. Without shadows (a model registered before them) the population
+    attack is reported, not enforced, and the report says why."""
     problem: FederatedProblem = work.inputs.problem
     policy = VerdictPolicy.from_dict(work.model.spec.get("verification", {}).get("policy"))
+    # the federated utility figure is the retain R@1 drop (its own check), not a test-accuracy loss
+    fed_policy = dataclasses.replace(policy, max_utility_loss_points=None)
     clip, data = problem.get_model(), data_for(work.model)
     entry = work.model.state.get("verification") or {}
     nonmembers = data.heldout if data.heldout is not None else data.test
+    exact, scope = work.spec.exact, work.request.scope["kind"]
     reason = "no shadow LoRA runs (the model was registered before the federated audit existed)"
     if entry.get("shadows"):
         started = time.perf_counter()
@@ -521,7 +527,7 @@ def verify_federated(work: DeletionWork, unlearned: Unlearned) -> Verification:
                 nonmembers,
                 problem.theta,
                 unlearned.theta,
-                theta_retrained=unlearned.theta if work.spec.exact else None,
+                theta_retrained=unlearned.theta if exact else None,
                 trained_on_forget=True,
                 policy=policy,
             )
@@ -534,24 +540,27 @@ def verify_federated(work: DeletionWork, unlearned: Unlearned) -> Verification:
             report["retrieval"] = {"before": unlearned.metrics["before"], "after": unlearned.metrics["after"]}
             report["audit_seconds"] = round(time.perf_counter() - started, 3)
             report["shadow_train_seconds"] = entry.get("train_seconds")
-            # the federated utility figure is the retain R@1 drop (its own check), not a test-accuracy loss; no
-            # evidence class beyond the attack exists for CLIP yet, so the informative-evidence rule is not applied
-            # here (README, "What certified means"; issue 24 builds a forget check on pairs the evaluation never uses)
+            evidence = clip_evidence(
+                scores, problem.theta, unlearned.theta, exact, scope, replay_of(problem), policy.max_residual_ratio
+            )
             verdict = decide(
                 report,
-                dataclasses.replace(policy, max_utility_loss_points=None, require_informative_evidence=False),
-                exact=work.spec.exact,
-                extra_checks=[_retain_check(unlearned, policy, work.spec.exact)],
+                fed_policy,
+                exact=exact,
+                evidence=evidence,
+                extra_checks=[_retain_check(unlearned, policy, exact)],
             )
             return Verification(report, verdict, plot_data(scores))
-    return _verify_without_shadows(work, unlearned, policy, nonmembers, reason)
+    return _verify_without_shadows(work, unlearned, fed_policy, nonmembers, reason)
 
 
 def _verify_without_shadows(
     work: DeletionWork, unlearned: Unlearned, policy: VerdictPolicy, nonmembers: CaptionDataset, reason: str
 ) -> Verification:
-    """Utility and changed parameters decide; a population attack over the gallery (forget ∪ non-member pairs) is
-    reported for the original and the new model, not enforced: nothing calibrates its chance level."""
+    """Utility, changed parameters and, for exact retraining, the replay decide (policy.decide: an approximate method
+    has no informative evidence here, so it is not certified); a population attack over the gallery (forget ∪
+    non-member pairs) is reported for the original and the new model, not enforced: nothing calibrates its chance
+    level."""
     problem: FederatedProblem = work.inputs.problem
     clip = problem.get_model()
     forget = problem.forget_data()
@@ -559,40 +568,29 @@ def _verify_without_shadows(
     # both groups are scored over the same gallery (forget ∪ non-member pairs), so their statistics are comparable
     members = {name: _pair_phi(clip, th, forget, nonmembers) for name, th in thetas.items()}
     others = {name: _pair_phi(clip, th, nonmembers, forget) for name, th in thetas.items()}
-    models = {name: {"population_mia": attack_summary(members[name], others[name])} for name in members}
-    unchanged = theta_unchanged(problem.theta, unlearned.theta, policy.unchanged_atol)
-    checks = [
-        {
-            "name": "parameters_changed",
-            "figure": None,
-            "threshold": policy.unchanged_atol,
-            "passed": not unchanged,
-            "message": "the model was returned unchanged" if unchanged else "the parameters changed",
-        },
-        _retain_check(unlearned, policy, work.spec.exact),
-        {
-            "name": "forget_attack",
-            "figure": models["unlearned"]["population_mia"]["tpr_at_fpr"].get("0.01"),
-            "threshold": None,
-            "passed": None,
-            "message": f"population attack reported, not enforced: {reason}",
-        },
-    ]
-    failed = [c["message"] for c in checks if c["passed"] is False]
+    population = {name: {"population_mia": attack_summary(members[name], others[name])} for name in members}
+    attack = {
+        "name": "forget_attack",
+        "figure": population["unlearned"]["population_mia"]["tpr_at_fpr"].get("0.01"),
+        "threshold": None,
+        "passed": None,
+        "message": f"population attack reported, not enforced: {reason}",
+    }
     report = {
         "attack": {"name": "population threshold on the CLIP pair statistic", "gallery": "forget ∪ non-member pairs"},
         "n_forget": len(forget),
         "n_nonmembers": len(nonmembers),
-        "models": models,
+        "population": population,
+        "theta": theta_facts(problem.theta, unlearned.theta, True),
         "retrieval": {"before": unlearned.metrics["before"], "after": unlearned.metrics["after"]},
         "informative": False,
         "informative_detail": f"{reason}: the attack is reported without a calibrated chance level",
     }
-    verdict = {
-        "verdict": "fail" if failed else "pass",
-        "reasons": failed or [c["message"] for c in checks if c["passed"]],
-        "checks": checks,
-        "notes": [report["informative_detail"]],
-        "policy": policy.to_dict(),
-    }
+    exact = work.spec.exact
+    evidence = clip_evidence(
+        None, problem.theta, unlearned.theta, exact, work.request.scope["kind"], replay_of(problem)
+    )
+    verdict = decide(
+        report, policy, exact=exact, evidence=evidence, extra_checks=[_retain_check(unlearned, policy, exact), attack]
+    )
     return Verification(report, verdict)

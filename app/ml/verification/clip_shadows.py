@@ -273,11 +273,14 @@ def audit_clip_deletion(
     policy: VerdictPolicy | None = None,
     variance: str = "auto",
     center: str = "mean",
+    shadow_phi: np.ndarray | None = None,
 ) -> tuple[dict[str, Any], AuditScores]:
     """Offline LiRA on the forget pairs against matched non-member pairs, for the original, unlearned (and
     retrained) LoRA vectors; the report has audit.audit_forget_set's keys (so policy.decide reads it) plus
     "gallery_size" and "shadow_generation". ``forget_positions`` are the forget pairs' data-set positions (they pick
-    the shadows' membership columns); ``nonmembers`` must be pairs no shadow and no audited model trained on."""
+    the shadows' membership columns); ``nonmembers`` must be pairs no shadow and no audited model trained on.
+    ``shadow_phi``: the shadows' φ on these audited pairs when the caller judges several θ′ of one deletion (the
+    impostor panel), else computed here."""
     if len(forget) == 0 or len(nonmembers) == 0:
         raise ValueError("the audit needs at least one forget pair and one non-member pair")
     cols = shadows.columns_of(forget_positions)
@@ -286,7 +289,8 @@ def audit_clip_deletion(
     audited = CaptionDataset.concat([forget, nonmembers])
     k = len(forget)
     mask = np.concatenate([shadows.in_mask[:, cols], np.zeros((shadows.n_shadows, len(nonmembers)), bool)], axis=1)
-    shadow_phi = np.stack([pair_phi(model, th, audited) for th in shadows.thetas])
+    if shadow_phi is None:
+        shadow_phi = np.stack([pair_phi(model, th, audited) for th in shadows.thetas])
     thetas = {"original": theta_original, "unlearned": theta_unlearned}
     if theta_retrained is not None:
         thetas["retrained"] = theta_retrained

@@ -264,22 +264,33 @@ def tabular_evidence(
 
 def _replay(r: Retained) -> dict[str, Any]:
     """``replay`` (exact methods, non-convex recipes): the recipe run again, independently, on the rows the verifier
-    itself determined as retained, from the recipe's seeded start; θ′ must equal it to ``REPLAY_RTOL`` (the recipe is
-    deterministic). A retrain that kept a row or dropped another one lands elsewhere; doing nothing is as far from the
-    replay as the erased rows moved the recipe (the power). One more training run: only when the gradient could not
-    decide."""
-    recipe, theta_parent, theta_new, Xr, yr, n_classes = r.recipe, r.theta_parent, r.theta_new, r.Xr, r.yr, r.n_classes
-    replay = _vec64(tabular.train(recipe, Xr, yr, n_classes))
-    scale = float(replay.abs().max()) or 1.0
-    tolerance = REPLAY_RTOL * scale
+    itself determined as retained, from the recipe's seeded start (replay_check). One more training run: only when
+    the gradient could not decide."""
+    replay = tabular.train(r.recipe, r.Xr, r.yr, r.n_classes)
+    return replay_check(r.theta_parent, r.theta_new, replay, f"the {len(r.yr)} retained rows", {"rows": int(len(r.yr))})
+
+
+def replay_check(
+    theta_parent: torch.Tensor | np.ndarray,
+    theta_new: torch.Tensor | np.ndarray,
+    replay: torch.Tensor | np.ndarray,
+    retained: str,
+    detail: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """θ′ of an exact method must equal an independent replay of its deterministic recipe to ``REPLAY_RTOL``. A
+    retrain that kept a row or dropped another one lands elsewhere; doing nothing is as far from the replay as the
+    erased rows moved the recipe (the power). Shared by every family whose exact recipe is deterministic (tabular
+    MLP, federated CLIP: app/ml/verification/clip_evidence.py)."""
+    replay = _vec64(replay)
+    tolerance = REPLAY_RTOL * (float(replay.abs().max()) or 1.0)
     figure = float((_vec64(theta_new) - replay).abs().max())
     d0 = float((_vec64(theta_parent) - replay).abs().max())
     power = d0 / tolerance
     informative = power >= MIN_POWER
     passed = (figure <= tolerance) if informative else None
     message = (
-        f"independent replay of the recipe on the {len(yr)} retained rows: max |θ′ − replay| = {figure:.3g} "
+        f"independent replay of the recipe on {retained}: max |θ′ − replay| = {figure:.3g} "
         f"{'≤' if figure <= tolerance else '>'} {tolerance:.3g}; doing nothing: {d0:.3g} (power {power:.3g}×)"
     )
-    detail = {"max_abs_diff": figure, "do_nothing_max_abs_diff": d0, "tolerance": tolerance, "rows": int(len(yr))}
+    detail = {"max_abs_diff": figure, "do_nothing_max_abs_diff": d0, "tolerance": tolerance, **(detail or {})}
     return _check("replay", figure, tolerance, passed, informative, power, message, detail)
