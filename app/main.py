@@ -19,6 +19,7 @@ from app.jobs.router import router as jobs_router
 from app.logs import RequestIdMiddleware, configure_logging
 from app.openapi import install as install_openapi
 from app.ops.router import router as ops_router
+from app.ops.schemas import HealthOut
 from app.problems import Problem, install_problem_handlers, problem_response
 from app.registry.router import router as registry_router
 from app.reports.router import router as reports_router
@@ -148,7 +149,7 @@ def create_app(run_background: bool | None = None) -> FastAPI:
     default_openapi = app.openapi
     app.openapi = lambda: add_body_schemas(default_openapi())
 
-    @app.get("/healthz", tags=["health"])
+    @app.get("/healthz", tags=["health"], response_model=HealthOut)
     def healthz():
         with get_engine().connect() as connection:
             connection.execute(text("SELECT 1"))

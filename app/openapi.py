@@ -10,7 +10,16 @@ bodies read by hand (model registration: JSON or multipart; round uploads: raw s
 - per operation, the problem answers it can give with their ``type`` slugs: 401/403 when a key is needed, 404 for
   each path entity, 422/400 for parameters and bodies, plus the domain's own from :data:`OPERATION_PROBLEMS` — one
   shared catalogue (:data:`PROBLEM_TYPES`), each answer pointing at ``#/components/schemas/Problem``;
-- request bodies and examples for the main POSTs (:data:`REQUEST_BODIES`).
+- request bodies and examples for the main POSTs (:data:`REQUEST_BODIES`);
+- the Problem schema's ``type`` as an enum of every catalogued URI (with ``x-enum-varnames``), and the headers a
+  problem is sent with (:data:`PROBLEM_HEADERS`: ``Retry-After`` on a 503).
+
+What the routes declare themselves, with the helpers here (:func:`accepted`, :func:`binary`, :func:`not_modified`,
+:func:`headers`): every success body's model (``response_model``, also where the route returns a ``JSONResponse``
+to keep its bytes), raw bodies with their media type (the plot's ``image/png``, safetensors as
+``application/octet-stream``), and the headers they send (``Location``/``Retry-After`` on a 202, ``ETag``...).
+tests/unit/test_openapi.py checks the document; tests/unit/test_generated_client.py generates a client from it and
+runs a whole deletion with it.
 """
 
 from __future__ import annotations
@@ -23,9 +32,43 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.auth.service import authenticate, presented_key
-from app.problems import PROBLEM_BASE, PROBLEM_MEDIA_TYPE
+from app.problems import GENERIC_SLUGS, PROBLEM_BASE, PROBLEM_MEDIA_TYPE
 
 SCHEME = "bearerAuth"
+
+HEADERS: dict[str, dict[str, Any]] = {
+    "Location": {"description": "The path to poll for what was accepted.", "schema": {"type": "string"}},
+    "Retry-After": {"description": "Seconds to wait before polling (or retrying).", "schema": {"type": "integer"}},
+    "ETag": {
+        "description": "The representation's entity tag (send it back as If-None-Match).",
+        "schema": {"type": "string"},
+    },
+    "Cache-Control": {"description": "How long the answer may be cached.", "schema": {"type": "string"}},
+    "Content-Disposition": {"description": "A file name to save the document under.", "schema": {"type": "string"}},
+}
+"""The response headers the API sends, as OpenAPI header objects (see :func:`headers`)."""
+
+BINARY = {"type": "string", "format": "binary"}
+
+
+def headers(*names: str) -> dict[str, dict[str, Any]]:
+    """OpenAPI header objects for a route's ``responses={status: {"headers": headers("Location", ...)}}``."""
+    return {name: HEADERS[name] for name in names}
+
+
+def accepted(description: str, *names: str) -> dict[int, dict[str, Any]]:
+    """A 202 that names where to poll: ``Location`` and ``Retry-After`` (or the headers given)."""
+    return {202: {"description": description, "headers": headers(*(names or ("Location", "Retry-After")))}}
+
+
+def binary(media_type: str, description: str, *names: str) -> dict[int, dict[str, Any]]:
+    """A 200 whose body is bytes of ``media_type`` (a PNG, safetensors), for ``response_class=Response`` routes."""
+    return {200: {"description": description, "content": {media_type: {"schema": BINARY}}, "headers": headers(*names)}}
+
+
+def not_modified(*names: str) -> dict[int, dict[str, Any]]:
+    """``304 Not Modified``: the ``If-None-Match`` ETag still matches; no body."""
+    return {304: {"description": "Not Modified: If-None-Match matched the current ETag.", "headers": headers(*names)}}
 
 
 class ProblemDetails(BaseModel):
@@ -33,7 +76,13 @@ class ProblemDetails(BaseModel):
     ``limit_bytes``...) sit beside the standard members."""
 
     model_config = ConfigDict(extra="allow", title="Problem")
-    type: str = Field(..., description=f"A URI naming the kind of problem, under {PROBLEM_BASE}.")
+    type: str = Field(
+        ...,
+        description=f"A URI naming the kind of problem, under {PROBLEM_BASE} (each operation's answers list theirs).",
+        json_schema_extra=lambda schema: schema.update(
+            {"enum": problem_type_uris(), "x-enum-varnames": [_varname(uri) for uri in problem_type_uris()]}
+        ),
+    )
     title: str = Field(..., description="A short summary of the kind of problem.")
     status: int = Field(..., description="The HTTP status code.")
     detail: str | None = Field(None, description="What went wrong this time (never a stack trace).")
@@ -95,9 +144,36 @@ PROBLEM_TYPES: dict[str, tuple[int, str]] = {
     "erasure-not-found": (404, "No such subject erasure"),
     "certificate-not-issued": (404, "The combined certificate is not issued yet"),
     "invalid-subject-hash": (422, "Not a subject hash (64 lowercase hex)"),
+    "approval-by-submitter": (403, "A request cannot be approved by the key that submitted it"),
+    "checkpoint-required": (422, "This architecture needs a local checkpoint"),
+    "client-without-data": (422, "A client of the caption files has no pairs"),
+    "conflicting-assignment": (422, "An image is assigned to two clients"),
+    "image-not-found": (422, "An image of the caption files is not a readable file"),
+    "image-outside-root": (422, "An image lies outside the allowed roots"),
+    "invalid-client-id": (422, "Not a client id"),
+    "invalid-splits": (422, "The caption files' splits are not valid"),
+    "no-test-images": (422, "The caption files have no test images"),
+    "too-few-clients": (422, "The federation needs more clients"),
+    "unknown-image": (422, "A caption names an image that is not in the files"),
+    "intake-unavailable": (503, "The request could not be recorded now (retry with the same Idempotency-Key)"),
     "internal-error": (500, "Internal error (logged; no details exposed)"),
 }
-"""Every problem ``type`` the API answers with (slug: status, title)."""
+"""Every problem ``type`` a route answers with (slug: status, title); :data:`app.problems.GENERIC_SLUGS` are the
+others (an unknown path, a wrong method)."""
+
+PROBLEM_HEADERS: dict[str, tuple[str, ...]] = {"intake-unavailable": ("Retry-After",)}
+"""The headers a problem is sent with (``Retry-After``: when to try again)."""
+
+
+def problem_type_uris() -> list[str]:
+    """Every ``type`` the API answers with, as the Problem schema's enum."""
+    return [PROBLEM_BASE + slug for slug in sorted(set(PROBLEM_TYPES) | GENERIC_SLUGS)]
+
+
+def _varname(uri: str) -> str:
+    """A generated client's name for a problem type (``x-enum-varnames``): ``UNKNOWN_SAMPLE_IDS``, not the URI."""
+    return uri.removeprefix(PROBLEM_BASE).upper().replace("-", "_")
+
 
 _PATH_ENTITIES = {
     "model_id": "model-not-found",
@@ -115,11 +191,13 @@ OPERATION_PROBLEMS: dict[tuple[str, str], list[str]] = {
         "model-not-found", "model-not-ready", "already-deleted", "deletion-in-progress", "method-not-prepared",
         "method-refused", "unknown-sample-ids", "unknown-label", "unknown-client", "unknown-method",
         "method-not-supported", "method-setting-not-allowed", "scope-not-supported", "too-many-sample-ids",
-        "idempotency-key-reused",
+        "idempotency-key-reused", "intake-unavailable",
     ],
     ("post", "/v1/models"): [
         "invalid-dataset", "dataset-not-found", "dataset-path-not-allowed", "unknown-column", "unknown-method",
-        "method-not-supported", "table-too-large", "invalid-subject-column",
+        "method-not-supported", "table-too-large", "invalid-subject-column", "checkpoint-required",
+        "client-without-data", "conflicting-assignment", "image-not-found", "image-outside-root",
+        "invalid-client-id", "invalid-splits", "no-test-images", "too-few-clients", "unknown-client", "unknown-image",
     ],
     ("post", "/v1/models/{model_id}/rounds"): ["client-removed", "model-not-ready", "not-federated", "invalid-round"],
     ("post", "/v1/deletion-requests/{request_id}/extend"): ["request-finished", "extension-too-long"],
@@ -130,7 +208,7 @@ OPERATION_PROBLEMS: dict[tuple[str, str], list[str]] = {
     ("get", "/v1/models/{model_id}/pairs"): ["not-federated"],
     ("get", "/v1/models/{model_id}/versions/{number}/weights"): ["version-not-found", "version-retired"],
     ("get", "/v1/reports/{report_id}/plots/{name}"): ["plot-not-found"],
-    ("post", "/v1/deletion-requests/{request_id}/approve"): ["not-awaiting-approval"],
+    ("post", "/v1/deletion-requests/{request_id}/approve"): ["not-awaiting-approval", "approval-by-submitter"],
     ("post", "/v1/deletion-requests/{request_id}/reject"): ["not-awaiting-approval"],
     ("post", "/v1/deletion-requests/bulk"): ["bulk-selection-empty", "bulk-selection-too-large"],
     ("post", "/v1/subjects/erasures"): [
@@ -308,11 +386,15 @@ def _problem_response(slugs: list[str]) -> dict[str, Any]:
         }
         for slug in slugs
     }
-    return {
+    response = {
         "description": "Problem types: " + ", ".join(f"`{slug}`" for slug in slugs),
         "content": {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}, "examples": examples}},
         "x-problem-types": [PROBLEM_BASE + slug for slug in slugs],
     }
+    sent = [name for slug in slugs for name in PROBLEM_HEADERS.get(slug, ())]
+    if sent:
+        response["headers"] = headers(*dict.fromkeys(sent))
+    return response
 
 
 def _problems_for(route: APIRoute, method: str, path: str, operation: dict[str, Any], secured: bool) -> list[str]:

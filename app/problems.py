@@ -59,6 +59,8 @@ _STATUS_SLUGS = {
     415: ("unsupported-media-type", "Unsupported media type"),
     422: ("validation-error", "The request is not valid"),
 }
+GENERIC_SLUGS = frozenset({slug for slug, _ in _STATUS_SLUGS.values()} | {"http-error"})
+"""The ``type`` slugs of the answers no route raises itself (an unknown path, a wrong method...)."""
 
 
 def install_problem_handlers(app: FastAPI) -> None:

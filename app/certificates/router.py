@@ -11,9 +11,11 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal, require_scope
+from app.certificates.schemas import CertificateEnvelope, KeysDocument
 from app.certificates.service import get_certificate_or_404
 from app.certificates.signing import public_keys
 from app.db import get_session
+from app.openapi import headers
 
 KEYS_PATH = "/.well-known/lethe-keys.json"
 KEYS_CACHE_SECONDS = 300  # short: after a rotation, verifiers see the new key within minutes
@@ -21,13 +23,23 @@ KEYS_CACHE_SECONDS = 300  # short: after a rotation, verifiers see the new key w
 router = APIRouter(tags=["certificates"])
 
 
-@router.get(KEYS_PATH, summary="Public keys for verifying deletion certificates")
+@router.get(
+    KEYS_PATH,
+    summary="Public keys for verifying deletion certificates",
+    response_model=KeysDocument,
+    responses={200: {"headers": headers("Cache-Control")}},
+)
 def lethe_keys() -> JSONResponse:
     """Every signing key ever used (old ones keep old certificates verifiable), the active one marked."""
     return JSONResponse(public_keys(), headers={"cache-control": f"public, max-age={KEYS_CACHE_SECONDS}"})
 
 
-@router.get("/v1/certificates/{certificate_id}", summary="A deletion certificate (DSSE envelope)")
+@router.get(
+    "/v1/certificates/{certificate_id}",
+    summary="A deletion certificate (DSSE envelope)",
+    response_model=CertificateEnvelope,
+    responses={200: {"headers": headers("ETag", "Content-Disposition")}},
+)
 def get_certificate(
     certificate_id: str,
     _: Principal = Depends(require_scope("requests:read")),

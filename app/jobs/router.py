@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel
@@ -9,7 +9,8 @@ from sqlalchemy.orm import Session
 
 from app.auth.service import Principal, require_scope
 from app.db import get_session
-from app.jobs.tables import Job
+from app.jobs.heartbeat import QUEUES
+from app.jobs.tables import JOB_STATUSES, Job
 from app.problems import Problem
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -18,10 +19,10 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 class JobOut(BaseModel):
     id: str
     kind: str
-    queue: str
+    queue: Literal[QUEUES]  # type: ignore[valid-type]
     model_id: str
     request_id: str | None
-    status: str
+    status: Literal[JOB_STATUSES]  # type: ignore[valid-type]
     attempts: int
     progress: float
     message: str | None

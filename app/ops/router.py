@@ -16,6 +16,7 @@ from app.config import get_settings
 from app.db import get_engine, session_scope
 from app.jobs.heartbeat import listening
 from app.ops.metrics import LetheCollector
+from app.ops.schemas import ReadinessOut
 
 router = APIRouter(tags=["operations"])
 READY_CACHE_SECONDS = 2.0
@@ -51,7 +52,9 @@ def metrics() -> Response:
     return Response(generate_latest(_registry), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/readyz")
+@router.get(
+    "/readyz", response_model=ReadinessOut, responses={503: {"model": ReadinessOut, "description": "Not ready"}}
+)
 def readyz(request: Request) -> JSONResponse:
     """Ready when what this process needs answers: the database, and on the embedded default the in-process
     executor. 503 names what is missing. The Celery workers are reported (``workers``: per queue, those whose

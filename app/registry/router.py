@@ -15,16 +15,20 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app.auth.service import Principal, require_scope
 from app.config import get_settings
 from app.db import get_session
+from app.openapi import accepted, binary
 from app.problems import Problem
 from app.registry import service
 from app.registry.schemas import (
     MODEL_KINDS,
+    MODEL_STATUSES,
     ClipModelCreate,
     ForgetLockOut,
+    LivePairsOut,
     ModelCreate,
     ModelOut,
     ModelPage,
     ModelPatch,
+    RoundAccepted,
     Tag,
     VersionOut,
 )
@@ -124,7 +128,7 @@ def _validate(payload, schema=ModelCreate):
     "",
     status_code=202,
     response_model=ModelOut,
-    responses={202: {"description": "Registered; version 1 is being trained (poll the Location)."}},
+    responses=accepted("Registered; version 1 is being trained (poll the Location)."),
 )
 async def register_model(
     request: Request,
@@ -152,7 +156,7 @@ def list_models(
     name: str | None = Query(None, max_length=200, description="Exact name."),
     name_contains: str | None = Query(None, max_length=200, description="Case-insensitive part of the name."),
     kind: Literal[MODEL_KINDS] | None = Query(None),  # type: ignore[valid-type]
-    status: Literal["registering", "ready", "failed"] | None = Query(None),
+    status: Literal[MODEL_STATUSES] | None = Query(None),  # type: ignore[valid-type]
     limit: int = Query(50, ge=1, le=500),
     cursor: str | None = Query(None, max_length=1000, description="`next_cursor` from the previous page."),
     tag: list[Tag] = Query([], max_length=16, description="Repeat for several: models carrying every one."),
@@ -208,7 +212,8 @@ def get_versions(
 @router.post(
     "/{model_id}/rounds",
     status_code=202,
-    responses={202: {"description": "The round is queued for aggregation into a new version."}},
+    response_model=RoundAccepted,
+    responses=accepted("The round is queued for aggregation into a new version (poll the job or the model)."),
 )
 async def submit_round(
     model_id: str,
@@ -286,7 +291,11 @@ def get_forget_lock(
     )
 
 
-@router.get("/{model_id}/forget-lock.safetensors", response_class=Response)
+@router.get(
+    "/{model_id}/forget-lock.safetensors",
+    response_class=Response,
+    responses=binary("application/octet-stream", "safetensors: the basis U_mu [p, k] and theta_unl [p].", "ETag"),
+)
 def get_forget_lock_tensors(
     model_id: str, _: Principal = Depends(require_scope("models:read")), session: Session = Depends(get_session)
 ):
@@ -299,17 +308,21 @@ def get_forget_lock_tensors(
     )
 
 
-@router.get("/{model_id}/pairs")
+@router.get("/{model_id}/pairs", response_model=LivePairsOut)
 def get_live_pairs(
     model_id: str, _: Principal = Depends(require_scope("requests:read")), session: Session = Depends(get_session)
 ):
     """The pairs each client may still train on (a federated model's tombstones, published as what is left)."""
     model = service.get_model_or_404(session, model_id)
     clients = service.live_pairs(session, model)
-    return {"model_id": model.id, "n_pairs": sum(len(v) for v in clients.values()), "clients": clients}
+    return LivePairsOut(model_id=model.id, n_pairs=sum(len(v) for v in clients.values()), clients=clients)
 
 
-@router.get("/{model_id}/versions/{number}/weights", response_class=Response)
+@router.get(
+    "/{model_id}/versions/{number}/weights",
+    response_class=Response,
+    responses=binary("application/octet-stream", "safetensors: the version's parameters (key ``theta``).", "ETag"),
+)
 def get_version_weights(
     model_id: str,
     number: int,

@@ -19,6 +19,28 @@ from app.validation import NoNulModel
 
 MODEL_KINDS = ("tabular", "clip_federated")
 SCOPES_BY_KIND = {"tabular": ("samples", "class"), "clip_federated": ("client", "class", "samples")}
+MODEL_STATUSES = ("registering", "ready", "failed")
+
+
+def _registered_methods(schema: dict[str, Any]) -> None:
+    """The method names as an enum in the OpenAPI document: those registered when it is built (a method is
+    registered in code, app/ml/unlearning, so a new one joins the enum without touching this file)."""
+    from app.ml.unlearning.base import available_methods
+
+    schema["enum"] = sorted(spec.name for spec in available_methods())
+
+
+def _methods_and_auto(schema: dict[str, Any]) -> None:
+    from app.ml.unlearning.base import AUTO
+
+    _registered_methods(schema)
+    schema["enum"] = [AUTO, *schema["enum"]]
+
+
+RegisteredMethod = Annotated[str, Field(json_schema_extra=_registered_methods)]
+"""A registered method's name: validated by the services (``unknown-method``), documented as an enum."""
+MethodName = Annotated[str, Field(json_schema_extra=_methods_and_auto)]
+"""A method a deletion may name: a registered one, or ``auto`` (the service chooses)."""
 
 
 class DatasetRef(BaseModel):
@@ -73,7 +95,7 @@ class ModelCreate(NoNulModel):
     family: Literal["logistic_regression", "mlp"] = "logistic_regression"
     dataset: DatasetRef
     recipe: TabularRecipeIn = Field(default_factory=TabularRecipeIn)
-    unlearning: list[str] = Field(
+    unlearning: list[RegisteredMethod] = Field(
         default_factory=list, max_length=16, description="Methods to prepare at registration (e.g. l2ul)."
     )
     method_settings: TabularMethodSettings = Field(default_factory=dict, description="Per method: bounded settings.")
@@ -109,8 +131,8 @@ class VersionOut(BaseModel):
 class ModelOut(BaseModel):
     id: str
     name: str
-    kind: str
-    status: str
+    kind: Literal[MODEL_KINDS]  # type: ignore[valid-type]
+    status: Literal[MODEL_STATUSES]  # type: ignore[valid-type]
     family: str | None
     dataset_id: str | None
     current_version: VersionOut | None
@@ -231,10 +253,26 @@ class ClipModelCreate(NoNulModel):
         default_factory=dict, description="app.ml.federation.FedSettings fields, bounded."
     )
     verification: ClipVerificationIn = Field(default_factory=ClipVerificationIn)
-    unlearning: list[str] = Field(default_factory=lambda: ["ease"], max_length=16)
+    unlearning: list[RegisteredMethod] = Field(default_factory=lambda: ["ease"], max_length=16)
     method_settings: FederatedMethodSettings = Field(default_factory=dict, description="Per method: bounded settings.")
     requires_approval: bool = Field(False, description="Every deletion request waits for an admin's approval.")
     tags: Tags = Field(default_factory=list)
+
+
+class RoundAccepted(BaseModel):
+    """A federated round queued for aggregation: poll the job (or the model at ``Location``)."""
+
+    job_id: str
+    model_id: str
+    status: Literal["queued"]
+
+
+class LivePairsOut(BaseModel):
+    """A federated model's pairs that may still be trained on, by client."""
+
+    model_id: str
+    n_pairs: int
+    clients: dict[str, list[str]] = Field(..., description="Client id -> the ids of its pairs still live.")
 
 
 class ForgetLockOut(BaseModel):

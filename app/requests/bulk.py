@@ -64,13 +64,13 @@ class BulkIn(NoNulModel):
 class BulkResult(BaseModel):
     id: str
     outcome: Literal["done", "skipped"]
-    status: str | None = None  # the request's status after the action
+    status: Literal[REQUEST_STATUSES] | None = None  # type: ignore[valid-type]  # the request's status after it
     reason: str | None = None  # skipped: why
     problem_type: str | None = None
 
 
 class BulkOut(BaseModel):
-    action: str
+    action: BulkAction
     selected: int
     done: int
     skipped: int

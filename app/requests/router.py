@@ -21,6 +21,7 @@ from app.auth.service import (
 )
 from app.config import get_settings
 from app.db import get_session
+from app.openapi import accepted
 from app.problems import Problem
 from app.requests import bulk, service
 from app.requests.intake import get_batcher, unavailable
@@ -111,7 +112,7 @@ def _refusal(api_key: str) -> Problem | None:
             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/DeletionRequestCreate"}}},
         }
     },
-    responses={202: {"description": "Accepted; poll the Location for progress."}},
+    responses=accepted("Accepted; poll the Location for progress."),
 )
 async def create_deletion_request(
     request: Request,

@@ -5,6 +5,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AnyHttpUrl, AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
+from app.registry.schemas import MethodName
+from app.requests.tables import REQUEST_STATUSES
 from app.validation import NoNulModel
 
 SampleId = Annotated[str, Field(min_length=1, max_length=200)]
@@ -53,7 +55,9 @@ class DeletionRequestCreate(NoNulModel):
     subject_ref: str = Field(..., min_length=1, max_length=500, description="Stored only as a keyed hash.")
     model_id: str = Field(..., min_length=1, max_length=64)
     scope: Scope
-    method: str = Field("retrain", min_length=1, max_length=64, description="retrain | l2ul | ease | auto | ...")
+    method: MethodName = Field(
+        "retrain", min_length=1, max_length=64, description="A registered method, or auto (the service chooses)."
+    )
     method_settings: dict[str, Any] = Field(
         default_factory=dict, max_length=64, description="Only the keys the method allows requests to set."
     )
@@ -83,9 +87,11 @@ class DeletionRequestOut(BaseModel):
     id: str
     model_id: str
     subject_hash: str
-    scope: dict[str, Any]
-    method: str
-    status: str
+    scope: dict[str, Any] = Field(
+        ..., description="kind, and sample_id_hashes + n_samples (keyed hashes, never the ids), label or client_id."
+    )
+    method: MethodName
+    status: Literal[REQUEST_STATUSES]  # type: ignore[valid-type]
     progress: float
     message: str | None
     attempts: int

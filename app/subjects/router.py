@@ -7,13 +7,15 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal, require_scope
+from app.certificates.schemas import CertificateEnvelope
 from app.config import get_settings
 from app.db import get_session
+from app.openapi import accepted, headers
 from app.problems import Problem
 from app.requests.router import json_caller
 from app.requests.service import to_out
 from app.subjects import service
-from app.subjects.schemas import ErasureCreate, ErasureOut, SubjectRequestsOut
+from app.subjects.schemas import ErasureCreate, ErasureOut, ErasureSummary, SubjectRequestsOut
 
 router = APIRouter(prefix="/v1/subjects", tags=["subjects"])
 
@@ -22,10 +24,7 @@ router = APIRouter(prefix="/v1/subjects", tags=["subjects"])
     "/erasures",
     status_code=202,
     response_model=ErasureOut,
-    responses={
-        202: {"description": "One deletion request per model holding the subject's rows; poll the Location."},
-        404: {"description": "No model holds rows of this subject (problem+json, type subject-not-found)."},
-    },
+    responses=accepted("One deletion request per model holding the subject's rows; poll the Location."),
 )
 def create_erasure(
     body: ErasureCreate,
@@ -56,7 +55,12 @@ def get_erasure(
     return service.erasure_out(session, service.get_erasure_or_404(session, erasure_id))
 
 
-@router.get("/erasures/{erasure_id}/certificate", summary="The combined certificate (DSSE envelope)")
+@router.get(
+    "/erasures/{erasure_id}/certificate",
+    summary="The combined certificate (DSSE envelope)",
+    response_model=CertificateEnvelope,
+    responses={200: {"headers": headers("ETag", "Content-Disposition")}},
+)
 def get_erasure_certificate(
     erasure_id: str, _: Principal = Depends(require_scope("requests:read")), session: Session = Depends(get_session)
 ) -> JSONResponse:
@@ -92,12 +96,12 @@ def subject_requests(
         subject_hash=subject_hash,
         requests=[to_out(r) for r in found],
         erasures=[
-            {
-                "id": e.id,
-                "created_at": e.created_at.isoformat(),
-                "certificate_digest": e.certificate_digest,
-                "links": {"self": f"/v1/subjects/erasures/{e.id}"},
-            }
+            ErasureSummary(
+                id=e.id,
+                created_at=e.created_at,
+                certificate_digest=e.certificate_digest,
+                links={"self": f"/v1/subjects/erasures/{e.id}"},
+            )
             for e in erasures
         ],
     )

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from app.registry.schemas import MethodName
 from app.requests.schemas import DeletionRequestOut
+from app.requests.tables import REQUEST_STATUSES
 from app.validation import NoNulModel
 
 
@@ -17,7 +19,9 @@ class ErasureCreate(NoNulModel):
         max_length=500,
         description="The data subject's value in the models' `subject_column`. Used only to compute its keyed hash.",
     )
-    method: str = Field("auto", min_length=1, max_length=64, description="Each child's method: auto | retrain | ...")
+    method: MethodName = Field(
+        "auto", min_length=1, max_length=64, description="Each child's method (auto: chosen per model)."
+    )
     received_at: AwareDatetime | None = Field(
         None, description="When the data subject's request reached the controller (each child's deadline runs from it)."
     )
@@ -26,7 +30,7 @@ class ErasureCreate(NoNulModel):
 class ErasureChildOut(BaseModel):
     request_id: str
     model_id: str
-    status: str
+    status: Literal[REQUEST_STATUSES]  # type: ignore[valid-type]
     n_samples: int
     certificate_id: str | None = None
     certificate_digest: str | None = None
@@ -36,8 +40,10 @@ class ErasureChildOut(BaseModel):
 class ErasureOut(BaseModel):
     id: str
     subject_hash: str
-    method: str
-    status: str  # in-progress | certified (every child certified and the combined certificate issued) | failed
+    method: MethodName
+    status: Literal["in-progress", "certified", "failed"] = Field(
+        ..., description="certified: every child certified and the combined certificate issued."
+    )
     children_by_status: dict[str, int]
     children: list[ErasureChildOut]
     certificate_digest: str | None = None
@@ -46,7 +52,14 @@ class ErasureOut(BaseModel):
     links: dict[str, str]
 
 
+class ErasureSummary(BaseModel):
+    id: str
+    created_at: datetime
+    certificate_digest: str | None = None
+    links: dict[str, str]
+
+
 class SubjectRequestsOut(BaseModel):
     subject_hash: str
     requests: list[DeletionRequestOut]
-    erasures: list[dict[str, Any]]
+    erasures: list[ErasureSummary]
