@@ -1,20 +1,28 @@
-"""Prometheus metrics, read from PostgreSQL (the source of truth) at scrape time.
+"""Prometheus metrics: the service's state, read from PostgreSQL (the source of truth) at scrape time, and this API
+process's HTTP metrics (app/ops/http.py).
 
-A custom collector rather than in-process counters: requests are written by API processes and finished by Celery
-workers on other machines, so only the database knows the totals; a scrape is a handful of aggregate queries.
+A custom collector rather than in-process counters for the state: requests are written by API processes and finished
+by Celery workers on other machines, so only the database knows the totals; a scrape is a handful of aggregate
+queries. The HTTP metrics are the API process's own; with several API processes behind one port (``lethe serve
+--workers N``) they live in prometheus_client's multiprocess files (``PROMETHEUS_MULTIPROC_DIR``) and a scrape of any
+process sums them all.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
 from app.db import session_scope, utcnow
 from app.jobs.heartbeat import listening
 from app.jobs.tables import Job
+from app.ops.http import HTTP_DURATION, HTTP_REQUESTS
 from app.reports.tables import Report
 from app.requests.service import ANSWERED_STATUSES, APPROVAL_STATUS, WAITING_STATUSES
 from app.requests.tables import REQUEST_STATUSES, DeletionRequest
@@ -22,6 +30,24 @@ from app.webhooks.tables import WebhookDelivery
 
 DURATION_WINDOW = 10_000
 """Finished jobs a scrape sums durations over (newest first): bounded work per scrape."""
+
+
+def multiprocess_dir() -> str | None:
+    """prometheus_client's multiprocess directory when this process writes its metrics there."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+
+
+def build_registry() -> CollectorRegistry:
+    """What /metrics exposes: the database collector, and the HTTP metrics of this process or (multiprocess mode)
+    of every process writing to the directory."""
+    registry = CollectorRegistry()
+    if multiprocess_dir():
+        MultiProcessCollector(registry)
+    else:
+        registry.register(HTTP_REQUESTS)
+        registry.register(HTTP_DURATION)
+    registry.register(LetheCollector())
+    return registry
 
 
 class LetheCollector(Collector):
