@@ -216,8 +216,29 @@ def serve(host: str = "127.0.0.1", port: int = 8000, workers: int = 1, log_level
 
     run_migrations()
     typer.echo(serve_banner(host, port))
-    # access_log=False: the API writes its own access line, JSON with the request id (app/logs.py)
-    uvicorn.run("app.asgi:app", host=host, port=port, workers=workers, log_level=log_level, access_log=False)
+    with shared_metrics(workers):
+        # access_log=False: the API writes its own access line, JSON with the request id (app/logs.py)
+        uvicorn.run("app.asgi:app", host=host, port=port, workers=workers, log_level=log_level, access_log=False)
+
+
+@contextmanager
+def shared_metrics(workers: int):
+    """Several API processes answer on one port: a scrape reaches any of them, so each must report the HTTP metrics
+    of all (prometheus_client's multiprocess mode, app/ops/metrics.py). Unless the operator named a directory in
+    ``PROMETHEUS_MULTIPROC_DIR`` (empty it between runs), a fresh one is made for this run and removed after."""
+    if workers <= 1 or os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        yield
+        return
+    import shutil
+    import tempfile
+
+    directory = tempfile.mkdtemp(prefix="lethe-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory  # the worker processes inherit it
+    try:
+        yield
+    finally:
+        del os.environ["PROMETHEUS_MULTIPROC_DIR"]
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def serve_banner(host: str, port: int) -> str:

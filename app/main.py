@@ -18,6 +18,7 @@ from app.db import get_engine
 from app.jobs.router import router as jobs_router
 from app.logs import RequestIdMiddleware, configure_logging
 from app.openapi import install as install_openapi
+from app.ops.http import HttpMetricsMiddleware
 from app.ops.router import router as ops_router
 from app.ops.schemas import HealthOut
 from app.problems import Problem, install_problem_handlers, problem_response
@@ -133,7 +134,8 @@ def create_app(run_background: bool | None = None) -> FastAPI:
     )
     install_problem_handlers(app)
     app.add_middleware(BodyLimitMiddleware)
-    app.add_middleware(RequestIdMiddleware)  # outermost: even a 413 or a 500 carries its request id
+    app.add_middleware(RequestIdMiddleware)  # even a 413 or a 500 carries its request id
+    app.add_middleware(HttpMetricsMiddleware)  # outermost: counts every answer, with the route the router matched
     app.include_router(registry_router)
     app.include_router(requests_router)
     app.include_router(subjects_router)

@@ -9,6 +9,8 @@ from sqlalchemy.orm import Mapped, mapped_column
 from app.db import Base, JSONType, UTCDateTime, new_id, utcnow
 
 JOB_STATUSES = ("pending", "dispatched", "running", "succeeded", "failed", "cancelled")
+JOB_KINDS = ("train_model", "deletion", "aggregate_round")
+"""The kinds of job app/jobs/pipeline.py has handlers for (the metrics name each, 0 before the first)."""
 
 
 class Job(Base):
@@ -18,7 +20,7 @@ class Job(Base):
     __table_args__ = (Index("ix_jobs_status_available", "status", "available_at"),)
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=new_id)
-    kind: Mapped[str] = mapped_column(String(32))  # train_model | deletion | prepare_method
+    kind: Mapped[str] = mapped_column(String(32))  # one of JOB_KINDS
     queue: Mapped[str] = mapped_column(String(16), default="cpu")
     model_id: Mapped[str] = mapped_column(String(36), index=True)
     request_id: Mapped[str | None] = mapped_column(String(36), nullable=True, index=True)

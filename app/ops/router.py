@@ -9,13 +9,13 @@ import time
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from app.config import get_settings
 from app.db import get_engine, session_scope
 from app.jobs.heartbeat import listening
-from app.ops.metrics import LetheCollector
+from app.ops.metrics import build_registry
 from app.ops.schemas import ReadinessOut
 
 router = APIRouter(tags=["operations"])
@@ -41,14 +41,14 @@ def _readiness(request: Request) -> _Readiness:
         return request.app.state.readiness
 
 
-_registry = CollectorRegistry()
-_registry.register(LetheCollector())
+_registry = build_registry()
 
 
 @router.get("/metrics", include_in_schema=False)
 def metrics() -> Response:
-    """Deletion requests by status, job durations by kind, verdicts, queue depth, the oldest waiting request's age,
-    failing webhook deliveries — for Prometheus (no key: scrape it from inside the network)."""
+    """Deletion requests by status, job durations and outcomes by kind, verdicts, queue depth, workers, the oldest
+    waiting request's age, overdue requests, failing webhook deliveries, and HTTP requests by route — for Prometheus
+    (no key: scrape it from inside the network)."""
     return Response(generate_latest(_registry), media_type=CONTENT_TYPE_LATEST)
 
 
