@@ -1082,6 +1082,7 @@ def plot_impostors(panel: dict[str, dict], path: Path) -> None:
 def clip_audit(plan: Plan, log) -> dict[str, Any]:
     from app.ml.data.captions import CaptionDataset
     from app.ml.federation import FedSettings, make_demo_federation
+    from app.ml.verification.clip_evidence import split_reference
     from app.ml.verification.clip_shadows import (
         ClipShadowSettings,
         audit_clip_deletion,
@@ -1104,7 +1105,7 @@ def clip_audit(plan: Plan, log) -> dict[str, Any]:
     )
     log(f"clip: demo federation ready in {time.perf_counter() - start:.1f}s ({demo.model.num_params} LoRA params)")
     clip = demo.model
-    test = demo.data.test
+    test = split_reference(demo.data.test)[1]  # the worker's non-members: its reference half of the test pairs
     settings = ClipShadowSettings()  # the registration default
     start = time.perf_counter()
     shadows = train_clip_shadows(clip, demo.theta_init, demo.data.clients, fed, settings)
@@ -1147,7 +1148,7 @@ def clip_audit(plan: Plan, log) -> dict[str, Any]:
             ),
         }
         log(
-            f"  clip {scope}: {len(forget)} forget pairs vs {len(test)} test pairs: {np.median(times):.3f}s; "
+            f"  clip {scope}: {len(forget)} forget pairs vs {len(test)} reference test pairs: {np.median(times):.3f}s; "
             f"{report['informative_detail']}"
         )
     out["what"] = (
@@ -1200,7 +1201,7 @@ def clip_impostors(plan: Plan, trials: int, ease_trials: int, log) -> dict[str, 
     from app.ml.federation import FedSettings, make_demo_federation
     from app.ml.unlearning import get_method
     from app.ml.unlearning.baselines.fed_retrain import FedRetrain
-    from app.ml.verification.clip_evidence import clip_evidence, replay_of
+    from app.ml.verification.clip_evidence import clip_evidence, replay_of, split_reference
     from app.ml.verification.clip_impostors import CLIP_EXACT_IMPOSTORS, CLIP_IMPOSTORS, ClipImpostorCase
     from app.ml.verification.clip_shadows import (
         ClipShadowSettings,
@@ -1220,7 +1221,8 @@ def clip_impostors(plan: Plan, trials: int, ease_trials: int, log) -> dict[str, 
     shadows = train_clip_shadows(clip, demo.theta_init, data.clients, fed, ClipShadowSettings())
     policy = VerdictPolicy()
     fed_policy = dataclasses.replace(policy, max_utility_loss_points=None)
-    nonmembers = data.heldout if data.heldout is not None else data.test
+    # as the worker: the verdict's reference is its half of the held-out pairs, the methods see the other half
+    gallery, nonmembers = split_reference(data.heldout if data.heldout is not None else data.test)
     pool = CaptionDataset.concat(data.clients)
     offsets = np.cumsum([0] + [len(c) for c in data.clients])
     _, exposure = audit_clip_deletion(shadows, clip, pool, np.arange(len(pool)), nonmembers, theta, theta)
@@ -1238,7 +1240,7 @@ def clip_impostors(plan: Plan, trials: int, ease_trials: int, log) -> dict[str, 
             flat = np.zeros(len(pool), bool)
             flat[positions] = True
             masks = [flat[offsets[i] : offsets[i + 1]] for i in range(len(data.clients))]
-            problem = demo.problem("samples", forget_masks=masks)
+            problem = demo.problem("samples", forget_masks=masks, gallery=gallery)
             replay = functools.cache(replay_of(problem))  # the verifier's one replay per deletion
             case = ClipImpostorCase(
                 clip, list(data.clients), masks, theta, demo.theta_init, fed, sizes["rounds"], trained
@@ -1250,8 +1252,8 @@ def clip_impostors(plan: Plan, trials: int, ease_trials: int, log) -> dict[str, 
             forget = pool.subset(positions)
             retain = CaptionDataset.concat([problem.retain_data(c) for c in problem.retained_clients()])
             retain = retain.subset(np.random.default_rng(EVAL_SAMPLE_SEED).permutation(len(retain))[:EVAL_RETAIN_PAIRS])
-            sets = {"forget": forget, "retain": retain, "test": data.test}
-            before = _retrieval(clip, theta, sets, data.test)
+            sets = {"forget": forget, "retain": retain, "test": gallery}
+            before = _retrieval(clip, theta, sets, gallery)
             theta_r = thetas["retrain"].to(torch.float64)
             base = float((theta.to(torch.float64) - theta_r).norm())
             audited = CaptionDataset.concat([forget, nonmembers])  # the shadows' φ once per deletion, as the worker's
@@ -1263,7 +1265,7 @@ def clip_impostors(plan: Plan, trials: int, ease_trials: int, log) -> dict[str, 
                 )
                 evidence = clip_evidence(scores, theta, theta_new, exact, "samples", replay, policy.max_residual_ratio)
                 unlearned = SimpleNamespace(
-                    metrics={"before": before, "after": _retrieval(clip, theta_new, sets, data.test)}
+                    metrics={"before": before, "after": _retrieval(clip, theta_new, sets, gallery)}
                 )
                 verdict = decide(
                     report, fed_policy, exact=exact, evidence=evidence,

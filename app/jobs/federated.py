@@ -34,7 +34,7 @@ from app.ml.data.captions import CaptionDataset, federation_from_spec, file_sha2
 from app.ml.federation import FederatedProblem, FedSettings, apply_round
 from app.ml.federation.lock import ForgetLock, merge_locks
 from app.ml.verification.audit import theta_facts
-from app.ml.verification.clip_evidence import clip_evidence, replay_of
+from app.ml.verification.clip_evidence import clip_evidence, replay_of, split_reference
 from app.ml.verification.clip_shadows import (
     ClipShadowSettings,
     audit_clip_deletion,
@@ -358,9 +358,12 @@ class Deletion:
             model=clip,
             removed=removed,
             forget_lock=ForgetLock.from_bytes(get_store().get_bytes(lock_entry["digest"])) if lock_entry else None,
-            gallery=data.test,
+            # the methods' half of the held-out pairs: the other half is the verdict's reference (split_reference)
+            gallery=split_reference(data.test)[0],
             # a membership federation's matched held-out split is the non-member target of a samples deletion
-            nonmembers=data.heldout if request.scope["kind"] == "samples" else None,
+            nonmembers=split_reference(data.heldout)[0]
+            if data.heldout is not None and request.scope["kind"] == "samples"
+            else None,
         )
         work.members[0].positions = positions
         return FederatedInputs(problem, positions)
@@ -374,16 +377,16 @@ class Deletion:
         result = work.method.unlearn(problem)
         seconds = time.perf_counter() - started
         ctx.progress(0.85, "measuring retrieval before and after")
-        data = data_for(model)
         retain = CaptionDataset.concat([problem.retain_data(k) for k in problem.retained_clients()])
         retain = retain.subset(np.random.default_rng(EVAL_SAMPLE_SEED).permutation(len(retain))[:EVAL_RETAIN_PAIRS])
-        sets = {"forget": problem.forget_data(), "retain": retain, "test": data.test}
+        test = problem.gallery  # the methods' half of the test pairs (the verdict's reference is the other)
+        sets = {"forget": problem.forget_data(), "retain": retain, "test": test}
         clip = problem.get_model()
         metrics = {
             "method": name,
             "unlearn_seconds": round(seconds, 3),
-            "before": _retrieval(clip, problem.theta, sets, data.test),
-            "after": _retrieval(clip, result.theta, sets, data.test),
+            "before": _retrieval(clip, problem.theta, sets, test),
+            "after": _retrieval(clip, result.theta, sets, test),
             "method_info": result.info,
         }
         state_update: dict[str, Any] = {}
@@ -498,7 +501,8 @@ def _retain_check(unlearned: Unlearned, policy: VerdictPolicy, exact: bool = Fal
 
 def verify_federated(work: DeletionWork, unlearned: Unlearned) -> Verification:
     """Offline LiRA with the model's shadow LoRA runs on the forget pairs against matched non-member pairs (the
-    federation's held-out split, else its test pairs), over one fixed caption gallery, for the original and the new
+    verifier's half of the federation's held-out split, else of its test pairs: clip_evidence.split_reference), over
+    one fixed caption gallery, for the original and the new
     model; the evidence of clip_evidence.py (the forget pairs' excess over the non-members against doing nothing's;
     for exact retraining, when that does not decide, an independent replay of the recipe); the retain R@1 drop;
     changed parameters. The verdict policy decides as for tabular models (policy.decide): an approximate method
@@ -510,7 +514,8 @@ def verify_federated(work: DeletionWork, unlearned: Unlearned) -> Verification:
     fed_policy = dataclasses.replace(policy, max_utility_loss_points=None)
     clip, data = problem.get_model(), data_for(work.model)
     entry = work.model.state.get("verification") or {}
-    nonmembers = data.heldout if data.heldout is not None else data.test
+    # the verifier's reference half of the held-out pairs: no method and no retrieval figure saw it (split_reference)
+    nonmembers = split_reference(data.heldout if data.heldout is not None else data.test)[1]
     exact, scope = work.spec.exact, work.request.scope["kind"]
     reason = "no shadow LoRA runs (the model was registered before the federated audit existed)"
     if entry.get("shadows"):
@@ -536,7 +541,8 @@ def verify_federated(work: DeletionWork, unlearned: Unlearned) -> Verification:
         else:
             report["attack"]["shadow_rounds"] = entry.get("rounds")
             report["attack"]["model_rounds"] = len(work.model.state.get("rounds", []))
-            report["nonmember_set"] = "held-out split" if data.heldout is not None else "test pairs"
+            held = "held-out split" if data.heldout is not None else "test pairs"
+            report["nonmember_set"] = f"the verifier's half of the {held} (clip_evidence.split_reference)"
             report["retrieval"] = {"before": unlearned.metrics["before"], "after": unlearned.metrics["after"]}
             report["audit_seconds"] = round(time.perf_counter() - started, 3)
             report["shadow_train_seconds"] = entry.get("train_seconds")

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from app.ml.data.captions import CaptionDataset
 from app.ml.federation import FederatedProblem
 from app.ml.verification.audit import AuditScores
 from app.ml.verification.evidence import (
@@ -48,6 +49,8 @@ from app.ml.verification.evidence import (
     replay_check,
 )
 
+REFERENCE_SEED = 20
+"""Seeds the fixed split of the held-out pairs into the methods' half and the verifier's reference half."""
 Z_NULL = 2.0
 """[INFERENCE] the excess of a correct deletion is ~N(0, SE²): at 2 SE an approximate method that did remove the pairs
 is failed by chance ≤ 5 % of the time (two-sided; one-sided 2.3 %) — the attack check's own confidence (95 %) — and
@@ -55,6 +58,16 @@ is failed by chance ≤ 5 % of the time (two-sided; one-sided 2.3 %) — the att
 pass. Informative then needs E₀ ≥ MIN_POWER·2 = 4 SE. Measured on the 300-pair panel federation: federated
 retraining at −2.9 to +1.9 SE on 6 random 50-pair sets."""
 TWO_SIDED_SCOPES = frozenset({"samples"})
+
+
+def split_reference(pairs: CaptionDataset) -> tuple[CaptionDataset, CaptionDataset]:
+    """(the methods' half, the verifier's reference half) of held-out pairs, by a fixed permutation: whatever a method
+    measures itself on (EASE's strength control ranks the forget pairs against a gallery, a membership federation's
+    held-out split is its target) never holds the pairs the verdict compares the forget pairs with (issue 20: a
+    reference measured on pairs the evaluation does not use). The reference gets the odd one."""
+    order = np.random.default_rng(REFERENCE_SEED).permutation(len(pairs))
+    half = len(pairs) // 2
+    return pairs.subset(np.sort(order[:half])), pairs.subset(np.sort(order[half:]))
 
 
 def excess(scores: AuditScores, name: str) -> tuple[float, float]:
