@@ -17,6 +17,7 @@ metadata service (credentials), to an admin port on loopback, to the private net
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import socket
 from collections.abc import Callable, Iterable
@@ -242,18 +243,59 @@ def build_request(
     return httpx.Request(method, pinned, content=content, headers=request_headers, extensions=extensions)
 
 
-def pinned_client(timeout: float = DEFAULT_TIMEOUT_SECONDS) -> httpx.Client:
-    """A client for one delivery: no redirects, no environment proxies, no connection reuse.
+def _client_options(timeout: float) -> dict:
+    """One delivery's client: no redirects, no environment proxies, no connection reuse.
 
     Connections are pooled by address, so a pooled TLS connection verified for one host name could carry a request
     for another name on the same address; one client per delivery rules that out.
     """
-    return httpx.Client(
-        timeout=timeout,
-        follow_redirects=False,
-        trust_env=False,
-        limits=httpx.Limits(max_connections=1, max_keepalive_connections=0),
-    )
+    return {
+        "timeout": timeout,
+        "follow_redirects": False,
+        "trust_env": False,
+        "limits": httpx.Limits(max_connections=1, max_keepalive_connections=0),
+    }
+
+
+def pinned_client(timeout: float = DEFAULT_TIMEOUT_SECONDS) -> httpx.Client:
+    """A client for one delivery (_client_options)."""
+    return httpx.Client(**_client_options(timeout))
+
+
+class AttemptDeadlineExceeded(httpx.TimeoutException):
+    """The whole attempt (resolution, connection, request, answer) took longer than its wall-clock deadline."""
+
+
+async def deliver_async(
+    url: str,
+    content: bytes,
+    headers: dict[str, str],
+    *,
+    allowlist: Iterable[str] | Allowlist | None = None,
+    resolver: Resolver | None = None,
+    timeout: float = DEFAULT_TIMEOUT_SECONDS,
+) -> DeliveryResult:
+    """Vet, pin and POST once, the whole attempt within ``timeout`` seconds of wall-clock time: httpx's timeouts bound
+    each read, so a receiver answering a byte every second would otherwise hold an attempt as long as it likes
+    (issue 22). Raises :class:`WebhookTargetRefused`, :class:`AttemptDeadlineExceeded` or ``httpx.HTTPError``."""
+    try:
+        async with asyncio.timeout(timeout):
+            # the resolver blocks (getaddrinfo): in a thread, so the deadline bounds the wait for it too
+            target = await asyncio.to_thread(vet_callback_url, url, allowlist=allowlist, resolver=resolver)
+            request = build_request(target, content=content, headers=headers)
+            async with httpx.AsyncClient(**_client_options(timeout)) as client:
+                response = await client.send(request, follow_redirects=False, stream=True)
+                try:
+                    excerpt = bytearray()
+                    async for chunk in response.aiter_bytes():
+                        excerpt += chunk
+                        if len(excerpt) >= MAX_RESPONSE_BYTES:
+                            break
+                finally:
+                    await response.aclose()
+    except TimeoutError as exc:
+        raise AttemptDeadlineExceeded(f"the attempt took longer than {timeout:g} s (wall clock)") from exc
+    return DeliveryResult(response.status_code, bytes(excerpt[:MAX_RESPONSE_BYTES]), target.address)
 
 
 def deliver(
@@ -265,17 +307,5 @@ def deliver(
     resolver: Resolver | None = None,
     timeout: float = DEFAULT_TIMEOUT_SECONDS,
 ) -> DeliveryResult:
-    """Vet, pin and POST once. Raises :class:`WebhookTargetRefused` or ``httpx.HTTPError``; the caller retries."""
-    target = vet_callback_url(url, allowlist=allowlist, resolver=resolver)
-    request = build_request(target, content=content, headers=headers)
-    with pinned_client(timeout) as client:
-        response = client.send(request, follow_redirects=False, stream=True)
-        try:
-            excerpt = bytearray()
-            for chunk in response.iter_bytes():
-                excerpt += chunk
-                if len(excerpt) >= MAX_RESPONSE_BYTES:
-                    break
-        finally:
-            response.close()
-    return DeliveryResult(response.status_code, bytes(excerpt[:MAX_RESPONSE_BYTES]), target.address)
+    """:func:`deliver_async` from synchronous code (not from a running event loop)."""
+    return asyncio.run(deliver_async(url, content, headers, allowlist=allowlist, resolver=resolver, timeout=timeout))

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import threading
 
-from app.db import session_scope
 from app.webhooks.service import send_due
 
 log = logging.getLogger("lethe.webhooks")
@@ -22,8 +21,7 @@ class WebhookSender:
         self._thread: threading.Thread | None = None
 
     def tick(self) -> dict[str, int]:
-        with session_scope() as session:
-            return send_due(session)
+        return send_due()
 
     def run_forever(self) -> None:
         while not self._stop.is_set():

@@ -13,11 +13,13 @@ from the master secret, ``settings.derived_key("webhook-signing")``), so the dat
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
 import json
 import logging
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,9 +29,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.config import get_settings
-from app.db import utcnow
+from app.db import session_scope, utcnow
 from app.problems import Problem
-from app.webhooks.guard import WebhookTargetRefused, deliver
+from app.webhooks.guard import WebhookTargetRefused, deliver_async
 from app.webhooks.signing import SECRET_PREFIX, new_message_id, sign_headers
 from app.webhooks.tables import WebhookDelivery
 
@@ -39,6 +41,9 @@ FIRST_RETRY_SECONDS = 5.0
 MAX_RETRY_SECONDS = 3600.0
 """Backoff doubles from the first retry up to this; the row is given up ``webhook_retry_hours`` after it was written."""
 SEND_BATCH = 20
+"""Deliveries claimed and attempted at once by one sender tick (in parallel: one slow receiver delays no other)."""
+CLAIM_MARGIN_SECONDS = 30.0
+"""A claim outlives its attempt's deadline by this much before another sender may take the row again."""
 
 
 def endpoint_secret(url: str) -> str:
@@ -72,58 +77,93 @@ def _backoff(attempts: int) -> float:
     return min(MAX_RETRY_SECONDS, FIRST_RETRY_SECONDS * 2 ** max(0, attempts - 1))
 
 
-def send_due(session: Session, limit: int = SEND_BATCH) -> dict[str, int]:
-    """Deliver the due rows once each (rows another sender holds are skipped); returns counts."""
-    now = utcnow()
-    due = (
-        session.execute(
-            select(WebhookDelivery)
-            .where(WebhookDelivery.status == "pending", WebhookDelivery.next_attempt_at <= now)
-            .order_by(WebhookDelivery.next_attempt_at)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-        )
-        .scalars()
-        .all()
-    )
-    counts = {"delivered": 0, "retrying": 0, "dead": 0}
+@dataclass(frozen=True)
+class _Claimed:
+    """A due delivery taken for one attempt: what the HTTP exchange needs, read before the claim commits."""
+
+    id: str
+    url: str
+    body: bytes
+    headers: dict[str, str]
+
+
+def send_due(limit: int = SEND_BATCH) -> dict[str, int]:
+    """Deliver the due rows once each: claim them (one short transaction), attempt them all in parallel, each within
+    ``webhook_timeout_seconds`` of wall-clock time, with no row lock or transaction held over the network, then record
+    the outcomes (another short transaction). A sender that dies mid-attempt leaves its rows due again when their
+    claim lapses (at-least-once; receivers deduplicate by ``webhook-id``). Returns counts."""
     settings = get_settings()
-    for delivery in due:
-        body = json.dumps(delivery.payload, sort_keys=True, separators=(",", ":")).encode()
-        headers = {
-            "content-type": "application/json",
-            **sign_headers(endpoint_secret(delivery.url), body, message_id=delivery.message_id),
-        }
-        delivery.attempts += 1
-        error = None
-        try:
-            result = deliver(
-                delivery.url,
-                body,
-                headers,
-                allowlist=settings.webhook_allowed_hosts,
-                timeout=settings.webhook_timeout_seconds,
-            )
-            delivery.last_status_code = result.status_code
-            if result.delivered:
+    claimed = _claim(limit, settings.webhook_timeout_seconds + CLAIM_MARGIN_SECONDS)
+    counts = {"delivered": 0, "retrying": 0, "dead": 0}
+    if not claimed:
+        return counts
+    outcomes = asyncio.run(_attempt_all(claimed, settings.webhook_allowed_hosts, settings.webhook_timeout_seconds))
+    with session_scope() as session:
+        for item, (status_code, error) in zip(claimed, outcomes, strict=True):
+            delivery = session.get(WebhookDelivery, item.id)
+            if delivery is None or delivery.status != "pending":
+                continue
+            delivery.last_status_code = status_code
+            if error is None:
                 delivery.status, delivery.delivered_at, delivery.last_error = "delivered", utcnow(), None
                 counts["delivered"] += 1
                 continue
-            error = f"answered {result.status_code}"
-        except WebhookTargetRefused as exc:
-            error = f"refused: {exc.reason}"
-        except httpx.HTTPError as exc:
-            error = f"{type(exc).__name__}: {exc}"
-        delivery.last_error = error[:500]
-        retry_at = utcnow() + timedelta(seconds=_backoff(delivery.attempts))
-        if retry_at > delivery.give_up_at:
-            delivery.status = "dead"
-            counts["dead"] += 1
-            log.warning("webhook %s to %s given up after %d attempts", delivery.id, delivery.url, delivery.attempts)
-        else:
-            delivery.next_attempt_at = retry_at
-            counts["retrying"] += 1
+            delivery.last_error = error[:500]
+            retry_at = utcnow() + timedelta(seconds=_backoff(delivery.attempts))
+            if retry_at > delivery.give_up_at:
+                delivery.status = "dead"
+                counts["dead"] += 1
+                log.warning("webhook %s to %s given up after %d attempts", delivery.id, delivery.url, delivery.attempts)
+            else:
+                delivery.next_attempt_at = retry_at
+                counts["retrying"] += 1
     return counts
+
+
+def _claim(limit: int, lease_seconds: float) -> list[_Claimed]:
+    """Take up to ``limit`` due rows (rows another sender is claiming are skipped) and push their next attempt past
+    this one's deadline, so no other sender takes them while this one talks to the receivers."""
+    now = utcnow()
+    with session_scope() as session:
+        due = (
+            session.execute(
+                select(WebhookDelivery)
+                .where(WebhookDelivery.status == "pending", WebhookDelivery.next_attempt_at <= now)
+                .order_by(WebhookDelivery.next_attempt_at)
+                .limit(limit)
+                .with_for_update(skip_locked=True)
+            )
+            .scalars()
+            .all()
+        )
+        claimed = []
+        for delivery in due:
+            body = json.dumps(delivery.payload, sort_keys=True, separators=(",", ":")).encode()
+            headers = {
+                "content-type": "application/json",
+                **sign_headers(endpoint_secret(delivery.url), body, message_id=delivery.message_id),
+            }
+            delivery.attempts += 1
+            delivery.next_attempt_at = now + timedelta(seconds=lease_seconds)
+            claimed.append(_Claimed(delivery.id, delivery.url, body, headers))
+    return claimed
+
+
+async def _attempt_all(
+    claimed: list[_Claimed], allowlist: list[str], timeout: float
+) -> list[tuple[int | None, str | None]]:
+    """(status code, error or None when delivered) per claimed delivery, all attempted at once."""
+
+    async def attempt(item: _Claimed) -> tuple[int | None, str | None]:
+        try:
+            result = await deliver_async(item.url, item.body, item.headers, allowlist=allowlist, timeout=timeout)
+        except WebhookTargetRefused as exc:
+            return None, f"refused: {exc.reason}"
+        except httpx.HTTPError as exc:
+            return None, f"{type(exc).__name__}: {exc}"
+        return result.status_code, None if result.delivered else f"answered {result.status_code}"
+
+    return list(await asyncio.gather(*(attempt(item) for item in claimed)))
 
 
 def deliveries_for(session: Session, request_id: str) -> list[WebhookDelivery]:

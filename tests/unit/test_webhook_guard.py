@@ -9,6 +9,8 @@ from __future__ import annotations
 import base64
 import json
 import socket
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -18,6 +20,7 @@ import standardwebhooks
 from app.webhooks import guard
 from app.webhooks.guard import (
     Allowlist,
+    AttemptDeadlineExceeded,
     WebhookTargetRefused,
     build_request,
     deliver,
@@ -290,3 +293,109 @@ def test_a_refused_target_raises_before_any_http():
         deliver("http://hooks.example.com/", b"{}", {}, resolver=fake_dns({"hooks.example.com": ["10.9.9.9"]}))
     with pytest.raises(httpx.InvalidURL):
         httpx.URL("http://[::1")  # the parser the guard relies on refuses broken URLs
+
+
+# ------------------------------------------------------------------------------ slow receivers (issue 22, MEDIUM)
+class DribblingReceiver:
+    """A receiver on 127.0.0.1 that reads the request, then answers one byte every ``interval`` seconds: per-read
+    timeouts never fire on it. Counts connections open at once and answers sent in full."""
+
+    ANSWER = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok"
+
+    def __init__(self, interval: float):
+        self.interval = interval
+        self.open = self.max_open = self.finished = 0
+        self.lock = threading.Lock()
+        self.sock = socket.create_server((LOOPBACK, 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self, path: str = "/hook") -> str:
+        return f"http://{LOOPBACK}:{self.port}{path}"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with self.lock:
+            self.open += 1
+            self.max_open = max(self.max_open, self.open)
+        try:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            for i in range(len(self.ANSWER)):
+                conn.sendall(self.ANSWER[i : i + 1])
+                time.sleep(self.interval)
+            with self.lock:
+                self.finished += 1
+        except OSError:  # the sender hung up: its deadline passed
+            pass
+        finally:
+            conn.close()
+            with self.lock:
+                self.open -= 1
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_receiver_that_dribbles_its_answer_cannot_hold_an_attempt_past_its_deadline():
+    """Before, httpx's timeout bounded each read, so a byte every 0.2 s (66 bytes: ~13 s) was waited for in full."""
+    receiver = DribblingReceiver(0.2)
+    try:
+        with pytest.raises(AttemptDeadlineExceeded, match="wall clock"):
+            deliver(receiver.url(), b"{}", {}, allowlist=[LOOPBACK], timeout=1.0)
+        assert receiver.finished == 0  # the attempt ended before the answer did
+    finally:
+        receiver.close()
+
+
+def test_the_sender_claims_then_attempts_every_due_delivery_at_once_without_holding_the_rows(tmp_path):
+    """Three dribbling receivers and one quick one: the claim is committed before any HTTP (another session sees the
+    attempt counted and the next attempt pushed past the deadline while the receivers are still talking), the four
+    attempts run at once (three connections open together), the quick one is delivered and the slow ones are retried
+    with their error, each ended by its own deadline."""
+    from app.db import session_scope, utcnow
+    from app.webhooks.service import enqueue, send_due
+    from app.webhooks.tables import WebhookDelivery
+    from tests.helpers import configure
+
+    configure(tmp_path, webhook_timeout_seconds="1.5", webhook_allowed_hosts="127.0.0.1")
+    slow = DribblingReceiver(0.2)
+    seen_during: list[tuple[int, bool]] = []
+    try:
+        with loopback_server({"/hook": (204, {}, b"")}) as quick:
+            with session_scope() as session:
+                for i in range(3):
+                    enqueue(session, f"r{i}", slow.url(), "deletion.certified", {"i": i})
+                enqueue(session, "r-quick", quick.url("/hook"), "deletion.certified", {})
+
+            def watch() -> None:  # reads the rows while the attempts are in flight (never, if they run one by one)
+                give_up = time.monotonic() + 10
+                while slow.max_open < 3:
+                    if time.monotonic() > give_up:
+                        return
+                    time.sleep(0.02)
+                with session_scope() as session:
+                    for row in session.query(WebhookDelivery).filter(WebhookDelivery.request_id.like("r_")):
+                        seen_during.append((row.attempts, row.next_attempt_at > utcnow()))
+
+            watcher = threading.Thread(target=watch, daemon=True)
+            watcher.start()
+            counts = send_due()
+            watcher.join(timeout=10)
+            assert len(quick.received) == 1
+        assert counts == {"delivered": 1, "retrying": 3, "dead": 0}
+        assert slow.max_open == 3 and slow.finished == 0
+        assert seen_during == [(1, True)] * 3
+        with session_scope() as session:
+            errors = [r.last_error for r in session.query(WebhookDelivery).filter(WebhookDelivery.status == "pending")]
+        assert len(errors) == 3 and all("AttemptDeadlineExceeded" in e for e in errors), errors
+    finally:
+        slow.close()
