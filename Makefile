@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint unit integration bench-quick install clean chromium
+.PHONY: demo test lint unit integration bench-quick install clean chromium compose-cli
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,7 +35,14 @@ chromium:
 	@test -x /usr/bin/chromium || { echo "installing Debian's chromium for the browser tests"; \
 	  apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 
-test: lint chromium
+# docker compose's own parser checks docker/compose.yaml offline (tests/unit/test_docker.py); Debian's docker-compose
+# (v1.29) needs no Docker daemon for `config`, so it is installed when neither it nor `docker compose` is there
+compose-cli:
+	@command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1 || { \
+	  echo "installing Debian's docker-compose for the compose file check"; \
+	  apt-get update -qq && apt-get install -y -qq docker-compose >/dev/null; }
+
+test: lint chromium compose-cli
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 bench-quick: $(STAMP)
