@@ -7,7 +7,8 @@ install shows a blank page. The assets here come from the ``fastapi-offline`` pa
 pointed at those local URLs. Swagger UI's online validator badge is off (it would send the spec's URL to an outside
 service). Both pages carry a Content-Security-Policy in the dashboard's spirit: scripts, styles, images, fonts and
 fetches from this origin only (the pages' one inline script allowed by its hash), so a CDN URL that crept back in
-would be refused by the browser too.
+would be refused by the browser too. The policy is also what keeps ReDoc itself offline: its side menu shows
+Redocly's logo from their CDN, with no option to turn it off; refused, the image is dropped (ReDoc's onError).
 """
 
 from __future__ import annotations
