@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from sqlalchemy import text
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app.apidocs import install as install_docs
 from app.audit.router import router as audit_router
 from app.certificates.router import router as certificates_router
 from app.config import get_settings
@@ -131,6 +132,8 @@ def create_app(run_background: bool | None = None) -> FastAPI:
         version="0.1.0",
         description="Unlearning as a service: deletion requests, unlearning jobs, audit log.",
         lifespan=lifespan,
+        docs_url=None,  # FastAPI's pages load from a CDN: app/apidocs.py serves them from installed assets
+        redoc_url=None,
     )
     install_problem_handlers(app)
     app.add_middleware(BodyLimitMiddleware)
@@ -146,6 +149,7 @@ def create_app(run_background: bool | None = None) -> FastAPI:
     app.include_router(webhooks_router)
     app.include_router(ops_router)
     app.include_router(dashboard_router)
+    install_docs(app)  # /docs and /redoc, their assets served by the app itself
     install_openapi(app)  # bearer scheme, problem+json answers and request examples in /openapi.json
 
     default_openapi = app.openapi

@@ -2,11 +2,14 @@
 database from the Dockerfile's working directory (which holds no ``alembic.ini`` or ``migrations/`` any more) and
 serves until ``/readyz`` answers 200. The compose ``migrate`` step failed exactly here (``Path doesn't exist:
 …/site-packages/migrations``). No Docker needed: a fresh virtual environment gets the wheel; its dependencies come
-from this environment's site-packages as a plain path (so this checkout's editable install is not seen)."""
+from this environment's site-packages as a plain path (so this checkout's editable install is not seen). The installed
+service also serves ``/docs`` and ``/redoc`` with every asset they load (issue 23: no CDN; the assets are the
+``fastapi-offline`` dependency's package data)."""
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -102,9 +105,21 @@ def test_the_installed_wheel_migrates_postgres_and_serves_ready(installed, tmp_p
                     break
                 time.sleep(0.5)
             assert status == 200, (status, server.poll())
+            _assert_docs_served(f"http://127.0.0.1:{port}")
         finally:
             server.terminate()
             try:
                 server.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 server.kill()
+
+
+def _assert_docs_served(base: str) -> None:
+    for page in ("/docs", "/redoc"):
+        html = httpx.get(base + page, timeout=30)
+        assert html.status_code == 200, (page, html.status_code)
+        assets = re.findall(r'(?:src|href)="([^"]+)"', html.text)
+        assert len(assets) >= 2 and all(url.startswith("/docs-assets/") for url in assets), (page, assets)
+        for url in assets:
+            answer = httpx.get(base + url, timeout=30)
+            assert answer.status_code == 200 and answer.content, (url, answer.status_code)
