@@ -219,6 +219,48 @@ def test_an_inconsistent_combined_certificate_is_refused(tmp_path):
     assert inconsistent.value.code == "inconsistent"
 
 
+def _refused(statement: dict, keys: dict) -> str:
+    with pytest.raises(signing.InvalidCertificate) as refused:
+        signing.verify_envelope(signing.sign_envelope(statement), keys, predicate_type=signing.PREDICATE_TYPES)
+    return refused.value.code
+
+
+def test_a_no_data_certificate_must_be_what_it_says(tmp_path):
+    """A validly signed statement that says no data was found but lists a child, changes the search it names, or
+    says ``no_data_found`` with anything but true/false, is refused; a child-bearing one cannot claim no data."""
+    configure(tmp_path / "home")
+    keys = signing.public_keys()
+    predicate = signing.build_no_data_predicate(
+        erasure_id="e", subject_hash="f" * 64, searched_at="2026-01-01T00:00:00Z", models_searched=["m1", "m2"],
+        models_not_searched=[], received_at="2026-01-01T00:00:00Z", due_at="2026-02-01T00:00:00Z",
+        audit_chain_head={"seq": 3, "hash": "0" * 64}, requested_at="2026-01-01T00:00:00Z",
+        completed_at="2026-01-01T00:00:01Z",
+    )  # fmt: skip
+    envelope = signing.issue_subject_erasure_certificate(predicate)
+    verified = signing.verify_envelope(envelope, keys, predicate_type=signing.PREDICATE_TYPES)
+    assert verified.predicate["no_data_found"] is True and verified.subject_name == "subject-search:e"
+    assert verified.predicate["deadline"]["answered_on_time"] is True
+    statement = json.loads(base64.b64decode(envelope["payload"]))
+    assert _refused({**statement, "predicate": {**statement["predicate"], "no_data_found": "yes"}}, keys) == (
+        "inconsistent"
+    )
+    narrower = {**statement["predicate"], "search": {**statement["predicate"]["search"], "models_searched": ["m1"]}}
+    assert _refused({**statement, "predicate": narrower}, keys) == "inconsistent"  # the subject digest no longer fits
+    child = {"request_id": "r", "model_id": "m", "certificate_id": "c", "certificate_digest": "ab" * 32,
+             "new_version_digest": "cd" * 32}  # fmt: skip
+    with_child = {**statement["predicate"], "children": [child]}
+    assert _refused({**statement, "predicate": with_child}, keys) == "inconsistent"
+    claims_nothing = signing.build_subject_erasure_predicate(
+        erasure_id="e", subject_hash="f" * 64, children=[child], audit_chain_head={}, requested_at=None,
+        completed_at=None,
+    )  # fmt: skip
+    signed = json.loads(base64.b64decode(signing.issue_subject_erasure_certificate(claims_nothing)["payload"]))
+    assert signed["predicate"]["no_data_found"] is False
+    assert _refused({**signed, "predicate": {**signed["predicate"], "no_data_found": True}}, keys) == "inconsistent"
+    with pytest.raises(ValueError):
+        signing.issue_subject_erasure_certificate(with_child)
+
+
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])
 def test_identifiers_are_read_as_written(tmp_path, suffix):
     """Issue 22: ids are never re-typed. A subject ``0077777`` stays 0077777 (not 77777), ``NA``/``null``/``N/A``
