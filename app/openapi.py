@@ -140,7 +140,6 @@ PROBLEM_TYPES: dict[str, tuple[int, str]] = {
     "bulk-selection-empty": (422, "The bulk selection is empty"),
     "bulk-selection-too-large": (422, "The bulk selection is larger than LETHE_BULK_MAX_REQUESTS"),
     "invalid-subject-column": (422, "The subject column must be a column of its own"),
-    "subject-not-found": (404, "No model holds rows of this data subject"),
     "erasure-not-found": (404, "No such subject erasure"),
     "certificate-not-issued": (404, "The combined certificate is not issued yet"),
     "invalid-subject-hash": (422, "Not a subject hash (64 lowercase hex)"),
@@ -212,7 +211,7 @@ OPERATION_PROBLEMS: dict[tuple[str, str], list[str]] = {
     ("post", "/v1/deletion-requests/{request_id}/reject"): ["not-awaiting-approval"],
     ("post", "/v1/deletion-requests/bulk"): ["bulk-selection-empty", "bulk-selection-too-large"],
     ("post", "/v1/subjects/erasures"): [
-        "subject-not-found", "model-not-ready", "deletion-in-progress", "method-not-prepared", "method-refused",
+        "model-not-ready", "deletion-in-progress", "method-not-prepared", "method-refused",
         "unknown-method", "method-not-supported", "too-many-sample-ids",
     ],
     ("get", "/v1/subjects/erasures/{erasure_id}/certificate"): ["certificate-not-issued"],

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from app.certificates.signing import (
     build_deletion_predicate,
+    build_no_data_predicate,
     build_subject_erasure_predicate,
     issue_certificate,
     issue_subject_erasure_certificate,
@@ -108,6 +109,37 @@ def sign_subject_erasure(
             }
             for request_id, model_id, certificate in children
         ],
+        audit_chain_head=audit_head,
+        requested_at=requested_at,
+        completed_at=completed_at,
+    )
+    envelope = issue_subject_erasure_certificate(predicate)
+    return envelope, envelope_digest(envelope)
+
+
+def sign_subject_no_data(
+    *,
+    erasure_id: str,
+    subject_hash: str,
+    searched_at: Any,
+    models_searched: list[str],
+    models_not_searched: list[dict[str, Any]],
+    received_at: Any,
+    due_at: Any,
+    audit_head: dict[str, Any],
+    requested_at: Any,
+    completed_at: Any,
+) -> tuple[dict[str, Any], str]:
+    """The combined certificate of a per-person erasure that found no live rows of the subject: it says so
+    (``no_data_found``), with the models searched and when; returns the DSSE envelope and its digest."""
+    predicate = build_no_data_predicate(
+        erasure_id=erasure_id,
+        subject_hash=subject_hash,
+        searched_at=searched_at,
+        models_searched=models_searched,
+        models_not_searched=models_not_searched,
+        received_at=received_at,
+        due_at=due_at,
         audit_chain_head=audit_head,
         requested_at=requested_at,
         completed_at=completed_at,

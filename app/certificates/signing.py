@@ -68,7 +68,14 @@ PREDICATE_TYPE = "https://lethe.dev/deletion-certificate/v1"
 SUBJECT_ERASURE_PREDICATE_TYPE = "https://lethe.dev/subject-erasure-certificate/v1"
 """A per-person erasure's combined certificate: the Statement's subjects are the child deletion certificates (each
 named ``deletion-certificate:<id>``, digest: the sha256 of its envelope as JSON with sorted keys and no spaces, the
-digest the service records for it), the predicate lists each child."""
+digest the service records for it), the predicate lists each child and says ``"no_data_found": false``.
+
+When no model held live rows of the subject, the same predicate type says ``"no_data_found": true`` with no children
+and a ``search`` record (``searched_at``, ``models_searched``: the models whose subject index was searched,
+``models_not_searched``: models registered with a subject column whose index did not exist yet, each with its status
+and why). An in-toto Statement needs a subject, so its one subject is that record: named ``subject-search:<erasure
+id>``, digest the sha256 of the record's canonical JSON (sorted keys, no spaces); the verifier recomputes it."""
+SEARCH_SUBJECT_PREFIX = "subject-search:"
 PREDICATE_TYPES = (PREDICATE_TYPE, SUBJECT_ERASURE_PREDICATE_TYPE)
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 DSSE_PAE_PREFIX = b"DSSEv1"
@@ -601,6 +608,7 @@ def build_subject_erasure_predicate(
     return {
         "erasure_id": str(erasure_id),
         "subject_hash": subject_hash,
+        "no_data_found": False,
         "children": listed,
         "audit_chain_head": dict(audit_chain_head),
         "timestamps": {
@@ -611,15 +619,77 @@ def build_subject_erasure_predicate(
     }
 
 
+def build_no_data_predicate(
+    *,
+    erasure_id: str,
+    subject_hash: str,
+    searched_at: datetime | str,
+    models_searched: list[str],
+    models_not_searched: list[Mapping[str, Any]],
+    received_at: datetime | str,
+    due_at: datetime | str,
+    audit_chain_head: Mapping[str, Any],
+    requested_at: datetime | str,
+    completed_at: datetime | str,
+    issued_at: datetime | str | None = None,
+) -> dict[str, Any]:
+    """The combined certificate's predicate when no model held live rows of the subject: ``no_data_found`` true, no
+    children, the ``search`` that found nothing, and the ``deadline`` it was answered against (``answered_on_time``:
+    completed no later than ``due_at``)."""
+    completed, due = utc_timestamp(completed_at), utc_timestamp(due_at)
+    on_time = datetime.fromisoformat(completed) <= datetime.fromisoformat(due)
+    return {
+        "erasure_id": str(erasure_id),
+        "subject_hash": subject_hash,
+        "no_data_found": True,
+        "children": [],
+        "search": {
+            "searched_at": utc_timestamp(searched_at),
+            "models_searched": [str(m) for m in models_searched],
+            "models_not_searched": [
+                {"model_id": str(m["model_id"]), "status": str(m["status"]), "reason": str(m["reason"])}
+                for m in models_not_searched
+            ],
+        },
+        "deadline": {
+            "received_at": utc_timestamp(received_at),
+            "due_at": due,
+            "answered_on_time": on_time,
+        },
+        "audit_chain_head": dict(audit_chain_head),
+        "timestamps": {
+            "requested_at": utc_timestamp(requested_at),
+            "completed_at": completed,
+            "issued_at": utc_timestamp(issued_at),
+        },
+    }
+
+
+def search_digest(search: Any) -> str:
+    """The sha256 a no-data certificate's subject carries: of its ``search`` record's canonical JSON."""
+    return hashlib.sha256(_canonical_json(search)).hexdigest()
+
+
 def issue_subject_erasure_certificate(
     predicate: Mapping[str, Any], *, keystore: KeyStore | None = None
 ) -> dict[str, Any]:
-    """Sign a combined certificate whose subjects are the child certificates (by the digest of each envelope)."""
+    """Sign a combined certificate whose subjects are the child certificates (by the digest of each envelope), or,
+    when ``no_data_found``, the search record that found no rows (see :data:`SUBJECT_ERASURE_PREDICATE_TYPE`)."""
     signer = (keystore or default_keystore()).active_signer()
-    subjects = [
-        {"name": f"deletion-certificate:{c['certificate_id']}", "digest": {"sha256": c["certificate_digest"]}}
-        for c in predicate["children"]
-    ]
+    if predicate.get("no_data_found") is True:
+        if predicate["children"]:
+            raise ValueError("a no-data certificate lists no child certificate")
+        subjects = [
+            {
+                "name": f"{SEARCH_SUBJECT_PREFIX}{predicate['erasure_id']}",
+                "digest": {"sha256": search_digest(predicate["search"])},
+            }
+        ]
+    else:
+        subjects = [
+            {"name": f"deletion-certificate:{c['certificate_id']}", "digest": {"sha256": c["certificate_digest"]}}
+            for c in predicate["children"]
+        ]
     if not subjects:
         raise ValueError("a combined certificate lists at least one child certificate")
     statement = {
@@ -633,7 +703,14 @@ def issue_subject_erasure_certificate(
 
 
 def _check_children(statement: Mapping[str, Any]) -> None:
-    """A combined certificate's subjects and its predicate's children must name the same child certificates."""
+    """A combined certificate's subjects and its predicate's children must name the same child certificates; a
+    no-data certificate (``no_data_found`` true) lists no child and its one subject is the digest of its search."""
+    no_data = statement["predicate"].get("no_data_found", False)
+    if not isinstance(no_data, bool):
+        raise InvalidCertificate("inconsistent", "no_data_found is not true or false")
+    if no_data:
+        _check_no_data(statement)
+        return
     children = statement["predicate"].get("children")
     if not isinstance(children, list) or not children or not all(isinstance(c, dict) for c in children):
         raise InvalidCertificate("inconsistent", "the combined certificate lists no child certificates")
@@ -641,6 +718,24 @@ def _check_children(statement: Mapping[str, Any]) -> None:
     subjects = sorted(s["digest"]["sha256"] for s in statement["subject"])
     if listed != subjects:
         raise InvalidCertificate("inconsistent", "the children's certificate digests are not the statement's subjects")
+
+
+def _check_no_data(statement: Mapping[str, Any]) -> None:
+    predicate = statement["predicate"]
+    if predicate.get("children") != []:
+        raise InvalidCertificate("inconsistent", "a certificate that found no data lists child certificates")
+    search = predicate.get("search")
+    if (
+        not isinstance(search, dict)
+        or not isinstance(search.get("searched_at"), str)
+        or not isinstance(search.get("models_searched"), list)
+        or not isinstance(search.get("models_not_searched"), list)
+    ):
+        raise InvalidCertificate("inconsistent", "a certificate that found no data has no search record")
+    expected = {"name": f"{SEARCH_SUBJECT_PREFIX}{predicate.get('erasure_id')}", "digest": {"sha256": ""}}
+    expected["digest"]["sha256"] = search_digest(search)
+    if statement["subject"] != [expected]:
+        raise InvalidCertificate("inconsistent", "the statement's subject is not the digest of its search record")
 
 
 # --------------------------------------------------------------------------------------------------- verification

@@ -106,6 +106,8 @@ def load_keys(source: str, *, timeout: float = KEYS_TIMEOUT_SECONDS) -> dict[str
 def describe(certificate: VerifiedCertificate) -> str:
     """One human-readable summary of a valid certificate."""
     predicate = certificate.predicate
+    if certificate.predicate_type == SUBJECT_ERASURE_PREDICATE_TYPE and predicate.get("no_data_found") is True:
+        return _describe_no_data(certificate)
     if certificate.predicate_type == SUBJECT_ERASURE_PREDICATE_TYPE:
         children = predicate.get("children") or []
         timestamps = predicate.get("timestamps") if isinstance(predicate.get("timestamps"), dict) else {}
@@ -141,6 +143,36 @@ def describe(certificate: VerifiedCertificate) -> str:
         lines.append(
             f"  certified removal (Guo et al. 2020): epsilon {guarantee.get('epsilon')}, delta {guarantee.get('delta')}"
             f", residual budget used {_num(guarantee.get('spent'))} of {_num(guarantee.get('budget'))}"
+        )
+    lines.append(f"  issued {timestamps.get('issued_at')}, signed by key {certificate.key_id}")
+    return "\n".join(lines)
+
+
+def _describe_no_data(certificate: VerifiedCertificate) -> str:
+    """A combined certificate that found no data (its shape is checked by the verifier): says so first."""
+    predicate = certificate.predicate
+    search, deadline, timestamps = (
+        predicate.get(k) if isinstance(predicate.get(k), dict) else {} for k in ("search", "deadline", "timestamps")
+    )
+    searched = [str(m) for m in search.get("models_searched") or []]
+    skipped = [m for m in search.get("models_not_searched") or [] if isinstance(m, dict)]
+    lines = [
+        f"VALID: combined erasure certificate {predicate.get('erasure_id')} for subject hash "
+        f"{predicate.get('subject_hash')}: NO DATA FOUND",
+        f"  no model held rows of this subject when searched at {search.get('searched_at')}; nothing was erased "
+        "and no child certificate exists",
+        f"  models searched ({len(searched)}): {', '.join(searched) or 'none (no model has a subject index)'}",
+    ]
+    if skipped:
+        lines.append(f"  models NOT searched ({len(skipped)}):")
+        lines += [f"    model {m.get('model_id')} (status {m.get('status')}): {m.get('reason')}" for m in skipped]
+    else:
+        lines.append("  every model registered with a subject column was searched")
+    if deadline:
+        verdict = "on time" if deadline.get("answered_on_time") is True else "LATE"
+        lines.append(
+            f"  received {deadline.get('received_at')}, due {deadline.get('due_at')}, answered "
+            f"{timestamps.get('completed_at')}: {verdict}"
         )
     lines.append(f"  issued {timestamps.get('issued_at')}, signed by key {certificate.key_id}")
     return "\n".join(lines)

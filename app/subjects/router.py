@@ -24,7 +24,10 @@ router = APIRouter(prefix="/v1/subjects", tags=["subjects"])
     "/erasures",
     status_code=202,
     response_model=ErasureOut,
-    responses=accepted("One deletion request per model holding the subject's rows; poll the Location."),
+    responses=accepted(
+        "One deletion request per model holding the subject's rows; poll the Location. No rows anywhere: the same "
+        "answer, already certified with no children and a certificate that says no data was found."
+    ),
 )
 def create_erasure(
     body: ErasureCreate,
@@ -34,7 +37,9 @@ def create_erasure(
     """Erase one data subject from every model registered with a ``subject_column`` that holds rows of theirs. The
     subject reference is used only to compute its keyed hash; each child is a normal deletion request (validated,
     audited, approval-gated like any other). The parent is ``certified`` once every child is, with one combined
-    certificate listing each child's."""
+    certificate listing each child's. A subject no model holds rows of gets the same answer (202, the same keys),
+    completed at once: ``certified`` with no children, ``no_data_found`` true, audited, and a combined certificate
+    stating that no model held rows of the subject when searched (and which models were searched)."""
     erasure = service.create_erasure(session, principal, body)
     session.commit()
     out = service.erasure_out(session, erasure)

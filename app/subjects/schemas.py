@@ -42,7 +42,14 @@ class ErasureOut(BaseModel):
     subject_hash: str
     method: MethodName
     status: Literal["in-progress", "certified", "failed"] = Field(
-        ..., description="certified: every child certified and the combined certificate issued."
+        ...,
+        description="certified: every child certified and the combined certificate issued (at once when no model "
+        "held rows of the subject).",
+    )
+    no_data_found: bool = Field(
+        False,
+        description="No model held live rows of the subject when it was looked up: the erasure has no children and "
+        "was certified at once, by a combined certificate that says so.",
     )
     children_by_status: dict[str, int]
     children: list[ErasureChildOut]

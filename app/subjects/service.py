@@ -10,6 +10,10 @@ hold and approval gate as any request) and a parent that reports them together. 
 the parent gets one combined certificate over the children's certificates: in the publishing transaction when it can
 (:func:`on_requests_certified`, called by app/jobs/publish.py) and otherwise by the dispatcher's sweep
 (:func:`settle_due`), which catches the children certified concurrently on two models.
+
+A subject no model holds live rows of is answered the same way (202, the same body), and the erasure is completed
+in that transaction with zero children: audited (``subject_erasure.no_data_found``, keyed hash only) and certified
+by a combined certificate that says ``no_data_found`` with the models searched (:func:`_certify_no_data`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable
+from datetime import UTC, datetime
 
 from sqlalchemy import and_, exists, insert, select
 from sqlalchemy.orm import Session
@@ -26,6 +31,7 @@ from app.auth.service import Principal
 from app.certificates import service as certificates
 from app.config import get_settings
 from app.db import new_id, utcnow
+from app.ml.unlearning.base import AUTO, UnknownMethodError, get_method
 from app.problems import Problem
 from app.registry.tables import DatasetRow, Model
 from app.registry.versions import ROW_INSERT_CHUNK
@@ -91,23 +97,64 @@ def rows_held(session: Session, hashed: str) -> list[tuple[Model, list[str]]]:
     return list(held.values())
 
 
+def models_searchable(session: Session) -> tuple[list[str], list[dict[str, str]]]:
+    """The models a subject search covers (registered with a ``subject_column`` and trained, so their subject index
+    exists) and those it cannot cover yet (registered with one but not trained: no index to search), oldest first."""
+    searched: list[str] = []
+    not_searched: list[dict[str, str]] = []
+    query = select(Model.id, Model.status, Model.spec, Model.current_version_id).where(Model.kind == "tabular")
+    for model_id, status, spec, version_id in session.execute(query.order_by(Model.created_at, Model.id)).all():
+        if not (spec or {}).get("subject_column"):
+            continue
+        if version_id is not None:
+            searched.append(model_id)
+        else:
+            reason = "not trained yet: its subject index does not exist" if status != "failed" else "training failed"
+            not_searched.append({"model_id": model_id, "status": status, "reason": reason})
+    return searched, not_searched
+
+
 # ------------------------------------------------------------------------------------------------------ erasures
+def _check_method(method: str) -> None:
+    """Refuse a method no model could run for a subject's rows (a tabular samples deletion) before looking the
+    subject up, so that the refusal is the same whether or not anyone holds the subject's rows."""
+    if method == AUTO:
+        return
+    try:
+        spec = get_method(method)
+    except UnknownMethodError:
+        raise Problem(422, "unknown-method", "Unknown unlearning method", method) from None
+    if "tabular" not in spec.model_kinds or "samples" not in spec.scopes:
+        raise Problem(
+            422,
+            "method-not-supported",
+            "The method cannot do this deletion",
+            f"a per-person erasure deletes a tabular model's rows; {method} supports kinds "
+            f"{sorted(spec.model_kinds)} and scopes {sorted(spec.scopes)}",
+        )
+
+
 def create_erasure(session: Session, principal: Principal, body: ErasureCreate) -> SubjectErasure:
     """Fan out: one deletion request per model holding the subject's rows, and the parent, in the caller's
     transaction. Any child that would be refused (a model not ready, a method it cannot run, rows already held by
-    an unfinished request) refuses the whole erasure with that child's problem, naming its model."""
+    an unfinished request) refuses the whole erasure with that child's problem, naming its model.
+
+    A subject with no live rows anywhere is accepted like any other (the router answers the same 202 with the same
+    body keys) and completed at once with zero children and a certificate that says no data was found
+    (:func:`_certify_no_data`). So the status code no longer tells a caller whether a person is in the training
+    data, and every lookup is an audited erasure: a probe for a person who is there erases them. What the body's
+    values say (``children``, ``status``, ``no_data_found``) and the certificate's statement differ, as they must:
+    the caller is authorised to learn what was erased for the person they act for. Refusals that name a model (not
+    ready, method not prepared there, rows held by an unfinished request) still happen only when that model holds
+    rows of the subject."""
+    _check_method(body.method)
     hashed = subject_hash(body.subject_ref)
+    searched_at = utcnow()
+    searched, not_searched = models_searchable(session)  # before the rows: a model indexed meanwhile is "not searched"
     held = rows_held(session, hashed)
-    if not held:
-        raise Problem(
-            404,
-            "subject-not-found",
-            "No model holds rows of this data subject",
-            "No live row of any model registered with a `subject_column` carries this subject reference (rows "
-            "already erased leave no subject index entry).",
-            subject_hash=hashed,
-        )
-    erasure = SubjectErasure(id=new_id(), subject_hash=hashed, method=body.method, api_key_id=principal.key_id)
+    erasure = SubjectErasure(
+        id=new_id(), subject_hash=hashed, method=body.method, api_key_id=principal.key_id, created_at=utcnow()
+    )
     session.add(erasure)
     children = []
     for model, row_ids in held:
@@ -136,8 +183,62 @@ def create_erasure(session: Session, principal: Principal, body: ErasureCreate) 
         entity_id=erasure.id,
         payload={"subject_hash": hashed, "method": body.method, "children": children},
     )
+    if not held:
+        _certify_no_data(session, erasure, body, searched_at, searched, not_searched)
     session.flush()
     return erasure
+
+
+def _certify_no_data(
+    session: Session,
+    erasure: SubjectErasure,
+    body: ErasureCreate,
+    searched_at: datetime,
+    searched: list[str],
+    not_searched: list[dict[str, str]],
+) -> None:
+    """Complete an erasure that found no live rows: audit that no data was found (keyed hash, the models searched),
+    then sign the combined certificate that says so, bound to that audit head, and audit its digest. Its deadline
+    is the one a child would have had (``received_at`` or now, plus ``deadline_months``); answered now, it is
+    answered on time unless the subject's request reached the controller longer ago than that."""
+    received = body.received_at.astimezone(UTC) if body.received_at else erasure.created_at
+    due = requests.add_months(received, get_settings().deadline_months)
+    append_event(
+        session,
+        actor="lethe",
+        action="subject_erasure.no_data_found",
+        entity_type="subject_erasure",
+        entity_id=erasure.id,
+        payload={
+            "subject_hash": erasure.subject_hash,
+            "searched_at": searched_at.isoformat(),
+            "models_searched": searched,
+            "models_not_searched": not_searched,
+            "due_at": due.isoformat(),
+        },
+    )
+    now = utcnow()
+    envelope, digest = certificates.sign_subject_no_data(
+        erasure_id=erasure.id,
+        subject_hash=erasure.subject_hash,
+        searched_at=searched_at,
+        models_searched=searched,
+        models_not_searched=not_searched,
+        received_at=received,
+        due_at=due,
+        audit_head=chain_head(session),
+        requested_at=erasure.created_at,
+        completed_at=now,
+    )
+    erasure.certificate, erasure.certificate_digest, erasure.completed_at = envelope, digest, now
+    append_event(
+        session,
+        actor="lethe",
+        action="subject_erasure.certified",
+        entity_type="subject_erasure",
+        entity_id=erasure.id,
+        payload={"certificate_digest": digest, "children": [], "no_data_found": True},
+    )
 
 
 def get_erasure_or_404(session: Session, erasure_id: str) -> SubjectErasure:
@@ -182,6 +283,7 @@ def erasure_out(session: Session, erasure: SubjectErasure) -> ErasureOut:
         subject_hash=erasure.subject_hash,
         method=erasure.method,
         status=aggregate_status(erasure, [c.status for c in children]),
+        no_data_found=not children,  # a fan-out that found rows writes its children in the parent's transaction
         children_by_status=counts,
         children=[
             ErasureChildOut(
@@ -280,7 +382,8 @@ def on_requests_certified(session: Session, request_ids: list[str]) -> None:
 
 def settle_due(session: Session, limit: int = SWEEP_BATCH) -> int:
     """The dispatcher's sweep: settle every erasure whose children are all certified but which has no combined
-    certificate yet (children certified at the same moment on two models, each seeing the other unfinished)."""
+    certificate yet (children certified at the same moment on two models, each seeing the other unfinished). An
+    erasure without children (no data found) is certified in the transaction that creates it, never here."""
     unfinished_child = exists().where(
         and_(
             SubjectErasureChild.erasure_id == SubjectErasure.id,

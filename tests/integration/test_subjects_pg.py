@@ -1,6 +1,7 @@
 """Operator controls and per-person erasure on PostgreSQL + Redis + a Celery worker: a per-person erasure across two
 models, one of which requires approval, ends with one combined certificate; the gated child runs only after an
-admin approves it, while the worker is busy finishing the other child."""
+admin approves it, while the worker is busy finishing the other child. Asked again, the erasure finds no data and is
+certified at once by a certificate that says so."""
 
 from __future__ import annotations
 
@@ -111,5 +112,21 @@ def test_a_per_person_erasure_across_two_models_with_approval(stack, pg_url, tmp
     assert _pg(pg_url, "SELECT count(*) FROM subject_rows WHERE subject_hash = %s", erasure["subject_hash"])[0][0] == 0
     assert _pg(pg_url, "SELECT count(*) FROM subject_rows")[0][0] == 160 + 150 - 5  # the others' entries stay
     assert _tables_holding(pg_url, ALICE) == []  # the raw reference is in no table
+
+    # erased everywhere: asked again, the erasure is accepted the same way, certified at once with no children, and
+    # its certificate says that no model held rows of the subject (issue 23; the status code is no oracle: issue 22)
     again = client.post("/v1/subjects/erasures", json={"subject_ref": ALICE})
-    assert again.status_code == 404 and again.json()["type"].endswith("/subject-not-found")
+    assert again.status_code == 202 and set(again.json()) == set(erasure), again.text
+    nothing = again.json()
+    assert nothing["status"] == "certified" and nothing["no_data_found"] is True and nothing["children"] == []
+    assert nothing["subject_hash"] == erasure["subject_hash"]
+    envelope = client.get(nothing["links"]["certificate"]).json()
+    predicate = json.loads(base64.b64decode(envelope["payload"]))["predicate"]
+    assert predicate["no_data_found"] is True and predicate["search"]["models_searched"] == [open_id, gated_id]
+    cert_path.write_text(json.dumps(envelope))
+    ok, message = verify_file(cert_path, str(keys_path))
+    assert ok and "NO DATA FOUND" in message, message
+    events = [e["action"] for e in client.get("/v1/audit", params={"entity_id": nothing["id"]}).json()["items"]]
+    assert events == ["subject_erasure.received", "subject_erasure.no_data_found", "subject_erasure.certified"]
+    assert client.get("/v1/audit/verify").json()["ok"] is True
+    assert _tables_holding(pg_url, ALICE) == []

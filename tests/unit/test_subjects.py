@@ -102,13 +102,17 @@ def test_the_subject_column_is_indexed_as_keyed_hashes_and_is_no_feature(two_mod
 def test_an_erasure_across_two_models_ends_with_one_combined_certificate(two_models, tmp_path):
     headers, (a, b, c) = two_models
     with TestClient(create_app(run_background=True), headers=headers) as client:
-        missing = client.post("/v1/subjects/erasures", json={"subject_ref": "nobody@example.org"})
-        assert missing.status_code == 404 and missing.json()["type"].endswith("/subject-not-found")
-        assert missing.headers["content-type"].startswith("application/problem+json")
+        missing = client.post("/v1/subjects/erasures", json={"subject_ref": "nobody@example.org", "method": "retrain"})
+        assert missing.status_code == 202, missing.text  # issue 22: the answer does not say whether anyone was there
+        nothing = missing.json()
+        assert nothing["status"] == "certified" and nothing["no_data_found"] is True and nothing["children"] == []
+        assert _no_data_predicate(client, nothing)["search"]["models_searched"] == [a, b, c]  # all indexed models
 
         created = client.post("/v1/subjects/erasures", json={"subject_ref": ALICE, "method": "retrain"})
         assert created.status_code == 202, created.text
         erasure = created.json()
+        assert set(erasure) == set(nothing) and set(created.headers) == set(missing.headers)  # the same shape
+        assert erasure["status"] == "in-progress" and erasure["no_data_found"] is False
         assert created.headers["location"] == f"/v1/subjects/erasures/{erasure['id']}"
         assert erasure["subject_hash"] == subject_hash(ALICE)
         assert {ch["model_id"]: ch["n_samples"] for ch in erasure["children"]} == {a: 3, b: 2}  # not c: no rows
@@ -157,16 +161,135 @@ def test_an_erasure_across_two_models_ends_with_one_combined_certificate(two_mod
             assert (
                 session.execute(select(func.count()).where(SubjectRow.subject_hash == subject_hash(BOB))).scalar() == 2
             )
-        again = client.post("/v1/subjects/erasures", json={"subject_ref": ALICE})
-        assert again.status_code == 404
+        again = client.post("/v1/subjects/erasures", json={"subject_ref": ALICE})  # erased: nothing left to find
+        assert again.status_code == 202 and again.json()["no_data_found"] is True, again.text
+        assert again.json()["status"] == "certified" and again.json()["subject_hash"] == subject_hash(ALICE)
+        assert client.get("/v1/audit/verify").json()["ok"] is True
     assert ALICE.encode() not in _database_bytes()
 
     with session_scope() as session:  # the sweep issues a certificate the publishing transaction could not
-        session.execute(update(SubjectErasure).values(certificate=None, certificate_digest=None, completed_at=None))
+        session.execute(
+            update(SubjectErasure)
+            .where(SubjectErasure.id == erasure["id"])
+            .values(certificate=None, certificate_digest=None, completed_at=None)
+        )
     with session_scope() as session:
         assert settle_due(session) == 1
     with session_scope() as session:
         assert settle_due(session) == 0  # once
+
+
+def _no_data_predicate(client, erasure: dict) -> dict:
+    envelope = client.get(erasure["links"]["certificate"]).json()
+    verified = signing.verify_envelope(
+        envelope, client.get("/.well-known/lethe-keys.json").json(), predicate_type=signing.PREDICATE_TYPES
+    )
+    assert verified.predicate["no_data_found"] is True and verified.predicate["children"] == []
+    return verified.predicate
+
+
+def _fake_untrained_model(name: str) -> str:
+    """A model registered with a subject column whose first training has not finished (no version, no index)."""
+    with session_scope() as session:
+        model = Model(name=name, kind="tabular", status="registering", spec={"subject_column": "person"}, state={})
+        session.add(model)
+        session.flush()
+        return model.id
+
+
+def test_a_subject_no_model_holds_is_certified_at_once_and_the_certificate_says_so(tmp_path):
+    """Issue 23: "no data found" is answered like any erasure (202, the same body), audited, and certified by its
+    own combined certificate that says so, verified offline by the same code as every certificate."""
+    configure(tmp_path / "home")
+    headers = {"authorization": f"Bearer {make_key(SCOPES)}"}
+    pending = _fake_untrained_model("still-training")
+    with session_scope() as session:  # a model without a subject column is not a model a subject search covers
+        session.add(Model(name="no-subjects", kind="tabular", status="registering", spec={}, state={}))
+    with TestClient(create_app(run_background=False), headers=headers) as client:
+        created = client.post("/v1/subjects/erasures", json={"subject_ref": "nobody@example.org"})
+        assert created.status_code == 202, created.text
+        assert created.headers["location"] == f"/v1/subjects/erasures/{created.json()['id']}"
+        assert "retry-after" in created.headers
+        erasure = created.json()
+        assert erasure["subject_hash"] == subject_hash("nobody@example.org")
+        assert erasure["status"] == "certified" and erasure["no_data_found"] is True
+        assert erasure["children"] == [] and erasure["children_by_status"] == {}
+        assert erasure["completed_at"] and erasure["certificate_digest"]
+        assert client.get(f"/v1/subjects/erasures/{erasure['id']}").json() == erasure  # read back the same
+
+        envelope = client.get(erasure["links"]["certificate"]).json()
+        assert envelope_digest(envelope) == erasure["certificate_digest"]
+        statement = json.loads(base64.b64decode(envelope["payload"]))
+        assert statement["predicateType"] == signing.SUBJECT_ERASURE_PREDICATE_TYPE
+        predicate = statement["predicate"]
+        assert predicate["no_data_found"] is True and predicate["children"] == []
+        assert predicate["erasure_id"] == erasure["id"] and predicate["subject_hash"] == erasure["subject_hash"]
+        assert predicate["search"]["models_searched"] == []
+        assert [m["model_id"] for m in predicate["search"]["models_not_searched"]] == [pending]
+        assert statement["subject"] == [
+            {
+                "name": f"subject-search:{erasure['id']}",
+                "digest": {"sha256": signing.search_digest(predicate["search"])},
+            }
+        ]
+        deadline = predicate["deadline"]
+        assert deadline["answered_on_time"] is True and deadline["due_at"] > predicate["timestamps"]["completed_at"]
+
+        events = client.get("/v1/audit", params={"entity_id": erasure["id"]}).json()["items"]
+        assert [e["action"] for e in events] == [
+            "subject_erasure.received",
+            "subject_erasure.no_data_found",
+            "subject_erasure.certified",
+        ]
+        found = events[1]["payload"]
+        assert (
+            found["subject_hash"] == erasure["subject_hash"] and found["models_not_searched"][0]["model_id"] == pending
+        )
+        assert "nobody@example.org" not in json.dumps(events)  # the keyed hash, never the reference
+        assert events[2]["payload"]["certificate_digest"] == erasure["certificate_digest"]
+        assert predicate["audit_chain_head"]["seq"] == events[1]["seq"]  # bound to the event that says so
+        verdict = client.get("/v1/audit/verify").json()
+        assert verdict["ok"] is True and verdict["checked"] >= 3, verdict
+
+        keys_path, cert_path = tmp_path / "keys.json", tmp_path / "nodata.json"
+        keys_path.write_text(json.dumps(client.get("/.well-known/lethe-keys.json").json()))
+        cert_path.write_text(json.dumps(envelope))
+        ok, message = verify_file(cert_path, str(keys_path))
+        assert ok and "NO DATA FOUND" in message and "no model held rows of this subject" in message, message
+        assert f"model {pending} (status registering)" in message and "on time" in message, message
+        found_by_hash = client.get(f"/v1/subjects/{erasure['subject_hash']}/requests").json()
+        assert found_by_hash["requests"] == [] and [e["id"] for e in found_by_hash["erasures"]] == [erasure["id"]]
+
+        late = client.post(  # received by the controller longer ago than the deadline: answered, but late
+            "/v1/subjects/erasures",
+            json={"subject_ref": "nobody@example.org", "received_at": "2020-01-15T09:00:00+00:00"},
+        )
+        assert late.status_code == 202 and late.json()["status"] == "certified", late.text
+        late_deadline = _no_data_predicate(client, late.json())["deadline"]
+        assert late_deadline == {
+            "received_at": "2020-01-15T09:00:00Z",
+            "due_at": "2020-02-15T09:00:00Z",
+            "answered_on_time": False,
+        }
+        cert_path.write_text(json.dumps(client.get(late.json()["links"]["certificate"]).json()))
+        ok, message = verify_file(cert_path, str(keys_path))
+        assert ok and "LATE" in message, message
+    with session_scope() as session:
+        assert settle_due(session) == 0  # certified already: nothing for the sweep
+
+
+def test_a_refused_method_is_refused_whether_or_not_the_subject_has_rows(tmp_path):
+    """Issue 22: a method no per-person erasure can use is refused before the subject is looked up, the same way
+    for anyone (so the refusal is no presence oracle), and refuses nothing into the database."""
+    configure(tmp_path / "home")
+    headers = {"authorization": f"Bearer {make_key(SCOPES)}"}
+    with TestClient(create_app(run_background=False), headers=headers) as client:
+        unknown = client.post("/v1/subjects/erasures", json={"subject_ref": "nobody", "method": "no-such-method"})
+        assert unknown.status_code == 422 and unknown.json()["type"].endswith("/unknown-method"), unknown.text
+        clip_only = client.post("/v1/subjects/erasures", json={"subject_ref": "nobody", "method": "ease"})
+        assert clip_only.status_code == 422 and clip_only.json()["type"].endswith("/method-not-supported")
+    with session_scope() as session:
+        assert session.execute(select(func.count()).select_from(SubjectErasure)).scalar() == 0
 
 
 def test_a_child_refused_refuses_the_whole_erasure(two_models):
@@ -219,6 +342,48 @@ def test_an_inconsistent_combined_certificate_is_refused(tmp_path):
     assert inconsistent.value.code == "inconsistent"
 
 
+def _refused(statement: dict, keys: dict) -> str:
+    with pytest.raises(signing.InvalidCertificate) as refused:
+        signing.verify_envelope(signing.sign_envelope(statement), keys, predicate_type=signing.PREDICATE_TYPES)
+    return refused.value.code
+
+
+def test_a_no_data_certificate_must_be_what_it_says(tmp_path):
+    """A validly signed statement that says no data was found but lists a child, changes the search it names, or
+    says ``no_data_found`` with anything but true/false, is refused; a child-bearing one cannot claim no data."""
+    configure(tmp_path / "home")
+    keys = signing.public_keys()
+    predicate = signing.build_no_data_predicate(
+        erasure_id="e", subject_hash="f" * 64, searched_at="2026-01-01T00:00:00Z", models_searched=["m1", "m2"],
+        models_not_searched=[], received_at="2026-01-01T00:00:00Z", due_at="2026-02-01T00:00:00Z",
+        audit_chain_head={"seq": 3, "hash": "0" * 64}, requested_at="2026-01-01T00:00:00Z",
+        completed_at="2026-01-01T00:00:01Z",
+    )  # fmt: skip
+    envelope = signing.issue_subject_erasure_certificate(predicate)
+    verified = signing.verify_envelope(envelope, keys, predicate_type=signing.PREDICATE_TYPES)
+    assert verified.predicate["no_data_found"] is True and verified.subject_name == "subject-search:e"
+    assert verified.predicate["deadline"]["answered_on_time"] is True
+    statement = json.loads(base64.b64decode(envelope["payload"]))
+    assert _refused({**statement, "predicate": {**statement["predicate"], "no_data_found": "yes"}}, keys) == (
+        "inconsistent"
+    )
+    narrower = {**statement["predicate"], "search": {**statement["predicate"]["search"], "models_searched": ["m1"]}}
+    assert _refused({**statement, "predicate": narrower}, keys) == "inconsistent"  # the subject digest no longer fits
+    child = {"request_id": "r", "model_id": "m", "certificate_id": "c", "certificate_digest": "ab" * 32,
+             "new_version_digest": "cd" * 32}  # fmt: skip
+    with_child = {**statement["predicate"], "children": [child]}
+    assert _refused({**statement, "predicate": with_child}, keys) == "inconsistent"
+    claims_nothing = signing.build_subject_erasure_predicate(
+        erasure_id="e", subject_hash="f" * 64, children=[child], audit_chain_head={}, requested_at=None,
+        completed_at=None,
+    )  # fmt: skip
+    signed = json.loads(base64.b64decode(signing.issue_subject_erasure_certificate(claims_nothing)["payload"]))
+    assert signed["predicate"]["no_data_found"] is False
+    assert _refused({**signed, "predicate": {**signed["predicate"], "no_data_found": True}}, keys) == "inconsistent"
+    with pytest.raises(ValueError):
+        signing.issue_subject_erasure_certificate(with_child)
+
+
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])
 def test_identifiers_are_read_as_written(tmp_path, suffix):
     """Issue 22: ids are never re-typed. A subject ``0077777`` stays 0077777 (not 77777), ``NA``/``null``/``N/A``
@@ -241,7 +406,8 @@ def test_identifiers_are_read_as_written(tmp_path, suffix):
         body = wait_model(client, model_id, timeout=180)
         assert body["status"] == "ready", body
         for retyped in ("77777", "9007199254740992", "4915112345678"):
-            assert client.post("/v1/subjects/erasures", json={"subject_ref": retyped}).status_code == 404
+            nobody = client.post("/v1/subjects/erasures", json={"subject_ref": retyped})
+            assert nobody.status_code == 202 and nobody.json()["no_data_found"] is True, (retyped, nobody.text)
         for person in ("0077777", "NA", "+4915112345678", "9007199254740993"):
             created = client.post("/v1/subjects/erasures", json={"subject_ref": person, "method": "retrain"})
             assert created.status_code == 202, (person, created.text)
