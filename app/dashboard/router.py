@@ -156,7 +156,7 @@ def login_form(request: Request) -> HTMLResponse:
 @router.post("/login")
 def login(request: Request, api_key: str = Form("", max_length=200), csrf: str = Form("", max_length=500)) -> Response:
     if not cookies.login_token_ok(request, csrf):
-        return _login_page(request, "The form expired; please try again.", 403)
+        return _login_page(request, cookies.plain_http_hint(request) or "The form expired; please try again.", 403)
     principal = principal_for_key(api_key.strip())
     if principal is None:
         return _login_page(request, "Unknown, expired or revoked API key.", 401)

@@ -4,7 +4,9 @@ see tests/dashboard_stack.py).
 
 Log in; watch a request go from waiting through running to certified without a reload; its report's plots load;
 its certificate verifies against the published keys; an overdue request is flagged; a waiting request is
-cancelled (audited as the API's cancel is); no key, a wrong or revoked key, a read-only key and a forged form are
+cancelled (audited as the API's cancel is); the dashboard works over plain http on a non-localhost host name
+(mapped to 127.0.0.1 inside Chromium) once LETHE_DASHBOARD_INSECURE_COOKIES allows it; no key, a wrong or
+revoked key, a read-only key and a forged form are
 refused.
 """
 
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from app.auth.service import revoke_key
+from app.config import get_settings
 from app.dashboard import router as dashboard
 from app.db import session_scope
 from app.jobs import outbox
@@ -46,11 +49,16 @@ def stack(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def browser():
-    with playwright_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
+def playwright():
+    with playwright_api.sync_playwright() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def browser(playwright):
+    chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    yield chromium
+    chromium.close()
 
 
 @pytest.fixture
@@ -69,6 +77,11 @@ def _audit_actions(stack: Stack, request_id: str) -> list[tuple[str, str]]:
 
 def _listed(page) -> set[str]:
     return set(page.eval_on_selector_all("tr[data-request-id]", "rows => rows.map(r => r.dataset.requestId)"))
+
+
+def _status(stack: Stack, request_id: str) -> str:
+    with stack.api() as client:
+        return client.get(f"/v1/deletion-requests/{request_id}").json()["status"]
 
 
 def test_no_key_no_data(stack, page):
@@ -270,3 +283,53 @@ def test_overdue_flagged_and_waiting_request_cancelled(stack, page, browser):
     page.wait_for_selector("#notice")
     assert page.inner_text("#time-left").endswith("left")
     assert "deletion_request.extended" in [a for a, _ in _audit_actions(stack, late["id"])]
+
+
+def test_plain_http_on_a_non_localhost_host_name_with_the_setting(stack, playwright, monkeypatch):
+    """``lethe.test`` is mapped to 127.0.0.1 inside Chromium (nothing is resolved for real, every other name fails):
+    an origin that is not localhost over plain http, where a browser drops a Secure cookie. Every request to it goes
+    through Chromium (navigation, clicks, the page's own fetch), never through Playwright's resolver."""
+    base = stack.serve(background=False).replace("127.0.0.1", "lethe.test")
+    waiting = stack.delete(stack.model_id, ["r70"])
+    rules = "--host-resolver-rules=MAP lethe.test 127.0.0.1, MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"
+    chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=[*CHROMIUM_ARGS, rules, "--no-proxy-server"])
+    try:
+        # by default the cookies are Secure: the browser drops them, and the login form says why
+        context = chromium.new_context()
+        context.set_default_timeout(TIMEOUT_MS)
+        page = context.new_page()
+        log_in(page, base, stack.admin_key)
+        assert page.url.endswith("/dashboard/login")
+        assert "LETHE_DASHBOARD_INSECURE_COOKIES" in page.inner_text("#login-error")
+        assert not [c for c in context.cookies() if c["name"].startswith("lethe_dashboard")]
+        context.close()
+
+        # allowed: the same cookies without Secure (still HttpOnly, SameSite=Strict), forms and CSRF work
+        monkeypatch.setenv("LETHE_DASHBOARD_INSECURE_COOKIES", "true")
+        get_settings.cache_clear()
+        context = chromium.new_context()
+        context.set_default_timeout(TIMEOUT_MS)
+        page = context.new_page()
+        log_in(page, base, stack.admin_key)
+        assert page.url == f"{base}/dashboard/requests" and waiting["id"][:8] in page.content()
+        (cookie,) = [c for c in context.cookies() if c["name"] == "lethe_dashboard"]
+        assert not cookie["secure"] and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        # (from inside the page: Playwright's own page.request would resolve lethe.test for real, outside Chromium)
+        forged = page.evaluate(
+            """async (url) => (await fetch(url, {method: "POST", credentials: "same-origin",
+                                                 body: new URLSearchParams({csrf: "forged"})})).status""",
+            f"/dashboard/requests/{waiting['id']}/cancel",
+        )
+        assert forged == 403
+        page.goto(f"{base}/dashboard/requests/{waiting['id']}")
+        page.click("#cancel")
+        page.wait_for_selector("#notice")
+        assert "cancelled" in page.inner_text("#notice") and _status(stack, waiting["id"]) == "cancelled"
+        page.click("header .who button")
+        page.wait_for_url(re.compile(r"/dashboard/login$"))
+        assert not [c for c in context.cookies() if c["name"] == "lethe_dashboard"]
+        context.close()
+    finally:
+        chromium.close()
+        monkeypatch.delenv("LETHE_DASHBOARD_INSECURE_COOKIES", raising=False)
+        get_settings.cache_clear()

@@ -48,6 +48,34 @@ def test_login_sets_a_secure_httponly_strict_cookie_and_pages_need_it(app):
         assert client.get("/dashboard/audit").status_code == 403  # requests:read is not audit:read
 
 
+def test_plain_http_setting_drops_only_the_secure_flag(tmp_path):
+    """LETHE_DASHBOARD_INSECURE_COOKIES: off by default (above: Secure); on, the cookies lose Secure and nothing else.
+    A login whose cookie never came back over plain http from a non-loopback host says why (in-process client: the
+    host name is never resolved)."""
+    configure(tmp_path, dashboard_insecure_cookies="true")
+    key = make_key(["requests:read"])
+    with TestClient(create_app(run_background=False), base_url="http://lethe.test") as client:
+        form = client.get("/dashboard/login")
+        login_cookie = form.headers["set-cookie"].lower()
+        assert "secure" not in login_cookie and "httponly" in login_cookie and "samesite=strict" in login_cookie
+        answer = _login(client, key)
+        assert answer.status_code == 303
+        cookie = [c for c in answer.headers.get_list("set-cookie") if c.startswith("lethe_dashboard=")][0].lower()
+        assert "secure" not in cookie and "httponly" in cookie and "samesite=strict" in cookie
+        assert client.get("/dashboard/requests").status_code == 200
+    configure(tmp_path)
+    with TestClient(create_app(run_background=False), base_url="http://lethe.test") as client:
+        token = _csrf(client.get("/dashboard/login").text)
+        client.cookies.clear()  # what a browser does with a Secure cookie sent over plain http to this host
+        refused = client.post("/dashboard/login", data={"api_key": key, "csrf": token})
+        assert refused.status_code == 403 and "LETHE_DASHBOARD_INSECURE_COOKIES" in refused.text
+    with TestClient(create_app(run_background=False), base_url="http://127.0.0.1") as client:
+        token = _csrf(client.get("/dashboard/login").text)
+        client.cookies.clear()
+        refused = client.post("/dashboard/login", data={"api_key": key, "csrf": token})
+        assert refused.status_code == 403 and "LETHE_DASHBOARD_INSECURE_COOKIES" not in refused.text
+
+
 def test_login_form_needs_its_token_and_a_wrong_key_is_refused(app):
     key = make_key(["requests:read"])
     with TestClient(app, base_url=BASE) as client:
