@@ -3,7 +3,8 @@
 It reads through the domain services only and acts through the same service functions as the API (so an action
 is audited exactly as its API twin); it owns no table. Access: an API key with ``requests:read`` (given once in a
 login form, then kept in a signed HttpOnly, SameSite=Strict cookie, see ``session.py``); actions need ``admin``
-and a CSRF token. No key, no data: every page and fragment checks the key again.
+(approval keeps the API's four eyes: never by the key that submitted the request) and a CSRF token. No key, no
+data: every page and fragment checks the key again.
 """
 
 from __future__ import annotations
@@ -23,13 +24,15 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.audit.service import events_for, latest_events, verify_chain
-from app.auth.service import Principal, principal_for_key
+from app.auth.service import Principal, list_keys, principal_for_key
 from app.certificates.service import get_certificate_or_404
 from app.certificates.signing import InvalidCertificate, load_public_keys, public_keys, verify_envelope
 from app.certificates.verify_cli import describe
 from app.dashboard import session as cookies
 from app.dashboard.views import (
     ACTIVE_STATUSES,
+    actor_label,
+    actor_names,
     carried_deletions,
     flat_info,
     lineage_svg,
@@ -43,7 +46,7 @@ from app.problems import Problem
 from app.registry import service as registry
 from app.reports.service import get_report_or_404, plot_png, report_out, reports_for
 from app.requests import service as requests
-from app.requests.service import CANCELLABLE_STATUSES, REQUEST_STATUSES, TERMINAL_STATUSES
+from app.requests.service import APPROVAL_STATUS, CANCELLABLE_STATUSES, REQUEST_STATUSES, TERMINAL_STATUSES
 from app.webhooks import service as webhooks
 
 HERE = Path(__file__).parent
@@ -64,11 +67,18 @@ DONE = {
     "retry": "The request was queued again.",
     "extend": "The deadline was extended.",
     "redeliver": "The webhook event will be sent again.",
+    "approve": "The request was approved: its job is created and a worker will take it.",
+    "reject": "The request was rejected; the reason is recorded and its callback told.",
 }
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 templates.env.globals.update(
-    flat_info=flat_info, time_left=time_left, active_statuses=ACTIVE_STATUSES, statuses=STATUSES, served_by=served_by
+    flat_info=flat_info,
+    time_left=time_left,
+    active_statuses=ACTIVE_STATUSES,
+    statuses=STATUSES,
+    served_by=served_by,
+    actor_label=actor_label,
 )
 templates.env.filters["pretty"] = lambda value: json.dumps(value, indent=2, sort_keys=True, default=str)
 templates.env.filters["when"] = lambda value: value.strftime("%Y-%m-%d %H:%M:%S UTC") if value else "—"
@@ -278,8 +288,12 @@ def _request_context(session: Session, principal: Principal, request_id: str) ->
         {"seq": e.seq, "at": e.at, "actor": e.actor, "action": e.action, "payload": e.payload}
         for e in events_for(session, request_id)
     ] if principal.has("audit:read") else None  # fmt: skip
+    submitter = f"api-key:{row.api_key_id}" if row.api_key_id else None
     return {
         "principal": principal,
+        "actors": actor_names(list_keys(session)),
+        "submitter": submitter,
+        "own_request": row.api_key_id is not None and row.api_key_id == principal.key_id,
         "r": out,
         "model": model,
         "reports": [{**rep, "figures": report_figures(rep)} for rep in reports],
@@ -287,6 +301,7 @@ def _request_context(session: Session, principal: Principal, request_id: str) ->
         "timeline": timeline,
         "deliveries": [webhooks.delivery_out(d) for d in webhooks.deliveries_for(session, request_id)],
         "admin": principal.has("admin"),
+        "can_approve": row.status == APPROVAL_STATUS,
         "can_cancel": row.status in CANCELLABLE_STATUSES,
         "can_retry": row.status == "failed",
         "can_extend": row.status not in TERMINAL_STATUSES,
@@ -350,11 +365,50 @@ def extend(
     reason: str = Form("", max_length=2000),
 ):
     def run(principal: Principal) -> None:
-        if len(reason.strip()) < 3 or "\x00" in reason:
-            raise Problem(422, "validation-error", "The request is not valid", "reason: say why (3 characters or more)")
-        requests.extend_deadline(session, principal, request_id, months, reason.strip())
+        requests.extend_deadline(session, principal, request_id, months, _reason(reason, "reason"))
 
     return _action(request, session, request_id, csrf, "extend", run)
+
+
+def _reason(text: str, what: str) -> str:
+    """A reason or note as the API's body takes it: no NUL; a reason says why in 3 characters or more."""
+    if "\x00" in text:
+        raise Problem(422, "validation-error", "The request is not valid", f"{what}: no NUL characters")
+    if what == "reason" and len(text.strip()) < 3:
+        raise Problem(422, "validation-error", "The request is not valid", "reason: say why (3 characters or more)")
+    return text.strip()
+
+
+@router.post("/requests/{request_id}/approve")
+def approve(
+    request_id: str,
+    request: Request,
+    session: Session = Depends(get_session),
+    csrf: str = Form(""),
+    note: str = Form("", max_length=2000),
+):
+    """The API's approve: four eyes (``403 approval-by-submitter`` for the key that submitted it), audited."""
+
+    def run(principal: Principal) -> None:
+        requests.approve_request(session, principal, request_id, _reason(note, "note") or None)
+
+    return _action(request, session, request_id, csrf, "approve", run)
+
+
+@router.post("/requests/{request_id}/reject")
+def reject(
+    request_id: str,
+    request: Request,
+    session: Session = Depends(get_session),
+    csrf: str = Form(""),
+    reason: str = Form("", max_length=2000),
+):
+    """The API's reject: the reason is told to the data subject (the callback) and audited."""
+
+    def run(principal: Principal) -> None:
+        requests.reject_request(session, principal, request_id, _reason(reason, "reason"))
+
+    return _action(request, session, request_id, csrf, "reject", run)
 
 
 @router.post("/requests/{request_id}/webhooks/{delivery_id}/redeliver")
@@ -466,5 +520,11 @@ def audit(request: Request, session: Session = Depends(get_session)) -> HTMLResp
     return _render(
         request,
         "audit.html",
-        {"principal": principal, "verdict": verdict, "events": latest_events(session, 50), "page": "audit"},
+        {
+            "principal": principal,
+            "verdict": verdict,
+            "events": latest_events(session, 50),
+            "actors": actor_names(list_keys(session)),
+            "page": "audit",
+        },
     )

@@ -165,3 +165,23 @@ def flat_info(info: dict[str, Any] | None) -> list[tuple[str, str]]:
         else:
             rows.append((key, text(value)))
     return rows
+
+
+def actor_names(keys: list[Any]) -> dict[str, str]:
+    """``api-key:<id>`` → the key's name, as an officer knows it (its public prefix added where two keys share a
+    name). ``keys``: the auth service's key records (id, name, prefix); revoked keys keep their names."""
+    keys = list(keys)
+    counts: dict[str, int] = {}
+    for key in keys:
+        counts[key.name] = counts.get(key.name, 0) + 1
+    return {
+        f"api-key:{key.id}": key.name if counts[key.name] == 1 else f"{key.name} (lethe_{key.prefix}_…)" for key in keys
+    }
+
+
+def actor_label(actor: str | None, names: dict[str, str]) -> str:
+    """An audit actor as a person reads it: an API key by its name, anything else (``dispatcher``, ``lethe``, a
+    worker, the CLI) as recorded; a key the service no longer knows keeps its id."""
+    if not actor:
+        return "—"
+    return names.get(actor, actor) if isinstance(names, dict) else actor

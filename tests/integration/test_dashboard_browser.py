@@ -3,10 +3,11 @@ never Playwright's own download) against the real API on a loopback port (embedd
 see tests/dashboard_stack.py).
 
 Log in; watch a request go from waiting through running to certified without a reload; its report's plots load;
-its certificate verifies against the published keys; an overdue request is flagged; a waiting request is
-cancelled (audited as the API's cancel is); the dashboard works over plain http on a non-localhost host name
-(mapped to 127.0.0.1 inside Chromium) once LETHE_DASHBOARD_INSECURE_COOKIES allows it; no key, a wrong or
-revoked key, a read-only key and a forged form are
+its certificate verifies against the published keys; an overdue request is flagged (a failed one too); a waiting
+request is cancelled (audited as the API's cancel is); a pending-approval request is approved by a second admin
+(never by the key that submitted it) or rejected with a reason; the dashboard works over plain http on a
+non-localhost host name (mapped to 127.0.0.1 inside Chromium) once LETHE_DASHBOARD_INSECURE_COOKIES allows it;
+no key, a wrong or revoked key, a read-only key and a forged form are
 refused.
 """
 
@@ -25,7 +26,7 @@ from app.dashboard import router as dashboard
 from app.db import session_scope
 from app.jobs import outbox
 from app.requests import service as requests_service
-from tests.dashboard_stack import CHROMIUM, CHROMIUM_ARGS, Stack, free_port, log_in
+from tests.dashboard_stack import ADMIN_SCOPES, CHROMIUM, CHROMIUM_ARGS, Stack, free_port, log_in
 from tests.helpers import make_key
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="the dev extra installs playwright")
@@ -82,6 +83,18 @@ def _listed(page) -> set[str]:
 def _status(stack: Stack, request_id: str) -> str:
     with stack.api() as client:
         return client.get(f"/v1/deletion-requests/{request_id}").json()["status"]
+
+
+def _token(page) -> str:
+    return page.get_attribute("form[action='/dashboard/logout'] input[name=csrf]", "value")
+
+
+def _fail(request_id: str, error: str = "simulated worker failure") -> None:
+    """Fail a request as the worker does: its job failed for good, then the request."""
+    with session_scope() as session:
+        job_id = requests_service.get_request_or_404(session, request_id).job_id
+        assert outbox.fail(session, job_id, None, error, permanent=True) is not None
+        requests_service.mark_failed(session, request_id, job_id, 1, error, "failed", "job-failed")
 
 
 def test_no_key_no_data(stack, page):
@@ -261,11 +274,7 @@ def test_overdue_flagged_and_waiting_request_cancelled(stack, page, browser):
 
     # retry a failed one (its failure written as the worker writes one: the job failed for good, then the request)
     broken = stack.delete(stack.model_id, ["r52"])
-    with session_scope() as session:
-        job_id = requests_service.get_request_or_404(session, broken["id"]).job_id
-        error = "simulated worker failure"
-        assert outbox.fail(session, job_id, None, error, permanent=True) is not None
-        requests_service.mark_failed(session, broken["id"], job_id, 1, error, "failed", "job-failed")
+    _fail(broken["id"])
     page.goto(f"{base}/dashboard/requests/{broken['id']}")
     assert page.inner_text("#status") == "failed" and "simulated worker failure" in page.inner_text("#attempts")
     page.click("#retry")
@@ -283,6 +292,89 @@ def test_overdue_flagged_and_waiting_request_cancelled(stack, page, browser):
     page.wait_for_selector("#notice")
     assert page.inner_text("#time-left").endswith("left")
     assert "deletion_request.extended" in [a for a, _ in _audit_actions(stack, late["id"])]
+
+
+def test_failed_request_past_its_deadline_is_flagged_overdue(stack, page):
+    """A failed request still owes the erasure: past its deadline it is OVERDUE (list, page, filter), not answered."""
+    base = stack.serve(background=False)
+    failed = stack.delete(stack.model_id, ["r60"], received_at=(datetime.now(UTC) - timedelta(days=45)).isoformat())
+    _fail(failed["id"], "the worker ran out of memory")
+    log_in(page, base, stack.reader_key)
+
+    page.goto(f"{base}/dashboard/requests?status=failed")
+    row = page.locator(f"tr[data-request-id='{failed['id']}']")
+    assert row.locator("[data-field=status]").inner_text() == "failed"
+    flag = row.locator("[data-field=time_left]")
+    assert re.match(r"OVERDUE by \d", flag.inner_text()) and "flag-overdue" in flag.get_attribute("class")
+    assert "overdue" in row.get_attribute("class").split()
+    page.goto(f"{base}/dashboard/requests?overdue=true")
+    assert failed["id"] in _listed(page)
+
+    page.goto(f"{base}/dashboard/requests/{failed['id']}")
+    assert page.inner_text("#status") == "failed" and "ran out of memory" in page.inner_text("#attempts")
+    assert re.match(r"OVERDUE by \d", page.inner_text("#time-left"))
+    assert "flag-overdue" in page.get_attribute("#time-left", "class")
+
+
+def test_pending_request_approved_by_a_second_admin_and_another_rejected(stack, page, browser):
+    stack.serve(background=True)
+    gated = stack.register_model("gated-lr", shadows=8, requires_approval=True, tags=["credit", "eu"])
+    second_key = make_key(ADMIN_SCOPES, name="second-admin")
+    to_approve = stack.delete(gated, ["r5", "r6"])  # submitted with the operator's key
+    to_reject = stack.delete(gated, ["r7"])
+    assert to_approve["status"] == to_reject["status"] == "pending-approval"
+    base = stack.base_url
+
+    # the submitter sees the request waiting, who submitted it, and may not approve it (four eyes)
+    log_in(page, base, stack.admin_key)
+    page.goto(f"{base}/dashboard/requests/{to_approve['id']}")
+    assert page.inner_text("#status") == "pending-approval"
+    assert page.inner_text("#submitter") == "operator"
+    assert "second admin" in page.inner_text("#four-eyes") and page.is_disabled("#approve")
+    forced = page.request.post(f"{base}/dashboard/requests/{to_approve['id']}/approve", form={"csrf": _token(page)})
+    assert forced.status == 403 and "cannot be approved by the key that submitted it" in forced.text()
+    assert _status(stack, to_approve["id"]) == "pending-approval"
+
+    # a second admin approves it from the page: its job is created and it runs to certified
+    second = browser.new_context()
+    second.set_default_timeout(TIMEOUT_MS)
+    other = second.new_page()
+    log_in(other, base, second_key)
+    other.goto(f"{base}/dashboard/requests/{to_approve['id']}")
+    assert other.locator("#four-eyes").count() == 0 and not other.is_disabled("#approve")
+    other.fill("#approval input[name=note]", "checked with the DPO")
+    other.click("#approve")
+    other.wait_for_selector("#notice")
+    assert "approved" in other.inner_text("#notice") and other.locator("#approval").count() == 0
+    other.wait_for_function("() => document.querySelector('#status').textContent === 'certified'")
+    timeline = other.inner_text("#timeline")
+    assert "approved by second-admin" in timeline and "checked with the DPO" in timeline
+    assert "received by operator" in timeline and "api-key:" not in timeline  # keys by name, not by id
+    approved = [actor for action, actor in _audit_actions(stack, to_approve["id"]) if action.endswith(".approved")]
+    assert len(approved) == 1 and approved[0].startswith("api-key:") and approved[0] in other.content()  # a title
+
+    # the other is rejected with a reason: no reason is refused, the reason is recorded and shown
+    other.goto(f"{base}/dashboard/requests/{to_reject['id']}")
+    empty = other.request.post(
+        f"{base}/dashboard/requests/{to_reject['id']}/reject", form={"csrf": _token(other), "reason": " "}
+    )
+    assert empty.status == 422 and "say why" in empty.text()
+    other.fill("#approval input[name=reason]", "not a data subject of ours")
+    other.click("#reject")
+    other.wait_for_selector("#notice")
+    assert "rejected" in other.inner_text("#notice") and other.inner_text("#status") == "rejected"
+    assert "not a data subject of ours" in other.inner_text("#attempts")
+    assert "rejected by second-admin" in other.inner_text("#timeline")
+    assert other.inner_text("#time-left") == "answered"
+    assert _status(stack, to_reject["id"]) == "rejected"
+    again = other.request.post(
+        f"{base}/dashboard/requests/{to_reject['id']}/approve", form={"csrf": _token(other)}
+    )  # nothing is waiting for approval now
+    assert again.status == 409 and "Only a request waiting for approval" in again.text()
+    second.close()
+
+    page.goto(f"{base}/dashboard/audit")
+    assert "second-admin" in page.inner_text("table.grid")
 
 
 def test_plain_http_on_a_non_localhost_host_name_with_the_setting(stack, playwright, monkeypatch):

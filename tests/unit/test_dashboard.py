@@ -4,11 +4,12 @@ cookie flags, CSRF bound to the session and to this origin, scopes, and pages th
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import pytest
 from fastapi.testclient import TestClient
 
-from app.dashboard.views import carried_deletions, lineage_svg, time_left
+from app.dashboard.views import actor_label, actor_names, carried_deletions, lineage_svg, time_left
 from app.main import create_app
 from tests.helpers import configure, make_key
 
@@ -156,3 +157,15 @@ def test_federated_model_pages_show_clients_methods_and_the_forget_lock():
         lineage=lineage_svg(versions), lock=lock, page="models",
     )  # fmt: skip
     assert "<svg" in page and "v3 · ease" in page and 'id="forget-lock"' in page
+
+
+def test_actors_by_key_name():
+    keys = [
+        SimpleNamespace(id="k1", name="operator", prefix="aa11"),
+        SimpleNamespace(id="k2", name="second-admin", prefix="bb22"),
+        SimpleNamespace(id="k3", name="second-admin", prefix="cc33"),
+    ]
+    names = actor_names(keys)
+    assert actor_label("api-key:k1", names) == "operator"
+    assert actor_label("api-key:k3", names) == "second-admin (lethe_cc33_…)"  # two keys share the name
+    assert actor_label("dispatcher", names) == "dispatcher" and actor_label("api-key:gone", names) == "api-key:gone"
