@@ -5,9 +5,10 @@ see tests/dashboard_stack.py).
 Log in; watch a request go from waiting through running to certified without a reload; its report's plots load;
 its certificate verifies against the published keys; an overdue request is flagged (a failed one too); a waiting
 request is cancelled (audited as the API's cancel is); a pending-approval request is approved by a second admin
-(never by the key that submitted it) or rejected with a reason; the dashboard works over plain http on a
-non-localhost host name (mapped to 127.0.0.1 inside Chromium) once LETHE_DASHBOARD_INSECURE_COOKIES allows it;
-no key, a wrong or revoked key, a read-only key and a forged form are
+(never by the key that submitted it) or rejected with a reason; a person is erased from every model holding their
+rows and the page follows the erasure to its combined certificate; a person's requests are found by their reference;
+the dashboard works over plain http on a non-localhost host name (mapped to 127.0.0.1 inside Chromium) once
+LETHE_DASHBOARD_INSECURE_COOKIES allows it; no key, a wrong or revoked key, a read-only key and a forged form are
 refused.
 """
 
@@ -21,11 +22,13 @@ from pathlib import Path
 import pytest
 
 from app.auth.service import revoke_key
+from app.certificates.verify_cli import verify_file
 from app.config import get_settings
 from app.dashboard import router as dashboard
 from app.db import session_scope
 from app.jobs import outbox
 from app.requests import service as requests_service
+from app.subjects.service import subject_hash
 from tests.dashboard_stack import ADMIN_SCOPES, CHROMIUM, CHROMIUM_ARGS, Stack, free_port, log_in
 from tests.helpers import make_key
 
@@ -375,6 +378,78 @@ def test_pending_request_approved_by_a_second_admin_and_another_rejected(stack, 
 
     page.goto(f"{base}/dashboard/audit")
     assert "second-admin" in page.inner_text("table.grid")
+
+
+def test_per_person_erasure_followed_to_its_combined_certificate(stack, page, browser, tmp_path):
+    person = "dana.subject-51c0@example.org"  # appears nowhere else
+    stack.serve(background=True)
+    for name, rows in (("people-a", [3, 40]), ("people-b", [7])):
+        stack.register_model(name, shadows=8, people={person: rows})
+    base = stack.serve(background=False)  # nothing runs yet: the erasure page opens while it is in progress
+    log_in(page, base, stack.admin_key)
+
+    page.goto(f"{base}/dashboard/subjects")
+    page.fill("#erase-ref", "nobody.known@example.org")
+    page.click("#erase-submit")
+    page.wait_for_selector("#action-error")
+    assert "No model holds rows of this data subject" in page.inner_text("#action-error")
+
+    page.fill("#erase-ref", person)
+    page.click("#erase-submit")
+    page.wait_for_url(re.compile(r"/dashboard/erasures/[0-9a-f-]+\?done=erasure$"))
+    erasure_id = page.url.split("/dashboard/erasures/")[1].split("?")[0]
+    assert "one deletion request per model" in page.inner_text("#notice")
+    assert page.inner_text("#erasure-status") == "in-progress" and page.locator("#combined-pending").count() == 1
+    children = page.eval_on_selector_all("tr[data-child-id]", "rows => rows.map(r => r.dataset.childId)")
+    assert len(children) == 2 and {"people-a", "people-b"} == set(
+        page.locator("#children td a[href^='/dashboard/models/']").all_inner_texts()
+    )
+    assert person not in page.content() and person not in page.url
+    page.evaluate("() => { window.__sameDocument = true; }")
+
+    stack.serve(background=True)  # the same origin, now with the in-process worker: the page follows it
+    page.wait_for_function("() => document.querySelector('#erasure-status').textContent === 'certified'")
+    assert page.evaluate("() => window.__sameDocument === true"), "the page was reloaded"
+    assert page.locator("#children .badge").all_inner_texts() == ["certified", "certified"]
+    result = page.inner_text("#erasure-verify-result")
+    assert result.startswith(f"VALID: combined erasure certificate {erasure_id}") and "2 model(s)" in result
+    page.evaluate("() => { document.querySelector('#erasure-verify-result').textContent = ''; }")
+    page.click("#erasure-verify")
+    page.wait_for_function("() => document.querySelector('#erasure-verify-result').textContent.includes('checked')")
+    assert page.inner_text("#erasure-verify-result").startswith("VALID: combined erasure certificate")
+
+    # the combined certificate downloads and verifies offline against the published keys, as the page says
+    download = page.request.get(base + page.get_attribute("#erasure-download", "href"))
+    assert download.status == 200 and "attachment" in download.headers["content-disposition"]
+    saved = tmp_path / "erasure.json"
+    saved.write_bytes(download.body())
+    valid, summary = verify_file(saved, f"{base}/.well-known/lethe-keys.json")
+    assert valid and erasure_id in summary and all(child in summary for child in children)
+    for child in children:
+        assert _status(stack, child) == "certified"
+
+    # a lookup by the person's reference (posted, never in a URL) lists their requests and the erasure
+    page.goto(f"{base}/dashboard/subjects")
+    page.fill("#lookup input[name=subject_ref]", person)
+    page.click("#lookup-submit")
+    page.wait_for_url(re.compile(r"/dashboard/subjects/[0-9a-f]{64}$"))
+    assert page.url.endswith(subject_hash(person)) and person not in page.url and person not in page.content()
+    assert _listed(page) == set(children)
+    assert erasure_id[:8] in page.inner_text("#erasures") and "certified" in page.inner_text("#erasures")
+    page.click(f"#erasures a[href='/dashboard/erasures/{erasure_id}']")
+    page.wait_for_selector("#erasure-download")
+
+    # a read-only key sees no erasure form and its POST is refused
+    reader = browser.new_context()
+    reader_page = reader.new_page()
+    log_in(reader_page, base, stack.reader_key)
+    reader_page.goto(f"{base}/dashboard/subjects")
+    assert reader_page.locator("#erase-submit").count() == 0 and reader_page.locator("#lookup-submit").count() == 1
+    refused = reader_page.request.post(
+        f"{base}/dashboard/subjects/erasures", form={"csrf": _token(reader_page), "subject_ref": person}
+    )
+    assert refused.status == 403
+    reader.close()
 
 
 def test_plain_http_on_a_non_localhost_host_name_with_the_setting(stack, playwright, monkeypatch):
