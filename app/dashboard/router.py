@@ -38,6 +38,7 @@ from app.certificates.signing import (
     verify_envelope,
 )
 from app.certificates.verify_cli import describe
+from app.config import get_settings
 from app.dashboard import session as cookies
 from app.dashboard.views import (
     ACTIVE_STATUSES,
@@ -46,10 +47,12 @@ from app.dashboard.views import (
     carried_deletions,
     flat_info,
     lineage_svg,
+    method_quality,
     report_figures,
     request_json,
     served_by,
     time_left,
+    version_accuracy,
 )
 from app.db import get_session
 from app.problems import Problem
@@ -95,6 +98,7 @@ templates.env.globals.update(
     statuses=STATUSES,
     served_by=served_by,
     actor_label=actor_label,
+    quality=lambda info: method_quality(info, get_settings().auto_max_param_ratio),
 )
 templates.env.filters["pretty"] = lambda value: json.dumps(value, indent=2, sort_keys=True, default=str)
 templates.env.filters["when"] = lambda value: value.strftime("%Y-%m-%d %H:%M:%S UTC") if value else "—"
@@ -490,6 +494,7 @@ def _version_dicts(session: Session, model) -> list[dict[str, Any]]:
             "method": v.method,
             "request_id": v.request_id,
             "metrics": v.metrics,
+            "accuracy": version_accuracy(v.metrics),
             "created_at": v.created_at,
             "retired_at": v.retired_at,
             "retired_by": v.retired_by,

@@ -209,6 +209,9 @@ def test_request_runs_to_certified_without_reload_with_report_and_certificate(st
     assert page.locator("svg.lineage g.version").count() >= 2
     assert page.locator("svg.lineage g.version.retired").count() >= 1
     assert request["id"][:8] in page.inner_text("#versions")
+    for column in ("acc-test", "acc-trained"):  # every tabular version's accuracy, measured when it was made
+        figures = page.locator(f"#versions td.{column}").all_inner_texts()
+        assert len(figures) >= 2 and all(re.fullmatch(r"[01]\.\d{3}", f) for f in figures), figures
 
     page.goto(f"{base}/dashboard/audit")
     assert "Intact" in page.inner_text("#chain-verdict")
@@ -337,6 +340,11 @@ def test_pending_request_approved_by_a_second_admin_and_another_rejected(stack, 
     forced = page.request.post(f"{base}/dashboard/requests/{to_approve['id']}/approve", form={"csrf": _token(page)})
     assert forced.status == 403 and "cannot be approved by the key that submitted it" in forced.text()
     assert _status(stack, to_approve["id"]) == "pending-approval"
+
+    # the models page says the model needs approval, with its tags
+    page.goto(f"{base}/dashboard/models/{gated}")
+    assert page.inner_text("#requires-approval") == "requires approval"
+    assert {"credit", "eu"} <= set(page.locator(".model-facts .tag").all_inner_texts())
 
     # a second admin approves it from the page: its job is created and it runs to certified
     second = browser.new_context()
