@@ -115,6 +115,11 @@ class Settings(BaseSettings):
     bulk_max_requests: int = Field(
         500, ge=1, le=10_000, description="Most deletion requests one bulk operator action may select."
     )
+    dashboard_insecure_cookies: bool = Field(
+        False,
+        description="Allow the dashboard over plain http from a host other than localhost: its cookies lose the "
+        "Secure flag (browsers drop a Secure cookie set over http, and every form then expires). Off: always Secure.",
+    )
     log_level: str = Field("INFO", description="Log level of the API and workers (DEBUG, INFO, WARNING, ERROR).")
     log_json: bool = Field(True, description="JSON log lines (structlog); false: key=value lines for a terminal.")
     audit_checkpoint_every: int = Field(

@@ -3,8 +3,10 @@
     PYTHONPATH=. .venv/bin/python scripts/screenshots.py [--out docs/screenshots]
 
 Starts a throwaway embedded Lethe on a loopback port (a temporary home), registers a small tabular model with a
-prepared fast method, certifies two deletions, leaves one request overdue and one waiting, then drives Debian's
-Chromium (/usr/bin/chromium; `apt-get install chromium`) with Playwright. Nothing leaves the machine.
+prepared fast method, a model whose deletions need approval and two models with a subject column; certifies two
+deletions and one person's erasure across two models, leaves one request overdue, one waiting, one failed past its
+deadline and one waiting for approval, then drives Debian's Chromium (/usr/bin/chromium; `apt-get install
+chromium`) with Playwright. Nothing leaves the machine.
 """
 
 from __future__ import annotations
@@ -20,7 +22,23 @@ sys.path.insert(0, str(ROOT))
 
 from playwright.sync_api import sync_playwright  # noqa: E402
 
-from tests.dashboard_stack import CHROMIUM, CHROMIUM_ARGS, Stack, log_in  # noqa: E402
+from app.db import session_scope  # noqa: E402
+from app.jobs import outbox  # noqa: E402
+from app.requests import service as requests_service  # noqa: E402
+from tests.dashboard_stack import ADMIN_SCOPES, CHROMIUM, CHROMIUM_ARGS, Stack, log_in  # noqa: E402
+from tests.helpers import make_key, wait_for  # noqa: E402
+
+PERSON = "customer-30417"
+
+
+def fail(request_id: str, error: str) -> None:
+    """Fail a request as a worker does when its one attempt fails: running, then the job for good, then the request
+    (the failure itself is staged: the page shows what a real one leaves)."""
+    with session_scope() as session:
+        job_id = requests_service.get_request_or_404(session, request_id).job_id
+        requests_service.mark_running(session, request_id, job_id, 1, "screenshots")
+        outbox.fail(session, job_id, None, error, permanent=True)
+        requests_service.mark_failed(session, request_id, job_id, 1, error, "failed", "job-failed")
 
 
 def main() -> None:
@@ -32,15 +50,30 @@ def main() -> None:
         stack = Stack(Path(tmp) / "home")
         try:
             stack.serve(background=True)
-            model_id = stack.register_model("credit-lr", shadows=16, unlearning=["newton"])
+            model_id = stack.register_model("credit-lr", shadows=16, unlearning=["newton"], tags=["credit", "eu"])
+            gated = stack.register_model("loans-lr", shadows=8, requires_approval=True, tags=["loans"])
+            for name, rows in (("churn-lr", [4, 91]), ("fraud-lr", [17])):
+                stack.register_model(name, shadows=8, people={PERSON: rows})
             first = stack.delete(model_id, ["r1", "r2", "r3"])
             stack.wait_done(first["id"])
             second = stack.delete(model_id, ["r10"], method="newton")
             stack.wait_done(second["id"])
+            with stack.api() as client:
+                erasure = client.post("/v1/subjects/erasures", json={"subject_ref": PERSON}).json()
+                wait_for(
+                    lambda: client.get(f"/v1/subjects/erasures/{erasure['id']}").json()["status"] == "certified",
+                    timeout=300,
+                    interval=0.3,
+                    what="the erasure's combined certificate",
+                )
             stack.serve(background=False)  # no executor: what is asked now waits
             late = (datetime.now(UTC) - timedelta(days=38)).isoformat()
             stack.delete(model_id, ["r20", "r21"], received_at=late)
             stack.delete(model_id, ["r30"])
+            failed = stack.delete(model_id, ["r40"], received_at=(datetime.now(UTC) - timedelta(days=41)).isoformat())
+            fail(failed["id"], "the worker ran out of memory")
+            pending = stack.delete(gated, ["r5", "r6"])
+            second_admin = make_key(ADMIN_SCOPES, name="dpo-office")
             base = stack.base_url
             with sync_playwright() as playwright:
                 browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -49,6 +82,8 @@ def main() -> None:
                 shots = {
                     "requests.png": "/dashboard/requests",
                     "request.png": f"/dashboard/requests/{first['id']}",
+                    "overdue-failed.png": f"/dashboard/requests/{failed['id']}",
+                    "erasure.png": f"/dashboard/erasures/{erasure['id']}",
                     "models.png": f"/dashboard/models/{model_id}",
                     "audit.png": "/dashboard/audit",
                 }
@@ -57,6 +92,13 @@ def main() -> None:
                     page.wait_for_load_state("networkidle")
                     page.screenshot(path=str(args.out / name), full_page=True)
                     print(f"wrote {args.out / name}")
+                # the pending request as a second admin sees it (the submitter's Approve is disabled: four eyes)
+                page.context.clear_cookies()
+                log_in(page, base, second_admin)
+                page.goto(f"{base}/dashboard/requests/{pending['id']}")
+                page.wait_for_load_state("networkidle")
+                page.screenshot(path=str(args.out / "approval.png"), full_page=True)
+                print(f"wrote {args.out / 'approval.png'}")
                 browser.close()
         finally:
             stack.stop()

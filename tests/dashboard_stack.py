@@ -70,15 +70,32 @@ class Stack:
             base_url=self.base_url, headers={"authorization": f"Bearer {key or self.admin_key}"}, timeout=30
         )
 
-    def register_model(self, name: str = "credit-lr", shadows: int = 8, unlearning: list[str] | None = None) -> str:
-        """A small tabular model (200 rows, a few shadows for the audit), ready for deletions."""
+    def register_model(
+        self,
+        name: str = "credit-lr",
+        shadows: int = 8,
+        unlearning: list[str] | None = None,
+        people: dict[str, list[int]] | None = None,
+        **extra,
+    ) -> str:
+        """A small tabular model (200 rows, a few shadows for the audit), ready for deletions. ``people``: a
+        ``person`` column registered as the subject column, these people on these rows (everyone else a stranger);
+        ``extra``: more registration fields (``requires_approval``, ``tags``)."""
         source = self.home / "data" / f"{name}.csv"
-        write_table(source, n=200, seed=5)
+        frame = write_table(source, n=200, seed=5)
+        dataset = {"row_id_column": "row_id", "label_column": "label"}
+        if people is not None:
+            frame["person"] = [f"{name}-other-{i}" for i in range(len(frame))]
+            for person, rows in people.items():
+                frame.loc[rows, "person"] = person
+            frame.to_csv(source, index=False)
+            dataset["subject_column"] = "person"
         metadata = {
             "name": name,
             "verification": {"shadows": shadows},
-            "dataset": {"row_id_column": "row_id", "label_column": "label"},
+            "dataset": dataset,
             "unlearning": unlearning or [],
+            **extra,
         }
         with self.api() as client, source.open("rb") as handle:
             response = client.post(

@@ -2,8 +2,11 @@
 
 It reads through the domain services only and acts through the same service functions as the API (so an action
 is audited exactly as its API twin); it owns no table. Access: an API key with ``requests:read`` (given once in a
-login form, then kept in a signed HttpOnly, SameSite=Strict cookie, see ``session.py``); actions need ``admin``
-and a CSRF token. No key, no data: every page and fragment checks the key again.
+login form, then kept in a signed HttpOnly, SameSite=Strict cookie, see ``session.py``); actions on a request need
+``admin`` (approval keeps the API's four eyes: never by the key that submitted the request), a per-person erasure
+``requests:write`` (its API twin's scope), and every form a CSRF token. No key, no data: every page and fragment
+checks the key again. A person's reference is only ever posted (never put in a URL): the server turns it into the
+keyed hash every request is known by.
 """
 
 from __future__ import annotations
@@ -19,31 +22,46 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.routing import APIRoute
 from fastapi.templating import Jinja2Templates
+from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.audit.service import events_for, latest_events, verify_chain
-from app.auth.service import Principal, principal_for_key
+from app.auth.service import Principal, list_keys, principal_for_key
 from app.certificates.service import get_certificate_or_404
-from app.certificates.signing import InvalidCertificate, load_public_keys, public_keys, verify_envelope
+from app.certificates.signing import (
+    PREDICATE_TYPE,
+    SUBJECT_ERASURE_PREDICATE_TYPE,
+    InvalidCertificate,
+    load_public_keys,
+    public_keys,
+    verify_envelope,
+)
 from app.certificates.verify_cli import describe
+from app.config import get_settings
 from app.dashboard import session as cookies
 from app.dashboard.views import (
     ACTIVE_STATUSES,
+    actor_label,
+    actor_names,
     carried_deletions,
     flat_info,
     lineage_svg,
+    method_quality,
     report_figures,
     request_json,
     served_by,
     time_left,
+    version_accuracy,
 )
 from app.db import get_session
 from app.problems import Problem
 from app.registry import service as registry
 from app.reports.service import get_report_or_404, plot_png, report_out, reports_for
 from app.requests import service as requests
-from app.requests.service import CANCELLABLE_STATUSES, REQUEST_STATUSES, TERMINAL_STATUSES
+from app.requests.service import APPROVAL_STATUS, CANCELLABLE_STATUSES, REQUEST_STATUSES, TERMINAL_STATUSES
+from app.subjects import service as subjects
+from app.subjects.schemas import ErasureCreate
 from app.webhooks import service as webhooks
 
 HERE = Path(__file__).parent
@@ -64,11 +82,23 @@ DONE = {
     "retry": "The request was queued again.",
     "extend": "The deadline was extended.",
     "redeliver": "The webhook event will be sent again.",
+    "approve": "The request was approved: its job is created and a worker will take it.",
+    "reject": "The request was rejected; the reason is recorded and its callback told.",
+    "erasure": "The erasure was received: one deletion request per model holding the person's rows.",
 }
+ERASURE_METHODS = ("auto", "retrain")
+"""What the erasure form offers: ``auto`` (each model's best validated method, else exact retraining) or exact
+retraining everywhere; the API takes any method name, refused per model when that model cannot run it."""
 
 templates = Jinja2Templates(directory=str(HERE / "templates"))
 templates.env.globals.update(
-    flat_info=flat_info, time_left=time_left, active_statuses=ACTIVE_STATUSES, statuses=STATUSES, served_by=served_by
+    flat_info=flat_info,
+    time_left=time_left,
+    active_statuses=ACTIVE_STATUSES,
+    statuses=STATUSES,
+    served_by=served_by,
+    actor_label=actor_label,
+    quality=lambda info: method_quality(info, get_settings().auto_max_param_ratio),
 )
 templates.env.filters["pretty"] = lambda value: json.dumps(value, indent=2, sort_keys=True, default=str)
 templates.env.filters["when"] = lambda value: value.strftime("%Y-%m-%d %H:%M:%S UTC") if value else "—"
@@ -156,7 +186,7 @@ def login_form(request: Request) -> HTMLResponse:
 @router.post("/login")
 def login(request: Request, api_key: str = Form("", max_length=200), csrf: str = Form("", max_length=500)) -> Response:
     if not cookies.login_token_ok(request, csrf):
-        return _login_page(request, "The form expired; please try again.", 403)
+        return _login_page(request, cookies.plain_http_hint(request) or "The form expired; please try again.", 403)
     principal = principal_for_key(api_key.strip())
     if principal is None:
         return _login_page(request, "Unknown, expired or revoked API key.", 401)
@@ -278,8 +308,12 @@ def _request_context(session: Session, principal: Principal, request_id: str) ->
         {"seq": e.seq, "at": e.at, "actor": e.actor, "action": e.action, "payload": e.payload}
         for e in events_for(session, request_id)
     ] if principal.has("audit:read") else None  # fmt: skip
+    submitter = f"api-key:{row.api_key_id}" if row.api_key_id else None
     return {
         "principal": principal,
+        "actors": actor_names(list_keys(session)),
+        "submitter": submitter,
+        "own_request": row.api_key_id is not None and row.api_key_id == principal.key_id,
         "r": out,
         "model": model,
         "reports": [{**rep, "figures": report_figures(rep)} for rep in reports],
@@ -287,6 +321,7 @@ def _request_context(session: Session, principal: Principal, request_id: str) ->
         "timeline": timeline,
         "deliveries": [webhooks.delivery_out(d) for d in webhooks.deliveries_for(session, request_id)],
         "admin": principal.has("admin"),
+        "can_approve": row.status == APPROVAL_STATUS,
         "can_cancel": row.status in CANCELLABLE_STATUSES,
         "can_retry": row.status == "failed",
         "can_extend": row.status not in TERMINAL_STATUSES,
@@ -350,11 +385,50 @@ def extend(
     reason: str = Form("", max_length=2000),
 ):
     def run(principal: Principal) -> None:
-        if len(reason.strip()) < 3 or "\x00" in reason:
-            raise Problem(422, "validation-error", "The request is not valid", "reason: say why (3 characters or more)")
-        requests.extend_deadline(session, principal, request_id, months, reason.strip())
+        requests.extend_deadline(session, principal, request_id, months, _reason(reason, "reason"))
 
     return _action(request, session, request_id, csrf, "extend", run)
+
+
+def _reason(text: str, what: str) -> str:
+    """A reason or note as the API's body takes it: no NUL; a reason says why in 3 characters or more."""
+    if "\x00" in text:
+        raise Problem(422, "validation-error", "The request is not valid", f"{what}: no NUL characters")
+    if what == "reason" and len(text.strip()) < 3:
+        raise Problem(422, "validation-error", "The request is not valid", "reason: say why (3 characters or more)")
+    return text.strip()
+
+
+@router.post("/requests/{request_id}/approve")
+def approve(
+    request_id: str,
+    request: Request,
+    session: Session = Depends(get_session),
+    csrf: str = Form(""),
+    note: str = Form("", max_length=2000),
+):
+    """The API's approve: four eyes (``403 approval-by-submitter`` for the key that submitted it), audited."""
+
+    def run(principal: Principal) -> None:
+        requests.approve_request(session, principal, request_id, _reason(note, "note") or None)
+
+    return _action(request, session, request_id, csrf, "approve", run)
+
+
+@router.post("/requests/{request_id}/reject")
+def reject(
+    request_id: str,
+    request: Request,
+    session: Session = Depends(get_session),
+    csrf: str = Form(""),
+    reason: str = Form("", max_length=2000),
+):
+    """The API's reject: the reason is told to the data subject (the callback) and audited."""
+
+    def run(principal: Principal) -> None:
+        requests.reject_request(session, principal, request_id, _reason(reason, "reason"))
+
+    return _action(request, session, request_id, csrf, "reject", run)
 
 
 @router.post("/requests/{request_id}/webhooks/{delivery_id}/redeliver")
@@ -377,11 +451,12 @@ def plot(report_id: str, name: str, request: Request, session: Session = Depends
                     headers={"Cache-Control": "private, max-age=86400", "ETag": f'"{etag}"'})  # fmt: skip
 
 
-def verify_certificate(envelope: dict[str, Any]) -> tuple[bool, str]:
-    """What ``lethe verify-certificate`` answers, against the keys ``/.well-known/lethe-keys.json`` publishes."""
+def verify_certificate(envelope: dict[str, Any], predicate_type: str = PREDICATE_TYPE) -> tuple[bool, str]:
+    """What ``lethe verify-certificate`` answers, against the keys ``/.well-known/lethe-keys.json`` publishes: a
+    deletion certificate, or (``SUBJECT_ERASURE_PREDICATE_TYPE``) a per-person erasure's combined one."""
     keys = load_public_keys(public_keys())
     try:
-        verified = verify_envelope(json.dumps(envelope).encode(), keys)
+        verified = verify_envelope(json.dumps(envelope).encode(), keys, predicate_type=predicate_type)
     except InvalidCertificate as exc:
         return False, f"INVALID ({exc.code}): {exc.reason}"
     return True, describe(verified)
@@ -419,6 +494,7 @@ def _version_dicts(session: Session, model) -> list[dict[str, Any]]:
             "method": v.method,
             "request_id": v.request_id,
             "metrics": v.metrics,
+            "accuracy": version_accuracy(v.metrics),
             "created_at": v.created_at,
             "retired_at": v.retired_at,
             "retired_by": v.retired_by,
@@ -466,5 +542,168 @@ def audit(request: Request, session: Session = Depends(get_session)) -> HTMLResp
     return _render(
         request,
         "audit.html",
-        {"principal": principal, "verdict": verdict, "events": latest_events(session, 50), "page": "audit"},
+        {
+            "principal": principal,
+            "verdict": verdict,
+            "events": latest_events(session, 50),
+            "actors": actor_names(list_keys(session)),
+            "page": "audit",
+        },
+    )
+
+
+# ------------------------------------------------------------------------------------------- per-person erasure
+
+
+def _subjects_page(
+    request: Request, principal: Principal, error: str | None = None, status_code: int = 200, **form: str
+) -> HTMLResponse:
+    context = {
+        "principal": principal,
+        "can_erase": principal.has("requests:write"),
+        "methods": ERASURE_METHODS,
+        "form": form,
+        "error": error,
+        "page": "subjects",
+    }
+    return _render(request, "subjects.html", context, status_code)
+
+
+def _refusal(exc: Problem | ValidationError) -> tuple[str, int]:
+    if isinstance(exc, Problem):
+        return (f"{exc.title}: {exc.detail}" if exc.detail else exc.title), exc.status
+    fields = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+    return f"Not valid: {fields}", 422
+
+
+@router.get("/subjects")
+def subjects_page(request: Request) -> HTMLResponse:
+    """Look a person up, or erase them from every model holding their rows."""
+    return _subjects_page(request, _gate(request))
+
+
+@router.post("/subjects/lookup")
+def subject_lookup(
+    request: Request, csrf: str = Form("", max_length=500), subject_ref: str = Form("", max_length=500)
+) -> Response:
+    """The person's reference arrives in a form body (never in a URL, so no log or history keeps it) and leaves as
+    its keyed hash, the only name Lethe stores."""
+    principal = _gate(request)
+    if not cookies.csrf_ok(request, csrf):
+        return _render(request, "refused.html", {"principal": principal, "message": STALE_FORM}, 403)
+    if not subject_ref.strip() or "\x00" in subject_ref:
+        return _subjects_page(request, principal, "Give the person's reference.", 422)
+    location = f"/dashboard/subjects/{subjects.subject_hash(subject_ref.strip())}"
+    return RedirectResponse(location, status_code=303, headers=SECURITY_HEADERS)
+
+
+@router.post("/subjects/erasures")
+def subject_erasure(
+    request: Request,
+    session: Session = Depends(get_session),
+    csrf: str = Form("", max_length=500),
+    subject_ref: str = Form("", max_length=500),
+    method: str = Form("auto", max_length=64),
+    received: str = Form("", max_length=10),
+) -> Response:
+    """``POST /v1/subjects/erasures`` from a form: the same service call, audited the same way."""
+    principal = _gate(request, "requests:write")
+    if not cookies.csrf_ok(request, csrf):
+        return _render(request, "refused.html", {"principal": principal, "message": STALE_FORM}, 403)
+    try:
+        received_at = _day(received, "received")
+        if received_at is not None and received_at.date() > datetime.now(UTC).date():
+            raise Problem(422, "validation-error", "Not a date", "received: the day the person asked, not later")
+        body = ErasureCreate(subject_ref=subject_ref.strip(), method=method, received_at=received_at)
+        erasure = subjects.create_erasure(session, principal, body)
+        session.commit()
+    except (Problem, ValidationError) as exc:
+        session.rollback()
+        message, status = _refusal(exc)
+        return _subjects_page(request, principal, message, status, method=method, received=received)
+    location = f"/dashboard/erasures/{erasure.id}?done=erasure"
+    return RedirectResponse(location, status_code=303, headers=SECURITY_HEADERS)
+
+
+@router.get("/subjects/{subject_hash}")
+def subject_page(subject_hash: str, request: Request, session: Session = Depends(get_session)) -> HTMLResponse:
+    """A person's deletion requests and erasures, found by the keyed hash of their reference."""
+    principal = _gate(request)
+    found, erasures = subjects.requests_of(session, subject_hash, 200)
+    models = {m.id: m for m in registry.models_overview(session, limit=1000)}
+    return _render(
+        request,
+        "subject.html",
+        {
+            "principal": principal,
+            "subject_hash": subject_hash,
+            "rows": [requests.to_out(r) for r in found],
+            "erasures": [subjects.erasure_out(session, e) for e in erasures],
+            "models": models,
+            "page": "subjects",
+        },
+    )
+
+
+def _erasure_context(session: Session, principal: Principal, erasure_id: str) -> dict[str, Any]:
+    erasure = subjects.get_erasure_or_404(session, erasure_id)
+    out = subjects.erasure_out(session, erasure)
+    certificate = None
+    if erasure.certificate is not None:
+        valid, message = verify_certificate(erasure.certificate, SUBJECT_ERASURE_PREDICATE_TYPE)
+        signatures = erasure.certificate.get("signatures") or [{}]
+        certificate = {
+            "digest": erasure.certificate_digest,
+            "key_id": signatures[0].get("keyid"),
+            "valid": valid,
+            "message": message,
+        }
+    return {
+        "principal": principal,
+        "e": out,
+        "models": {m.id: m for m in registry.models_overview(session, limit=1000)},
+        "certificate": certificate,
+        "following": out.status == "in-progress",
+        "page": "subjects",
+    }
+
+
+@router.get("/erasures/{erasure_id}")
+def erasure_page(
+    erasure_id: str, request: Request, session: Session = Depends(get_session), done: str = Query("", max_length=20)
+) -> HTMLResponse:
+    principal = _gate(request)
+    context = _erasure_context(session, principal, erasure_id)
+    return _render(request, "erasure.html", {**context, "notice": DONE.get(done)})
+
+
+@router.get("/erasures/{erasure_id}/live")
+def erasure_fragment(erasure_id: str, request: Request, session: Session = Depends(get_session)) -> HTMLResponse:
+    """The erasure page's body, fetched again while the erasure is in progress (the page follows it)."""
+    principal = _gate(request, fragment=True)
+    return _render(request, "_erasure_body.html", _erasure_context(session, principal, erasure_id))
+
+
+@router.get("/erasures/{erasure_id}/verify")
+def erasure_verify(erasure_id: str, request: Request, session: Session = Depends(get_session)) -> JSONResponse:
+    _gate(request, fragment=True)
+    erasure = subjects.get_erasure_or_404(session, erasure_id)
+    if erasure.certificate is None:
+        return JSONResponse({"error": "not issued yet"}, status_code=404, headers=SECURITY_HEADERS)
+    valid, message = verify_certificate(erasure.certificate, SUBJECT_ERASURE_PREDICATE_TYPE)
+    checked = datetime.now(UTC).strftime("%H:%M:%S UTC")
+    return JSONResponse({"valid": valid, "message": message, "checked_at": checked}, headers=SECURITY_HEADERS)
+
+
+@router.get("/erasures/{erasure_id}/certificate")
+def erasure_certificate(erasure_id: str, request: Request, session: Session = Depends(get_session)) -> Response:
+    """The combined certificate as signed (a DSSE envelope), to check offline with ``lethe verify-certificate``."""
+    _gate(request, fragment=True)
+    erasure = subjects.get_erasure_or_404(session, erasure_id)
+    if erasure.certificate is None:
+        return JSONResponse({"error": "not issued yet"}, status_code=404, headers=SECURITY_HEADERS)
+    return Response(
+        json.dumps(erasure.certificate, indent=1),
+        media_type="application/json",
+        headers={**SECURITY_HEADERS, "Content-Disposition": f'attachment; filename="erasure-{erasure.id}.json"'},
     )

@@ -3,7 +3,10 @@
 The session cookie holds the operator's API key, signed and time-stamped (``dashboard-session`` key): HttpOnly (no
 script reads it), SameSite=Strict (no other site's page sends it) and Secure (never sent over plain http; browsers
 treat http://127.0.0.1 and http://localhost as secure origins, so a local dashboard and the browser tests work with
-it on). The key is looked up again on every request, so a revoked key is refused at once, cookie or not.
+it on). A browser drops a Secure cookie set over plain http from any other host, so there every form would expire:
+``LETHE_DASHBOARD_INSECURE_COOKIES=true`` (off by default) drops the flag for an operator who serves the dashboard
+over plain http on a network they trust. The key is looked up again on every request, so a revoked key is refused at
+once, cookie or not.
 
 CSRF: every form carries a token signed with the ``dashboard-csrf`` key and bound to the session it was issued for
 (a hash of the session cookie), so a token is useless in another session and cannot be forged without the secret.
@@ -33,13 +36,18 @@ def _serializer(purpose: str, salt: str) -> URLSafeTimedSerializer:
     return URLSafeTimedSerializer(get_settings().derived_key(purpose), salt=salt)
 
 
+def secure_cookies() -> bool:
+    """Whether the cookies carry ``Secure``: always, unless the operator allowed plain http."""
+    return not get_settings().dashboard_insecure_cookies
+
+
 def _set_cookie(response: Response, name: str, value: str, max_age: int) -> None:
     response.set_cookie(
         name,
         value,
         max_age=max_age,
         path=COOKIE_PATH,
-        secure=True,
+        secure=secure_cookies(),
         httponly=True,
         samesite="strict",
     )
@@ -52,7 +60,7 @@ def start_session(response: Response, api_key: str) -> None:
 
 
 def end_session(response: Response) -> None:
-    response.delete_cookie(SESSION_COOKIE, path=COOKIE_PATH, secure=True, httponly=True, samesite="strict")
+    response.delete_cookie(SESSION_COOKIE, path=COOKIE_PATH, secure=secure_cookies(), httponly=True, samesite="strict")
 
 
 def session_key(request: Request) -> str | None:
@@ -106,6 +114,21 @@ def login_token_ok(request: Request, token: str | None) -> bool:
     except BadSignature:
         return False
     return isinstance(bound, str) and hmac.compare_digest(bound, _binding(nonce))
+
+
+def plain_http_hint(request: Request) -> str | None:
+    """Why a login form "expired" when the browser sent no login cookie back over plain http from a host that is not
+    loopback: it dropped the Secure cookie (None when the cookies are not Secure, or the page came another way)."""
+    if request.cookies.get(LOGIN_COOKIE) or not secure_cookies() or request.url.scheme != "http":
+        return None
+    host = (request.url.hostname or "").lower().rstrip(".")
+    if host == "localhost" or host.endswith(".localhost") or host == "::1" or host.startswith("127."):
+        return None
+    return (
+        "The form expired: your browser did not send its cookie back. Over plain http from a host other than "
+        "localhost a browser drops the dashboard's Secure cookies: serve it over https, or set "
+        "LETHE_DASHBOARD_INSECURE_COOKIES=true (on a network you trust)."
+    )
 
 
 def _same_origin(request: Request) -> bool:

@@ -165,3 +165,74 @@ def flat_info(info: dict[str, Any] | None) -> list[tuple[str, str]]:
         else:
             rows.append((key, text(value)))
     return rows
+
+
+def actor_names(keys: list[Any]) -> dict[str, str]:
+    """``api-key:<id>`` → the key's name, as an officer knows it (its public prefix added where two keys share a
+    name). ``keys``: the auth service's key records (id, name, prefix); revoked keys keep their names."""
+    keys = list(keys)
+    counts: dict[str, int] = {}
+    for key in keys:
+        counts[key.name] = counts.get(key.name, 0) + 1
+    return {
+        f"api-key:{key.id}": key.name if counts[key.name] == 1 else f"{key.name} (lethe_{key.prefix}_…)" for key in keys
+    }
+
+
+def actor_label(actor: str | None, names: dict[str, str]) -> str:
+    """An audit actor as a person reads it: an API key by its name, anything else (``dispatcher``, ``lethe``, a
+    worker, the CLI) as recorded; a key the service no longer knows keeps its id."""
+    if not actor:
+        return "—"
+    return names.get(actor, actor) if isinstance(names, dict) else actor
+
+
+def version_accuracy(metrics: dict[str, Any] | None) -> dict[str, float | None]:
+    """A tabular version's accuracy on the held-out rows and on the rows it was trained on (the retained rows once a
+    deletion made it); None where the version measured none (a federated CLIP model reports retrieval instead)."""
+    metrics = metrics or {}
+    after = metrics.get("after") if isinstance(metrics.get("after"), dict) else {}
+
+    def number(value: Any) -> float | None:
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+    return {
+        "holdout": number(after.get("accuracy_holdout", metrics.get("accuracy_holdout"))),
+        "trained": number(after.get("accuracy_retain", metrics.get("accuracy_train"))),
+    }
+
+
+def _seconds(value: float) -> str:
+    if value >= 1:
+        return f"{value:.2f} s"
+    if value >= 1e-3:
+        return f"{value * 1e3:.1f} ms"
+    return f"{value * 1e6:.0f} µs"
+
+
+def method_quality(info: dict[str, Any] | None, max_param_ratio: float) -> dict[str, str] | None:
+    """A prepared method's validated quality in the few figures ``auto`` decides on (measured at preparation on real
+    deletions against exact retrains), and whether its param_ratio lies within ``auto``'s bound (the setting
+    ``auto_max_param_ratio``); None when it was prepared without a validation."""
+    validation = (info or {}).get("validation")
+    if not isinstance(validation, dict) or not validation:
+        return None
+    ratio, gap = validation.get("param_ratio_median"), validation.get("acc_gap_pts_median")
+    step, retrain = validation.get("method_seconds_median"), validation.get("retrain_seconds_median")
+    deletions = validation.get("deletions")
+    out = {
+        "deletions": f"{deletions}" if deletions is not None else "—",
+        "param_ratio": f"{ratio:.3g}" if isinstance(ratio, int | float) else "—",
+        "acc_gap": f"{gap:+.2f} pts" if isinstance(gap, int | float) else "—",
+        "time": _seconds(step) if isinstance(step, int | float) else "—",
+        "retrain": _seconds(retrain) if isinstance(retrain, int | float) else "—",
+    }
+    if validation.get("equals_do_nothing"):
+        out["bound"], out["within"] = "no: validated equal to doing nothing", "no"
+    elif not isinstance(ratio, int | float) or not isinstance(step, int | float):
+        out["bound"], out["within"] = "no: validation measured nothing", "no"
+    elif ratio > max_param_ratio:
+        out["bound"], out["within"] = f"no: {ratio:.3g} > {max_param_ratio:g}", "no"
+    else:
+        out["bound"], out["within"] = f"yes: {ratio:.3g} ≤ {max_param_ratio:g}", "yes"
+    return out

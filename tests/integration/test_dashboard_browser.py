@@ -3,8 +3,12 @@ never Playwright's own download) against the real API on a loopback port (embedd
 see tests/dashboard_stack.py).
 
 Log in; watch a request go from waiting through running to certified without a reload; its report's plots load;
-its certificate verifies against the published keys; an overdue request is flagged; a waiting request is
-cancelled (audited as the API's cancel is); no key, a wrong or revoked key, a read-only key and a forged form are
+its certificate verifies against the published keys; an overdue request is flagged (a failed one too); a waiting
+request is cancelled (audited as the API's cancel is); a pending-approval request is approved by a second admin
+(never by the key that submitted it) or rejected with a reason; a person is erased from every model holding their
+rows and the page follows the erasure to its combined certificate; a person's requests are found by their reference;
+the dashboard works over plain http on a non-localhost host name (mapped to 127.0.0.1 inside Chromium) once
+LETHE_DASHBOARD_INSECURE_COOKIES allows it; no key, a wrong or revoked key, a read-only key and a forged form are
 refused.
 """
 
@@ -18,11 +22,14 @@ from pathlib import Path
 import pytest
 
 from app.auth.service import revoke_key
+from app.certificates.verify_cli import verify_file
+from app.config import get_settings
 from app.dashboard import router as dashboard
 from app.db import session_scope
 from app.jobs import outbox
 from app.requests import service as requests_service
-from tests.dashboard_stack import CHROMIUM, CHROMIUM_ARGS, Stack, free_port, log_in
+from app.subjects.service import subject_hash
+from tests.dashboard_stack import ADMIN_SCOPES, CHROMIUM, CHROMIUM_ARGS, Stack, free_port, log_in
 from tests.helpers import make_key
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="the dev extra installs playwright")
@@ -46,11 +53,16 @@ def stack(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def browser():
-    with playwright_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
+def playwright():
+    with playwright_api.sync_playwright() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def browser(playwright):
+    chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    yield chromium
+    chromium.close()
 
 
 @pytest.fixture
@@ -69,6 +81,23 @@ def _audit_actions(stack: Stack, request_id: str) -> list[tuple[str, str]]:
 
 def _listed(page) -> set[str]:
     return set(page.eval_on_selector_all("tr[data-request-id]", "rows => rows.map(r => r.dataset.requestId)"))
+
+
+def _status(stack: Stack, request_id: str) -> str:
+    with stack.api() as client:
+        return client.get(f"/v1/deletion-requests/{request_id}").json()["status"]
+
+
+def _token(page) -> str:
+    return page.get_attribute("form[action='/dashboard/logout'] input[name=csrf]", "value")
+
+
+def _fail(request_id: str, error: str = "simulated worker failure") -> None:
+    """Fail a request as the worker does: its job failed for good, then the request."""
+    with session_scope() as session:
+        job_id = requests_service.get_request_or_404(session, request_id).job_id
+        assert outbox.fail(session, job_id, None, error, permanent=True) is not None
+        requests_service.mark_failed(session, request_id, job_id, 1, error, "failed", "job-failed")
 
 
 def test_no_key_no_data(stack, page):
@@ -180,6 +209,9 @@ def test_request_runs_to_certified_without_reload_with_report_and_certificate(st
     assert page.locator("svg.lineage g.version").count() >= 2
     assert page.locator("svg.lineage g.version.retired").count() >= 1
     assert request["id"][:8] in page.inner_text("#versions")
+    for column in ("acc-test", "acc-trained"):  # every tabular version's accuracy, measured when it was made
+        figures = page.locator(f"#versions td.{column}").all_inner_texts()
+        assert len(figures) >= 2 and all(re.fullmatch(r"[01]\.\d{3}", f) for f in figures), figures
 
     page.goto(f"{base}/dashboard/audit")
     assert "Intact" in page.inner_text("#chain-verdict")
@@ -248,11 +280,7 @@ def test_overdue_flagged_and_waiting_request_cancelled(stack, page, browser):
 
     # retry a failed one (its failure written as the worker writes one: the job failed for good, then the request)
     broken = stack.delete(stack.model_id, ["r52"])
-    with session_scope() as session:
-        job_id = requests_service.get_request_or_404(session, broken["id"]).job_id
-        error = "simulated worker failure"
-        assert outbox.fail(session, job_id, None, error, permanent=True) is not None
-        requests_service.mark_failed(session, broken["id"], job_id, 1, error, "failed", "job-failed")
+    _fail(broken["id"])
     page.goto(f"{base}/dashboard/requests/{broken['id']}")
     assert page.inner_text("#status") == "failed" and "simulated worker failure" in page.inner_text("#attempts")
     page.click("#retry")
@@ -270,3 +298,213 @@ def test_overdue_flagged_and_waiting_request_cancelled(stack, page, browser):
     page.wait_for_selector("#notice")
     assert page.inner_text("#time-left").endswith("left")
     assert "deletion_request.extended" in [a for a, _ in _audit_actions(stack, late["id"])]
+
+
+def test_failed_request_past_its_deadline_is_flagged_overdue(stack, page):
+    """A failed request still owes the erasure: past its deadline it is OVERDUE (list, page, filter), not answered."""
+    base = stack.serve(background=False)
+    failed = stack.delete(stack.model_id, ["r60"], received_at=(datetime.now(UTC) - timedelta(days=45)).isoformat())
+    _fail(failed["id"], "the worker ran out of memory")
+    log_in(page, base, stack.reader_key)
+
+    page.goto(f"{base}/dashboard/requests?status=failed")
+    row = page.locator(f"tr[data-request-id='{failed['id']}']")
+    assert row.locator("[data-field=status]").inner_text() == "failed"
+    flag = row.locator("[data-field=time_left]")
+    assert re.match(r"OVERDUE by \d", flag.inner_text()) and "flag-overdue" in flag.get_attribute("class")
+    assert "overdue" in row.get_attribute("class").split()
+    page.goto(f"{base}/dashboard/requests?overdue=true")
+    assert failed["id"] in _listed(page)
+
+    page.goto(f"{base}/dashboard/requests/{failed['id']}")
+    assert page.inner_text("#status") == "failed" and "ran out of memory" in page.inner_text("#attempts")
+    assert re.match(r"OVERDUE by \d", page.inner_text("#time-left"))
+    assert "flag-overdue" in page.get_attribute("#time-left", "class")
+
+
+def test_pending_request_approved_by_a_second_admin_and_another_rejected(stack, page, browser):
+    stack.serve(background=True)
+    gated = stack.register_model("gated-lr", shadows=8, requires_approval=True, tags=["credit", "eu"])
+    second_key = make_key(ADMIN_SCOPES, name="second-admin")
+    to_approve = stack.delete(gated, ["r5", "r6"])  # submitted with the operator's key
+    to_reject = stack.delete(gated, ["r7"])
+    assert to_approve["status"] == to_reject["status"] == "pending-approval"
+    base = stack.base_url
+
+    # the submitter sees the request waiting, who submitted it, and may not approve it (four eyes)
+    log_in(page, base, stack.admin_key)
+    page.goto(f"{base}/dashboard/requests/{to_approve['id']}")
+    assert page.inner_text("#status") == "pending-approval"
+    assert page.inner_text("#submitter") == "operator"
+    assert "second admin" in page.inner_text("#four-eyes") and page.is_disabled("#approve")
+    forced = page.request.post(f"{base}/dashboard/requests/{to_approve['id']}/approve", form={"csrf": _token(page)})
+    assert forced.status == 403 and "cannot be approved by the key that submitted it" in forced.text()
+    assert _status(stack, to_approve["id"]) == "pending-approval"
+
+    # the models page says the model needs approval, with its tags
+    page.goto(f"{base}/dashboard/models/{gated}")
+    assert page.inner_text("#requires-approval") == "requires approval"
+    assert {"credit", "eu"} <= set(page.locator(".model-facts .tag").all_inner_texts())
+
+    # a second admin approves it from the page: its job is created and it runs to certified
+    second = browser.new_context()
+    second.set_default_timeout(TIMEOUT_MS)
+    other = second.new_page()
+    log_in(other, base, second_key)
+    other.goto(f"{base}/dashboard/requests/{to_approve['id']}")
+    assert other.locator("#four-eyes").count() == 0 and not other.is_disabled("#approve")
+    other.fill("#approval input[name=note]", "checked with the DPO")
+    other.click("#approve")
+    other.wait_for_selector("#notice")
+    assert "approved" in other.inner_text("#notice") and other.locator("#approval").count() == 0
+    other.wait_for_function("() => document.querySelector('#status').textContent === 'certified'")
+    timeline = other.inner_text("#timeline")
+    assert "approved by second-admin" in timeline and "checked with the DPO" in timeline
+    assert "received by operator" in timeline and "api-key:" not in timeline  # keys by name, not by id
+    approved = [actor for action, actor in _audit_actions(stack, to_approve["id"]) if action.endswith(".approved")]
+    assert len(approved) == 1 and approved[0].startswith("api-key:") and approved[0] in other.content()  # a title
+
+    # the other is rejected with a reason: no reason is refused, the reason is recorded and shown
+    other.goto(f"{base}/dashboard/requests/{to_reject['id']}")
+    empty = other.request.post(
+        f"{base}/dashboard/requests/{to_reject['id']}/reject", form={"csrf": _token(other), "reason": " "}
+    )
+    assert empty.status == 422 and "say why" in empty.text()
+    other.fill("#approval input[name=reason]", "not a data subject of ours")
+    other.click("#reject")
+    other.wait_for_selector("#notice")
+    assert "rejected" in other.inner_text("#notice") and other.inner_text("#status") == "rejected"
+    assert "not a data subject of ours" in other.inner_text("#attempts")
+    assert "rejected by second-admin" in other.inner_text("#timeline")
+    assert other.inner_text("#time-left") == "answered"
+    assert _status(stack, to_reject["id"]) == "rejected"
+    again = other.request.post(
+        f"{base}/dashboard/requests/{to_reject['id']}/approve", form={"csrf": _token(other)}
+    )  # nothing is waiting for approval now
+    assert again.status == 409 and "Only a request waiting for approval" in again.text()
+    second.close()
+
+    page.goto(f"{base}/dashboard/audit")
+    assert "second-admin" in page.inner_text("table.grid")
+
+
+def test_per_person_erasure_followed_to_its_combined_certificate(stack, page, browser, tmp_path):
+    person = "dana.subject-51c0@example.org"  # appears nowhere else
+    stack.serve(background=True)
+    for name, rows in (("people-a", [3, 40]), ("people-b", [7])):
+        stack.register_model(name, shadows=8, people={person: rows})
+    base = stack.serve(background=False)  # nothing runs yet: the erasure page opens while it is in progress
+    log_in(page, base, stack.admin_key)
+
+    page.goto(f"{base}/dashboard/subjects")
+    page.fill("#erase-ref", "nobody.known@example.org")
+    page.click("#erase-submit")
+    page.wait_for_selector("#action-error")
+    assert "No model holds rows of this data subject" in page.inner_text("#action-error")
+
+    page.fill("#erase-ref", person)
+    page.click("#erase-submit")
+    page.wait_for_url(re.compile(r"/dashboard/erasures/[0-9a-f-]+\?done=erasure$"))
+    erasure_id = page.url.split("/dashboard/erasures/")[1].split("?")[0]
+    assert "one deletion request per model" in page.inner_text("#notice")
+    assert page.inner_text("#erasure-status") == "in-progress" and page.locator("#combined-pending").count() == 1
+    children = page.eval_on_selector_all("tr[data-child-id]", "rows => rows.map(r => r.dataset.childId)")
+    assert len(children) == 2 and {"people-a", "people-b"} == set(
+        page.locator("#children td a[href^='/dashboard/models/']").all_inner_texts()
+    )
+    assert person not in page.content() and person not in page.url
+    page.evaluate("() => { window.__sameDocument = true; }")
+
+    stack.serve(background=True)  # the same origin, now with the in-process worker: the page follows it
+    page.wait_for_function("() => document.querySelector('#erasure-status').textContent === 'certified'")
+    assert page.evaluate("() => window.__sameDocument === true"), "the page was reloaded"
+    assert page.locator("#children .badge").all_inner_texts() == ["certified", "certified"]
+    result = page.inner_text("#erasure-verify-result")
+    assert result.startswith(f"VALID: combined erasure certificate {erasure_id}") and "2 model(s)" in result
+    page.evaluate("() => { document.querySelector('#erasure-verify-result').textContent = ''; }")
+    page.click("#erasure-verify")
+    page.wait_for_function("() => document.querySelector('#erasure-verify-result').textContent.includes('checked')")
+    assert page.inner_text("#erasure-verify-result").startswith("VALID: combined erasure certificate")
+
+    # the combined certificate downloads and verifies offline against the published keys, as the page says
+    download = page.request.get(base + page.get_attribute("#erasure-download", "href"))
+    assert download.status == 200 and "attachment" in download.headers["content-disposition"]
+    saved = tmp_path / "erasure.json"
+    saved.write_bytes(download.body())
+    valid, summary = verify_file(saved, f"{base}/.well-known/lethe-keys.json")
+    assert valid and erasure_id in summary and all(child in summary for child in children)
+    for child in children:
+        assert _status(stack, child) == "certified"
+
+    # a lookup by the person's reference (posted, never in a URL) lists their requests and the erasure
+    page.goto(f"{base}/dashboard/subjects")
+    page.fill("#lookup input[name=subject_ref]", person)
+    page.click("#lookup-submit")
+    page.wait_for_url(re.compile(r"/dashboard/subjects/[0-9a-f]{64}$"))
+    assert page.url.endswith(subject_hash(person)) and person not in page.url and person not in page.content()
+    assert _listed(page) == set(children)
+    assert erasure_id[:8] in page.inner_text("#erasures") and "certified" in page.inner_text("#erasures")
+    page.click(f"#erasures a[href='/dashboard/erasures/{erasure_id}']")
+    page.wait_for_selector("#erasure-download")
+
+    # a read-only key sees no erasure form and its POST is refused
+    reader = browser.new_context()
+    reader_page = reader.new_page()
+    log_in(reader_page, base, stack.reader_key)
+    reader_page.goto(f"{base}/dashboard/subjects")
+    assert reader_page.locator("#erase-submit").count() == 0 and reader_page.locator("#lookup-submit").count() == 1
+    refused = reader_page.request.post(
+        f"{base}/dashboard/subjects/erasures", form={"csrf": _token(reader_page), "subject_ref": person}
+    )
+    assert refused.status == 403
+    reader.close()
+
+
+def test_plain_http_on_a_non_localhost_host_name_with_the_setting(stack, playwright, monkeypatch):
+    """``lethe.test`` is mapped to 127.0.0.1 inside Chromium (nothing is resolved for real, every other name fails):
+    an origin that is not localhost over plain http, where a browser drops a Secure cookie. Every request to it goes
+    through Chromium (navigation, clicks, the page's own fetch), never through Playwright's resolver."""
+    base = stack.serve(background=False).replace("127.0.0.1", "lethe.test")
+    waiting = stack.delete(stack.model_id, ["r70"])
+    rules = "--host-resolver-rules=MAP lethe.test 127.0.0.1, MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"
+    chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=[*CHROMIUM_ARGS, rules, "--no-proxy-server"])
+    try:
+        # by default the cookies are Secure: the browser drops them, and the login form says why
+        context = chromium.new_context()
+        context.set_default_timeout(TIMEOUT_MS)
+        page = context.new_page()
+        log_in(page, base, stack.admin_key)
+        assert page.url.endswith("/dashboard/login")
+        assert "LETHE_DASHBOARD_INSECURE_COOKIES" in page.inner_text("#login-error")
+        assert not [c for c in context.cookies() if c["name"].startswith("lethe_dashboard")]
+        context.close()
+
+        # allowed: the same cookies without Secure (still HttpOnly, SameSite=Strict), forms and CSRF work
+        monkeypatch.setenv("LETHE_DASHBOARD_INSECURE_COOKIES", "true")
+        get_settings.cache_clear()
+        context = chromium.new_context()
+        context.set_default_timeout(TIMEOUT_MS)
+        page = context.new_page()
+        log_in(page, base, stack.admin_key)
+        assert page.url == f"{base}/dashboard/requests" and waiting["id"][:8] in page.content()
+        (cookie,) = [c for c in context.cookies() if c["name"] == "lethe_dashboard"]
+        assert not cookie["secure"] and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        # (from inside the page: Playwright's own page.request would resolve lethe.test for real, outside Chromium)
+        forged = page.evaluate(
+            """async (url) => (await fetch(url, {method: "POST", credentials: "same-origin",
+                                                 body: new URLSearchParams({csrf: "forged"})})).status""",
+            f"/dashboard/requests/{waiting['id']}/cancel",
+        )
+        assert forged == 403
+        page.goto(f"{base}/dashboard/requests/{waiting['id']}")
+        page.click("#cancel")
+        page.wait_for_selector("#notice")
+        assert "cancelled" in page.inner_text("#notice") and _status(stack, waiting["id"]) == "cancelled"
+        page.click("header .who button")
+        page.wait_for_url(re.compile(r"/dashboard/login$"))
+        assert not [c for c in context.cookies() if c["name"] == "lethe_dashboard"]
+        context.close()
+    finally:
+        chromium.close()
+        monkeypatch.delenv("LETHE_DASHBOARD_INSECURE_COOKIES", raising=False)
+        get_settings.cache_clear()

@@ -4,11 +4,21 @@ cookie flags, CSRF bound to the session and to this origin, scopes, and pages th
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import pytest
 from fastapi.testclient import TestClient
 
-from app.dashboard.views import carried_deletions, lineage_svg, time_left
+from app.dashboard.views import (
+    actor_label,
+    actor_names,
+    carried_deletions,
+    lineage_svg,
+    method_quality,
+    time_left,
+    version_accuracy,
+)
 from app.main import create_app
 from tests.helpers import configure, make_key
 
@@ -46,6 +56,34 @@ def test_login_sets_a_secure_httponly_strict_cookie_and_pages_need_it(app):
         assert page.status_code == 200 and "text/html" in page.headers["content-type"]
         assert "script-src 'self'" in page.headers["content-security-policy"] and key not in page.text
         assert client.get("/dashboard/audit").status_code == 403  # requests:read is not audit:read
+
+
+def test_plain_http_setting_drops_only_the_secure_flag(tmp_path):
+    """LETHE_DASHBOARD_INSECURE_COOKIES: off by default (above: Secure); on, the cookies lose Secure and nothing else.
+    A login whose cookie never came back over plain http from a non-loopback host says why (in-process client: the
+    host name is never resolved)."""
+    configure(tmp_path, dashboard_insecure_cookies="true")
+    key = make_key(["requests:read"])
+    with TestClient(create_app(run_background=False), base_url="http://lethe.test") as client:
+        form = client.get("/dashboard/login")
+        login_cookie = form.headers["set-cookie"].lower()
+        assert "secure" not in login_cookie and "httponly" in login_cookie and "samesite=strict" in login_cookie
+        answer = _login(client, key)
+        assert answer.status_code == 303
+        cookie = [c for c in answer.headers.get_list("set-cookie") if c.startswith("lethe_dashboard=")][0].lower()
+        assert "secure" not in cookie and "httponly" in cookie and "samesite=strict" in cookie
+        assert client.get("/dashboard/requests").status_code == 200
+    configure(tmp_path)
+    with TestClient(create_app(run_background=False), base_url="http://lethe.test") as client:
+        token = _csrf(client.get("/dashboard/login").text)
+        client.cookies.clear()  # what a browser does with a Secure cookie sent over plain http to this host
+        refused = client.post("/dashboard/login", data={"api_key": key, "csrf": token})
+        assert refused.status_code == 403 and "LETHE_DASHBOARD_INSECURE_COOKIES" in refused.text
+    with TestClient(create_app(run_background=False), base_url="http://127.0.0.1") as client:
+        token = _csrf(client.get("/dashboard/login").text)
+        client.cookies.clear()
+        refused = client.post("/dashboard/login", data={"api_key": key, "csrf": token})
+        assert refused.status_code == 403 and "LETHE_DASHBOARD_INSECURE_COOKIES" not in refused.text
 
 
 def test_login_form_needs_its_token_and_a_wrong_key_is_refused(app):
@@ -123,8 +161,82 @@ def test_federated_model_pages_show_clients_methods_and_the_forget_lock():
     assert "3 clients (1 removed), 4 rounds" in listing
     assert 'id="forget-lock"' in listing and "rank 8" in listing and "req-1234" in listing
     assert "validation.forget_r1" in listing and "too few rows" in listing and "curve" not in listing
+    assert "prepared without a measured quality" not in listing  # EASE's validation is shown, if not as tabular
     page = templates.get_template("model.html").render(
         **common, m=model, versions=versions, carried={"v1": [], "v3": ["req-12345678"]},
         lineage=lineage_svg(versions), lock=lock, page="models",
     )  # fmt: skip
     assert "<svg" in page and "v3 · ease" in page and 'id="forget-lock"' in page
+
+
+def test_actors_by_key_name():
+    keys = [
+        SimpleNamespace(id="k1", name="operator", prefix="aa11"),
+        SimpleNamespace(id="k2", name="second-admin", prefix="bb22"),
+        SimpleNamespace(id="k3", name="second-admin", prefix="cc33"),
+    ]
+    names = actor_names(keys)
+    assert actor_label("api-key:k1", names) == "operator"
+    assert actor_label("api-key:k3", names) == "second-admin (lethe_cc33_…)"  # two keys share the name
+    assert actor_label("dispatcher", names) == "dispatcher" and actor_label("api-key:gone", names) == "api-key:gone"
+
+
+def test_accuracy_per_version_and_validated_quality_in_a_few_figures():
+    assert version_accuracy({"accuracy_train": 0.91, "accuracy_holdout": 0.825}) == {"holdout": 0.825, "trained": 0.91}
+    child = {"after": {"accuracy_retain": 0.9, "accuracy_holdout": 0.85}, "before": {"accuracy_holdout": 0.1}}
+    assert version_accuracy(child) == {"holdout": 0.85, "trained": 0.9}
+    assert version_accuracy({"round": 3, "after": {"test": {"r1": 0.5}}}) == {"holdout": None, "trained": None}
+
+    validation = {"deletions": 4, "param_ratio_median": 0.0088, "acc_gap_pts_median": 0.0,
+                  "method_seconds_median": 2.3e-5, "retrain_seconds_median": 0.41,
+                  "equals_do_nothing": False}  # fmt: skip
+    quality = method_quality({"timings": {"gradient_s": 0.1}, "validation": validation}, 0.1)
+    assert quality == {"deletions": "4", "param_ratio": "0.0088", "acc_gap": "+0.00 pts", "time": "23 µs",
+                       "retrain": "410.0 ms", "bound": "yes: 0.0088 ≤ 0.1", "within": "yes"}  # fmt: skip
+    assert method_quality({"validation": {**validation, "param_ratio_median": 0.3}}, 0.1)["bound"] == "no: 0.3 > 0.1"
+    assert method_quality({"validation": {**validation, "equals_do_nothing": True}}, 0.1)["within"] == "no"
+    assert method_quality({"rank": 8}, 0.1) is None
+
+
+def test_models_page_shows_accuracy_per_version_tags_approval_and_one_quality_row_per_method():
+    from starlette.requests import Request
+
+    from app.dashboard.router import templates
+
+    validation = {"deletions": 4, "param_ratio_median": 0.0088, "acc_gap_pts_median": 0.0,
+                  "method_seconds_median": 2.3e-5, "retrain_seconds_median": 0.41,
+                  "equals_do_nothing": False}  # fmt: skip
+    info = {"method": "newton", "rows": 160, "timings": {"gradient_s": 0.0005, "hessian_s": 0.047},
+            "validation": validation, "determinism_probe": {"chaotic": False, "theta_norm": 6.5}}  # fmt: skip
+    model = {
+        "id": "m2", "name": "credit-lr", "kind": "tabular", "status": "ready", "family": "logistic_regression",
+        "current_version": {"number": 2, "method": "newton"}, "requires_approval": True, "tags": ["credit", "eu"],
+        "subject_column": "person", "federation": None,
+        "unlearning": {"newton": {"status": "ready", "info": info}},
+    }  # fmt: skip
+    versions = [
+        {"id": "v1", "number": 1, "parent_id": None, "digest": "0" * 64, "method": "train", "request_id": None,
+         "metrics": {}, "accuracy": {"holdout": 0.825, "trained": 0.9125}, "created_at": None,
+         "retired_at": datetime(2026, 1, 2, tzinfo=UTC), "retired_by": "r1", "current": False},
+        {"id": "v2", "number": 2, "parent_id": "v1", "digest": "1" * 64, "method": "newton", "request_id": "r1",
+         "metrics": {}, "accuracy": {"holdout": 0.846, "trained": None}, "created_at": None, "retired_at": None,
+         "retired_by": None, "current": True},
+    ]  # fmt: skip
+    scope = {"type": "http", "method": "GET", "path": "/dashboard/models", "headers": [], "query_string": b""}
+    common = {"request": Request(scope), "principal": None, "poll_ms": 1000}
+    for page in (
+        templates.get_template("models.html").render(
+            **common, models=[{"m": model, "versions": versions, "lock": None}], page="models"
+        ),
+        templates.get_template("model.html").render(
+            **common, m=model, versions=versions, carried={"v1": [], "v2": ["r1"]},
+            lineage=lineage_svg(versions), lock=None, page="models",
+        ),
+    ):  # fmt: skip
+        assert 'id="requires-approval"' in page and '<span class="tag">credit</span>' in page and "person" in page
+        assert "0.825" in page and "0.912" in page and "0.846" in page  # accuracy per version
+        row = re.search(r'<tr class="method" data-method="newton">(.*?)</tr>', page, re.S).group(1)
+        for figure in ("4 deletions", "0.0088", "+0.00 pts", "23 µs", "410.0 ms", "yes: 0.0088 ≤ 0.1"):
+            assert figure in row
+        before_details, details = row.split("<details", 1)
+        assert "timings.gradient_s" not in before_details and "timings.gradient_s" in details  # raw figures folded

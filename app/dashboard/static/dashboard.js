@@ -1,6 +1,7 @@
 // Lethe dashboard: refresh unfinished requests in place (no full reload) and verify certificates on demand.
 // Polls /dashboard/api/requests for the rows still active; on the request page, a change of status re-fetches the
-// page body (report, certificate, timeline) from /dashboard/requests/<id>/live.
+// page body (report, certificate, timeline) from /dashboard/requests/<id>/live. A body marked data-follow (the
+// per-person erasure) is fetched again from its URL while it says it is still following (data-following="true").
 (function () {
   "use strict";
   const interval = Number(document.body.dataset.pollMs || 1000);
@@ -50,6 +51,25 @@
     window.setTimeout(poll, interval);
   }
 
+  function follow(box) {
+    let last = "";
+    async function tick() {
+      if (box.dataset.active !== "true") return;
+      try {
+        const response = await fetch(box.dataset.follow, { credentials: "same-origin" });
+        if (response.status === 401) { window.location.assign("/dashboard/login"); return; }
+        if (response.ok) {
+          const html = await response.text();
+          if (html !== last) { box.innerHTML = html; last = html; }  // unchanged: leave the page as it is
+          const state = box.querySelector("[data-following]");
+          box.dataset.active = state && state.dataset.following === "true" ? "true" : "false";
+        }
+      } catch (err) { /* the next poll tries again */ }
+      window.setTimeout(tick, interval);
+    }
+    window.setTimeout(tick, interval);
+  }
+
   document.addEventListener("click", async (event) => {
     const button = event.target.closest("[data-verify]");
     if (!button) return;
@@ -70,4 +90,5 @@
   });
 
   window.setTimeout(poll, interval);
+  document.querySelectorAll("[data-follow]").forEach(follow);
 })();
