@@ -11,6 +11,11 @@ with httpx and pydantic alone. Every error answer raises :class:`LetheProblem`, 
         done = lethe.wait(request.id, on_progress=lambda r: print(r.status, r.progress))
 
 The returned models accept fields a newer server adds (``extra="allow"``), so an older client keeps working.
+
+Retries: a call that is safe to repeat (GET, HEAD, and a POST carrying an ``Idempotency-Key``) is retried with
+exponential backoff when the API cannot be reached, or answers 503 or 429, honouring ``Retry-After``; any call is
+retried when the connection could not be made at all (nothing was sent). :meth:`LetheClient.submit_deletion` makes
+up an ``Idempotency-Key`` when none is given, so its retry is answered with the request the first try created.
 """
 
 from __future__ import annotations
@@ -18,9 +23,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import time
+import uuid
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -31,6 +40,9 @@ PROBLEM_BASE = "https://lethe.dev/problems/"
 TERMINAL_STATUSES = ("certified", "failed", "rejected", "cancelled")
 """A deletion request in one of these states will not change again (unless an admin retries a failed one)."""
 DEFAULT_URL = "http://127.0.0.1:8000"
+RETRY_STATUSES = (429, 503)
+"""Answers that say "try again later": a retryable call waits (``Retry-After`` when given) and tries again."""
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
 
 class LetheProblem(Exception):
@@ -247,10 +259,29 @@ class Readiness(_Out):
     checks: dict[str, Any] = Field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class RetryNotice:
+    """What ``on_retry`` is told before the client waits and tries a call again."""
+
+    method: str
+    url: str
+    attempt: int
+    """1 for the first retry."""
+    delay: float
+    """Seconds the client waits before it (``Retry-After`` when the answer gave one)."""
+    reason: str
+    """``503 unavailable``, ``429 ...`` or the connection error's name."""
+
+
 class LetheClient:
     """Lethe's API. ``base_url`` and ``api_key`` default to ``LETHE_URL`` and ``LETHE_API_KEY``. ``transport`` (an
     httpx transport) or ``http`` (a ready ``httpx.Client``, such as FastAPI's TestClient, used as it is) point it at
-    an app in the same process."""
+    an app in the same process.
+
+    ``retries`` (default 4) is how many times a retryable call is tried again, after ``backoff`` seconds doubled at
+    each try (with jitter) up to ``max_backoff``; a ``Retry-After`` is waited as given, and one longer than
+    ``max_backoff`` ends the retries (the problem is raised). ``on_retry`` sees a :class:`RetryNotice` before each
+    wait. ``retries=0`` turns retrying off."""
 
     def __init__(
         self,
@@ -260,7 +291,12 @@ class LetheClient:
         timeout: float = 60.0,
         transport: httpx.BaseTransport | None = None,
         http: httpx.Client | None = None,
+        retries: int = 4,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        on_retry: Callable[[RetryNotice], None] | None = None,
     ):
+        self.retries, self.backoff, self.max_backoff, self.on_retry = retries, backoff, max_backoff, on_retry
         if http is not None:  # its headers are the caller's: only an explicit api_key is added
             self.api_key, self.http, self._owned = api_key, http, False
             if api_key:
@@ -288,11 +324,46 @@ class LetheClient:
 
     # ------------------------------------------------------------------------------------------------ plumbing
     def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
-        """Any call; an answer of 400 or more raises :class:`LetheProblem` (304 is not an error)."""
-        response = self.http.request(method, url, **kwargs)
-        if response.status_code >= 400:
-            raise LetheProblem.from_response(response)
-        return response
+        """Any call; an answer of 400 or more raises :class:`LetheProblem` (304 is not an error). Retried as the
+        class says: a safe method or an ``Idempotency-Key`` makes a call repeatable."""
+        method = method.upper()
+        headers = kwargs.get("headers") or {}
+        repeatable = method in SAFE_METHODS or any(k.lower() == "idempotency-key" for k in headers)
+        attempt = 0
+        while True:
+            try:
+                response = self.http.request(method, url, **kwargs)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing was sent: any call may go again
+                if attempt >= self.retries:
+                    raise
+                delay, reason = self._backoff_delay(attempt), f"cannot connect ({type(exc).__name__})"
+            except httpx.TransportError as exc:  # sent, perhaps acted on: only a repeatable call goes again
+                if not repeatable or attempt >= self.retries:
+                    raise
+                delay, reason = self._backoff_delay(attempt), f"connection lost ({type(exc).__name__})"
+            else:
+                if response.status_code < 400:
+                    return response
+                problem = LetheProblem.from_response(response)
+                # a 429 was refused before any work; a 503 may follow work that still commits (the intake's timeout)
+                if response.status_code not in RETRY_STATUSES or attempt >= self.retries:
+                    raise problem
+                if response.status_code == 503 and not repeatable:
+                    raise problem
+                told = retry_after_seconds(response.headers.get("retry-after"))
+                if told is not None and told > self.max_backoff:
+                    raise problem  # waiting less than the server asked would be impolite; waiting longer, a hang
+                delay = told if told is not None else self._backoff_delay(attempt)
+                reason = f"{response.status_code} {problem.slug}"
+            attempt += 1
+            if self.on_retry is not None:
+                self.on_retry(RetryNotice(method, str(url), attempt, delay, reason))
+            time.sleep(delay)
+
+    def _backoff_delay(self, attempt: int) -> float:
+        """``backoff`` doubled per attempt, capped, with "equal jitter" (half fixed, half random)."""
+        ceiling = min(self.max_backoff, self.backoff * 2**attempt)
+        return ceiling / 2 + random.uniform(0, ceiling / 2)
 
     def _json(self, method: str, url: str, **kwargs: Any) -> Any:
         return self.request(method, url, **kwargs).json()
@@ -366,9 +437,11 @@ class LetheClient:
         on_progress: Callable[[Model], None] | None = None,
     ) -> Model:
         """Poll a model until ``until`` holds (default: it is no longer registering); ``on_progress`` sees each
-        changed state. TimeoutError after ``timeout`` seconds."""
+        changed state. TimeoutError after ``timeout`` seconds. An API that goes away meanwhile is waited for, as in
+        :meth:`wait`."""
         until = until or (lambda m: m.status != "registering")
-        return _poll(lambda: self.get_model(model_id), until, timeout, interval, on_progress, f"model {model_id}")
+        return _poll(lambda: self.get_model(model_id), until, timeout, interval, on_progress, f"model {model_id}",
+                     None, self.max_backoff)  # fmt: skip
 
     def versions(self, model_id: str) -> list[ModelVersion]:
         return [ModelVersion.model_validate(v) for v in self._json("GET", f"/v1/models/{model_id}/versions")]
@@ -420,7 +493,9 @@ class LetheClient:
         idempotency_key: str | None = None,
     ) -> DeletionRequest:
         """``scope``: ``{"kind": "samples", "sample_ids": [...]}``, ``{"kind": "class", "label": ...}`` or
-        ``{"kind": "client", "client_id": ...}``. Answers once the request is durable (202)."""
+        ``{"kind": "client", "client_id": ...}``. Answers once the request is durable (202). Without an
+        ``idempotency_key`` one is made up (``lethe-client-<uuid4>``) and sent on every try, so a retry after a lost
+        answer is answered with the request the first try created."""
         body: dict[str, Any] = {"subject_ref": subject_ref, "model_id": model_id, "scope": scope, "method": method}
         if method_settings:
             body["method_settings"] = method_settings
@@ -428,7 +503,7 @@ class LetheClient:
             body["callback_url"] = callback_url
         if received_at is not None:
             body["received_at"] = received_at.isoformat() if isinstance(received_at, datetime) else received_at
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        headers = {"Idempotency-Key": idempotency_key or f"lethe-client-{uuid.uuid4()}"}
         response = self.request("POST", "/v1/deletion-requests", json=body, headers=headers)
         out = DeletionRequest.model_validate(response.json())
         out.location = response.headers.get("location")
@@ -461,11 +536,15 @@ class LetheClient:
         timeout: float = 900,
         interval: float = 0.25,
         on_progress: Callable[[DeletionRequest], None] | None = None,
+        on_reconnect: Callable[[Exception, float], None] | None = None,
     ) -> DeletionRequest:
         """Poll a deletion request until it ends (certified, failed, rejected or cancelled). ``on_progress`` is
-        called with each changed state (status, progress or message). TimeoutError after ``timeout`` seconds."""
+        called with each changed state (status, progress or message). TimeoutError after ``timeout`` seconds.
+
+        Once the request has been read, an API that goes away (unreachable, 503, 429: a restart) does not end the
+        wait: it is polled again with backoff until ``timeout``, ``on_reconnect`` told of each failed poll."""
         return _poll(lambda: self.get_deletion(request_id), lambda r: r.done, timeout, interval, on_progress,
-                     f"deletion request {request_id}")  # fmt: skip
+                     f"deletion request {request_id}", on_reconnect, self.max_backoff)  # fmt: skip
 
     def cancel(self, request_id: str) -> DeletionRequest:
         """Cancel a request no worker has started (admin)."""
@@ -551,14 +630,58 @@ class LetheClient:
         return self._json("POST", "/v1/webhooks/secret", json={"url": url})["secret"]
 
 
-def _poll(fetch, until, timeout: float, interval: float, on_progress, what: str):
+def retry_after_seconds(value: str | None) -> float | None:
+    """A ``Retry-After`` header as seconds from now: delay-seconds or an HTTP date (RFC 9110); None when absent or
+    unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        moment = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return max(0.0, (moment - datetime.now(UTC)).total_seconds())
+
+
+def unavailable(exc: BaseException) -> bool:
+    """True for a failure that says "the API is away, try later": no connection, or a 503 or 429 answer."""
+    if isinstance(exc, LetheProblem):
+        return exc.status in RETRY_STATUSES
+    return isinstance(exc, httpx.TransportError)
+
+
+def _poll(fetch, until, timeout: float, interval: float, on_progress, what: str, on_reconnect=None,
+          max_backoff: float = 30.0):  # fmt: skip
+    """Fetch until ``until`` holds. After the first answer, an unavailable API (see :func:`unavailable`) is polled
+    again with backoff (``Retry-After`` when given) until the deadline, ``on_reconnect(error, delay)`` told each
+    time: a restarted server does not end a wait; ``on_progress`` sees the first answer after an outage even when
+    nothing changed."""
     deadline = time.monotonic() + timeout
     last = None
+    seen = False
+    outage = 0
     while True:
-        value = fetch()
+        try:
+            value = fetch()
+        except Exception as exc:
+            if not seen or not unavailable(exc) or time.monotonic() > deadline:
+                raise
+            told = retry_after_seconds(exc.headers.get("retry-after")) if isinstance(exc, LetheProblem) else None
+            delay = min(told if told is not None else interval * 2 ** min(outage, 10), max_backoff)
+            delay = max(0.0, min(delay, deadline - time.monotonic()))
+            outage += 1
+            if on_reconnect is not None:
+                on_reconnect(exc, delay)
+            time.sleep(delay)
+            continue
         state = (getattr(value, "status", None), getattr(value, "progress", None), getattr(value, "message", None))
-        if on_progress is not None and state != last:
+        if on_progress is not None and (state != last or outage):
             on_progress(value)
+        seen, outage = True, 0
         last = state
         if until(value):
             return value
