@@ -43,6 +43,8 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 RETRY_STATUSES = (429, 503)
 """Answers that say "try again later": a retryable call waits (``Retry-After`` when given) and tries again."""
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+ERASURE_END_STATUSES = ("certified", "failed")
+"""A per-person erasure in one of these states will not change again."""
 
 
 class LetheProblem(Exception):
@@ -112,6 +114,9 @@ class Model(_Out):
     links: dict[str, str] = Field(default_factory=dict)
     federation: dict[str, Any] | None = None
     requires_approval: bool = False
+    subject_column: str | None = None
+    batch: dict[str, int] | None = None
+    """The batch bounds (``max_requests``, ``max_rows``) of a tabular model; None for one registered before batches."""
     tags: list[str] = Field(default_factory=list)
 
 
@@ -257,6 +262,87 @@ class WebhookDelivery(_Out):
 class Readiness(_Out):
     ready: bool
     checks: dict[str, Any] = Field(default_factory=dict)
+
+
+class BulkResult(_Out):
+    id: str
+    outcome: str
+    """``done`` or ``skipped``."""
+    status: str | None = None
+    """The request's status after the action (``done``)."""
+    reason: str | None = None
+    """Why it was skipped (the refusal's detail)."""
+    problem_type: str | None = None
+
+    @property
+    def problem_slug(self) -> str | None:
+        return self.problem_type.removeprefix(PROBLEM_BASE) if self.problem_type else None
+
+
+class BulkOutcome(_Out):
+    """A bulk action's answer: how many requests were selected, acted on and skipped, and each one's outcome."""
+
+    action: str
+    selected: int
+    done: int
+    skipped: int
+    results: list[BulkResult] = Field(default_factory=list)
+
+
+class ErasureChild(_Out):
+    request_id: str
+    model_id: str
+    status: str
+    n_samples: int = 0
+    certificate_id: str | None = None
+    certificate_digest: str | None = None
+    links: dict[str, str] = Field(default_factory=dict)
+
+
+class Erasure(_Out):
+    """A per-person erasure: one deletion request (child) per model holding the subject's rows."""
+
+    id: str
+    subject_hash: str
+    method: str
+    status: str
+    """``in-progress``, ``certified`` (every child certified, the combined certificate issued) or ``failed``."""
+    children_by_status: dict[str, int] = Field(default_factory=dict)
+    children: list[ErasureChild] = Field(default_factory=list)
+    certificate_digest: str | None = None
+    created_at: datetime
+    completed_at: datetime | None = None
+    links: dict[str, str] = Field(default_factory=dict)
+    location: str | None = Field(None, exclude=True, description="The Location header of a 202 (client side only).")
+
+    @property
+    def done(self) -> bool:
+        return self.status in ERASURE_END_STATUSES
+
+    # the shape _poll watches: (status, progress, message)
+    @property
+    def progress(self) -> float:
+        ended = sum(n for status, n in self.children_by_status.items() if status in TERMINAL_STATUSES)
+        return ended / len(self.children) if self.children else 0.0
+
+    @property
+    def message(self) -> str | None:
+        return ", ".join(f"{n} {status}" for status, n in sorted(self.children_by_status.items())) or None
+
+
+class SubjectErasureRef(_Out):
+    id: str
+    created_at: datetime
+    certificate_digest: str | None = None
+    links: dict[str, str] = Field(default_factory=dict)
+
+
+class SubjectRequests(_Out):
+    """A data subject's deletion requests and erasures, found by the keyed hash (``subject_hash``)."""
+
+    subject_hash: str
+    requests: list[DeletionRequest] = Field(default_factory=list)
+    erasures: list[SubjectErasureRef] = Field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -406,6 +492,28 @@ class LetheClient:
 
     def get_model(self, model_id: str) -> Model:
         return Model.model_validate(self._json("GET", f"/v1/models/{model_id}"))
+
+    def update_model(
+        self,
+        model_id: str,
+        *,
+        requires_approval: bool | None = None,
+        tags: list[str] | None = None,
+        batch: dict[str, int] | None = None,
+    ) -> Model:
+        """Change a model's settings (admin, each change audited): ``requires_approval``, ``tags`` (replaces them
+        all; ``[]`` clears them) and ``batch`` (``{"max_requests": n, "max_rows": m}``; a bound left out takes the
+        API's default, so give both). At least one."""
+        body: dict[str, Any] = {}
+        if requires_approval is not None:
+            body["requires_approval"] = requires_approval
+        if tags is not None:
+            body["tags"] = list(tags)
+        if batch is not None:
+            body["batch"] = dict(batch)
+        if not body:
+            raise ValueError("give requires_approval, tags or batch")
+        return Model.model_validate(self._json("PATCH", f"/v1/models/{model_id}", json=body))
 
     def register_model(
         self,
@@ -574,6 +682,32 @@ class LetheClient:
             self._json("POST", f"/v1/deletion-requests/{request_id}/extend", json=body)
         )
 
+    def bulk(
+        self,
+        action: str,
+        *,
+        ids: list[str] | None = None,
+        filter: dict[str, Any] | None = None,
+        months: int | None = None,
+        reason: str | None = None,
+    ) -> BulkOutcome:
+        """One operator action (``cancel``, ``retry``, ``approve``, ``reject`` with ``reason``, ``extend`` with
+        ``months`` and ``reason``) over explicit ``ids`` or the list endpoint's ``filter`` (``status``, ``model_id``,
+        ``overdue``, ``stuck``, ``created_after``, ``created_before``) (admin). Each request is acted on and audited
+        on its own; one that cannot take the action is skipped with the reason. Not retried once sent (the API
+        takes no Idempotency-Key here)."""
+        body: dict[str, Any] = {"action": action}
+        if ids is not None:
+            body["ids"] = list(ids)
+        if filter is not None:
+            body["filter"] = {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in filter.items()
+                              if v not in (None, False)}  # fmt: skip
+        if months is not None:
+            body["months"] = months
+        if reason is not None:
+            body["reason"] = reason
+        return BulkOutcome.model_validate(self._json("POST", "/v1/deletion-requests/bulk", json=body))
+
     def webhook_deliveries(self, request_id: str) -> list[WebhookDelivery]:
         items = self._json("GET", f"/v1/deletion-requests/{request_id}/webhooks")["items"]
         return [WebhookDelivery.model_validate(d) for d in items]
@@ -581,6 +715,51 @@ class LetheClient:
     def redeliver(self, request_id: str, delivery_id: str) -> WebhookDelivery:
         url = f"/v1/deletion-requests/{request_id}/webhooks/{delivery_id}/redeliver"
         return WebhookDelivery.model_validate(self._json("POST", url))
+
+    # ------------------------------------------------------------------------------------------ per-person erasure
+    def erase_subject(
+        self, subject_ref: str, *, method: str = "auto", received_at: datetime | str | None = None
+    ) -> Erasure:
+        """Erase one data subject from every model registered with a ``subject_column`` holding rows of theirs:
+        one deletion request per model, followed together (202). ``404 subject-not-found`` when no model holds
+        any. Not retried once sent (the API takes no Idempotency-Key here; a second erasure of the same subject
+        while the first runs is a 409)."""
+        body: dict[str, Any] = {"subject_ref": subject_ref, "method": method}
+        if received_at is not None:
+            body["received_at"] = received_at.isoformat() if isinstance(received_at, datetime) else received_at
+        response = self.request("POST", "/v1/subjects/erasures", json=body)
+        out = Erasure.model_validate(response.json())
+        out.location = response.headers.get("location")
+        return out
+
+    def get_erasure(self, erasure_id: str) -> Erasure:
+        return Erasure.model_validate(self._json("GET", f"/v1/subjects/erasures/{erasure_id}"))
+
+    def wait_erasure(
+        self,
+        erasure_id: str,
+        *,
+        timeout: float = 900,
+        interval: float = 0.5,
+        on_progress: Callable[[Erasure], None] | None = None,
+        on_reconnect: Callable[[Exception, float], None] | None = None,
+    ) -> Erasure:
+        """Poll an erasure until it is certified (every child certified, the combined certificate issued) or
+        failed; as :meth:`wait` (``progress`` is the share of children that ended)."""
+        return _poll(lambda: self.get_erasure(erasure_id), lambda e: e.done, timeout, interval, on_progress,
+                     f"erasure {erasure_id}", on_reconnect, self.max_backoff)  # fmt: skip
+
+    def erasure_certificate(self, erasure_id: str) -> dict[str, Any]:
+        """The combined certificate (a DSSE envelope, as signed) once issued; ``404 certificate-not-issued``
+        before. Verify it offline with ``lethe verify-certificate``."""
+        return self._json("GET", f"/v1/subjects/erasures/{erasure_id}/certificate")
+
+    def subject_requests(self, subject_hash: str, *, limit: int = 100) -> SubjectRequests:
+        """A data subject's deletion requests and erasures, newest first, by the keyed hash every request and
+        erasure reports as ``subject_hash`` (the raw reference is never stored: the API cannot search for it)."""
+        return SubjectRequests.model_validate(
+            self._json("GET", f"/v1/subjects/{subject_hash}/requests", params={"limit": limit})
+        )
 
     # ------------------------------------------------------------------------------------------------ evidence
     def reports(self, request_id: str) -> list[Report]:

@@ -1,7 +1,7 @@
 """app/client.py: the problem document of an answer, and one made up for an answer that is not problem+json (a
 proxy's 502 page); retries (503, 429, Retry-After, refused connections; only calls safe to repeat) against a scripted
-loopback server; the made-up Idempotency-Key deduplicated by the real service after a lost answer, the service
-embedded on 127.0.0.1. More of the
+loopback server; the made-up Idempotency-Key deduplicated by the real service after a lost answer; the operator's
+actions (model settings, bulk actions, per-person erasure). The service runs embedded on 127.0.0.1. More of the
 client against a real service: tests/unit/test_cli.py, tests/model_listing.py (SQLite and PostgreSQL),
 tests/integration/test_ease_service.py (the federation)."""
 
@@ -18,9 +18,23 @@ import httpx
 import pytest
 import uvicorn
 
-from app.client import DeletionRequest, LetheClient, LetheProblem, RetryNotice, retry_after_seconds
+from app.certificates.verify_cli import verify_file
+from app.client import (
+    BulkOutcome,
+    BulkResult,
+    DeletionRequest,
+    Erasure,
+    ErasureChild,
+    LetheClient,
+    LetheProblem,
+    Model,
+    RetryNotice,
+    SubjectRequests,
+    retry_after_seconds,
+)
 from app.jobs.tabular import holdout_mask
 from app.main import create_app
+from app.requests.intake import MODEL_TTL
 from tests.helpers import configure, make_key, wait_for, write_table
 from tests.unit.scripted_server import ScriptedServer, json_answer, problem
 
@@ -237,3 +251,55 @@ def test_a_submission_whose_answer_was_lost_is_retried_with_the_same_made_up_key
     assert other.id != request.id
     api["client"].wait(request.id, timeout=120)
     api["client"].wait(other.id, timeout=120)
+
+
+def test_model_settings_and_bulk_actions_return_typed_answers(api):
+    client: LetheClient = api["client"]
+    model_id = api["model"].id
+    changed = client.update_model(model_id, requires_approval=True, tags=["team:privacy"],
+                                  batch={"max_requests": 3, "max_rows": 50})  # fmt: skip
+    assert isinstance(changed, Model) and changed.requires_approval and changed.tags == ["team:privacy"]
+    assert changed.batch == {"max_requests": 3, "max_rows": 50}
+    with pytest.raises(ValueError):
+        client.update_model(model_id)
+    time.sleep(MODEL_TTL + 0.1)  # the intake's snapshot of the model is at most MODEL_TTL old
+    try:
+        waiting = [client.submit_deletion(model_id, {"kind": "samples", "sample_ids": [next(api["rows"])]}, s)
+                   for s in ("bulk-1", "bulk-2")]  # fmt: skip
+        assert {r.status for r in waiting} == {"pending-approval"}
+        outcome = client.bulk("reject", ids=[r.id for r in waiting] + ["no-such-request"], reason="not our customer")
+        assert isinstance(outcome, BulkOutcome) and (outcome.selected, outcome.done, outcome.skipped) == (3, 2, 1)
+        skipped = next(r for r in outcome.results if r.outcome == "skipped")
+        assert isinstance(skipped, BulkResult) and skipped.id == "no-such-request"
+        assert skipped.problem_slug == "request-not-found"
+        assert {r.status for r in outcome.results if r.outcome == "done"} == {"rejected"}
+        with pytest.raises(LetheProblem) as empty:  # the same filter again selects nothing: refused as a whole
+            client.bulk("reject", filter={"status": "pending-approval", "model_id": model_id}, reason="again")
+        assert empty.value.slug == "bulk-selection-empty"
+    finally:
+        cleared = client.update_model(model_id, requires_approval=False, tags=[])
+        assert not cleared.requires_approval and cleared.tags == []
+        time.sleep(MODEL_TTL + 0.1)
+
+
+def test_a_person_is_erased_followed_and_certified_through_the_client(api, tmp_path):
+    client: LetheClient = api["client"]
+    erasure = client.erase_subject(ALICE, method="retrain")
+    assert isinstance(erasure, Erasure) and erasure.location == f"/v1/subjects/erasures/{erasure.id}"
+    assert [c.model_id for c in erasure.children] == [api["model"].id] and erasure.children[0].n_samples == 3
+    seen: list[str] = []
+    done = client.wait_erasure(erasure.id, timeout=120, interval=0.1, on_progress=lambda e: seen.append(e.status))
+    assert done.status == "certified" and done.done and done.progress == 1.0 and seen[-1] == "certified"
+    assert isinstance(done.children[0], ErasureChild) and done.children[0].certificate_id
+    envelope = client.erasure_certificate(erasure.id)
+    cert, keys = tmp_path / "combined.json", tmp_path / "keys.json"
+    cert.write_text(json.dumps(envelope))
+    keys.write_text(json.dumps(client.signing_keys()))
+    assert verify_file(cert, str(keys))[0]
+    found = client.subject_requests(done.subject_hash)
+    assert isinstance(found, SubjectRequests)
+    assert [r.id for r in found.requests] == [done.children[0].request_id]
+    assert [e.id for e in found.erasures] == [erasure.id] and found.erasures[0].certificate_digest
+    with pytest.raises(LetheProblem) as again:  # every row of theirs is gone
+        client.erase_subject(ALICE)
+    assert again.value.slug == "subject-not-found" and again.value.status == 404
