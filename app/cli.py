@@ -2,8 +2,8 @@
 
 Server side: serve, worker, dispatcher, webhook-sender, migrate, keys (create, list, revoke: straight on the
 database), signing-keys, demo. Client side, over the API (app/client.py): submit, status [--watch], list, models,
-report, cancel, approve, reject, retry, extend, export, audit-verify; and verify-certificate (offline). Exit codes:
-see ``EXIT_*`` below.
+model-settings, report, cancel, approve, reject, retry, extend, bulk, subjects (erase, status, certificate, requests),
+export, audit-verify; and verify-certificate (offline). Exit codes: see ``EXIT_*`` below.
 
 Output: tables fit the terminal's width (short ids and dates, then fewer columns; ids and statuses never cut) and
 take their natural width in a pipe; no line is broken by the program. Commands take a request's or a model's id
@@ -29,8 +29,8 @@ app.add_typer(keys_app, name="keys")
 signing_app = typer.Typer(help="Certificate signing keys (Ed25519).", **HELP)
 app.add_typer(signing_app, name="signing-keys")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_UNAUTHORISED, EXIT_UNREACHABLE = 0, 1, 2, 3, 4, 5
-"""0 done; 1 the deletion failed or the operation was refused (also: a watch timed out, an answer that is not the
-API's); 2 a usage error; 3 not found (404, 410); 4 not authorised (401, 403);
+"""0 done; 1 the deletion failed or the operation was refused (also: a bulk action skipped a request, a watch
+timed out, an answer that is not the API's); 2 a usage error; 3 not found (404, 410); 4 not authorised (401, 403);
 5 the API cannot be reached or is unavailable (503, 429, after the client's retries): distinct, so a script can tell
 "the erasure failed" from "try again later" (issue 23)."""
 
@@ -981,6 +981,324 @@ def extend(
     with _api(ctx) as client:
         request = client.extend(_resolve_request(client, request_id), months, reason)
     _console().print(f"{request.id} due {_short(request.due_at)}")
+
+
+BULK_ACTIONS = ("cancel", "retry", "approve", "reject", "extend")
+
+
+def _aware(value: str | None, option: str):
+    """An ISO 8601 moment with its offset (usage error without one)."""
+    from datetime import datetime
+
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not an ISO 8601 moment", param_hint=option) from None
+    if moment.tzinfo is None:
+        raise typer.BadParameter(f"{value!r} has no offset (write 2026-01-31T00:00:00Z)", param_hint=option)
+    return moment
+
+
+@app.command()
+def bulk(
+    ctx: typer.Context,
+    action: Annotated[str, typer.Argument(help="cancel | retry | approve | reject | extend")],
+    request_ids: Annotated[
+        list[str] | None, typer.Argument(help="Request ids (whole or short); or select with the filter options.")
+    ] = None,
+    status_: Annotated[str | None, typer.Option("--status", help="Filter: requests in this status.")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Filter: this model's requests.")] = None,
+    overdue: Annotated[bool, typer.Option("--overdue", help="Filter: unanswered past their deadline.")] = False,
+    stuck: Annotated[bool, typer.Option("--stuck", help="Filter: no worker has taken them.")] = False,
+    created_after: Annotated[str | None, typer.Option("--created-after", help="Filter: ISO 8601 with offset.")] = None,
+    created_before: Annotated[str | None, typer.Option("--created-before", help="Filter: ISO 8601, offset.")] = None,
+    every: Annotated[bool, typer.Option("--all", help="Select every request (no filter).")] = False,
+    months: Annotated[int | None, typer.Option(min=1, max=2, help="extend: one or two months in all.")] = None,
+    reason: Annotated[str | None, typer.Option(help="extend and reject: told to the data subject.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON.")] = False,
+) -> None:
+    """One action (cancel, retry, approve, reject, extend) over many deletion requests (admin).
+
+    The ids given, or the requests a filter selects (--status, --model, --overdue, --stuck, --created-after,
+    --created-before; --all for every one). Each request is acted on and audited on its own; one that cannot take
+    the action is skipped with the reason. Exit 0 every selected request took it, 1 one was skipped or the selection
+    was refused (empty, or above LETHE_BULK_MAX_REQUESTS)."""
+    if action not in BULK_ACTIONS:
+        raise typer.BadParameter(f"{action!r}: one of {', '.join(BULK_ACTIONS)}", param_hint="ACTION")
+    filtered = any((status_, model, overdue, stuck, created_after, created_before))
+    if request_ids and (filtered or every):
+        raise typer.BadParameter("give request ids or a filter, not both")
+    if not request_ids and not filtered and not every:
+        raise typer.BadParameter("give request ids, a filter (--status, --model, ...) or --all")
+    if action == "extend" and (months is None or reason is None):
+        raise typer.BadParameter("extend needs --months and --reason")
+    if action == "reject" and reason is None:
+        raise typer.BadParameter("reject needs --reason (told to the data subject)")
+    window = {"created_after": _aware(created_after, "--created-after"),
+              "created_before": _aware(created_before, "--created-before")}  # fmt: skip
+    console = _console()
+    with _api(ctx) as client:
+        if request_ids:
+            ids, selection = [_resolve_request(client, i) for i in request_ids], None
+        else:
+            model = _resolve_model(client, model) if model else None
+            ids, selection = None, {"status": status_, "model_id": model, "overdue": overdue, "stuck": stuck} | window
+        outcome = client.bulk(action, ids=ids, filter=selection, months=months, reason=reason)
+    if as_json:
+        typer.echo(outcome.model_dump_json(indent=2))
+    else:
+        rows = outcome.results
+        columns = [
+            _id_column("id", [r.id for r in rows]),
+            _Column("outcome", [r.outcome if r.outcome == "done" else f"[yellow]{r.outcome}[/yellow]" for r in rows]),
+            _Column("status", [r.status or "—" for r in rows]),
+            _Column("reason", [": ".join(filter(None, (r.problem_slug, r.reason))) for r in rows], wrap=True),
+        ]
+        title = f"{outcome.action}: {outcome.done} done, {outcome.skipped} skipped of {outcome.selected} selected"
+        console.print(_fit_table(title, columns, [("short", "id")], console.width))
+    raise typer.Exit(EXIT_OK if outcome.skipped == 0 else EXIT_FAILED)
+
+
+def _print_settings(model, console) -> None:
+    batch = model.batch or {}
+    console.print(f"[bold]{model.id}[/bold]  {model.name}  {model.status}", markup=True)
+    rows = [
+        ("requires approval", "yes" if model.requires_approval else "no"),
+        ("tags", ", ".join(model.tags) or "—"),
+        (
+            "batch",
+            f"at most {batch['max_requests']:,} requests, {batch['max_rows']:,} rows per version"
+            if batch
+            else "— (not a batched model)",
+        ),
+        ("subject column", getattr(model, "subject_column", None) or "—"),
+    ]
+    for label, value in rows:
+        console.print(f"  {label:<18} {value}", markup=False)
+
+
+@app.command("model-settings")
+def model_settings(
+    ctx: typer.Context,
+    model_id: Annotated[str, typer.Argument(help="The model (whole or short id).")],
+    requires_approval: Annotated[
+        bool | None,
+        typer.Option("--requires-approval/--no-requires-approval", help="Hold its requests for an admin's approval."),
+    ] = None,
+    tag: Annotated[list[str] | None, typer.Option("--tag", help="Its tags, replacing the old (repeat).")] = None,
+    clear_tags: Annotated[bool, typer.Option("--clear-tags", help="Remove every tag.")] = False,
+    batch_max_requests: Annotated[
+        int | None, typer.Option(min=1, help="Most requests one version serves (1: no batching).")
+    ] = None,
+    batch_max_rows: Annotated[int | None, typer.Option(min=1, help="Most rows one batched version deletes.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the model as JSON.")] = False,
+) -> None:
+    """Show a model's settings, or change them: approval, tags, batch bounds (admin, audited).
+
+    A batch bound not given keeps its current value."""
+    if tag and clear_tags:
+        raise typer.BadParameter("--tag or --clear-tags, not both")
+    console = _console()
+    with _api(ctx) as client:
+        model_id = _resolve_model(client, model_id)
+        batch = None
+        if batch_max_requests is not None or batch_max_rows is not None:
+            current = client.get_model(model_id).batch or {}
+            batch = {
+                "max_requests": batch_max_requests or current.get("max_requests"),
+                "max_rows": batch_max_rows or current.get("max_rows"),
+            }
+            batch = {k: v for k, v in batch.items() if v is not None}
+        tags = [] if clear_tags else (tag or None)
+        if requires_approval is None and tags is None and batch is None:
+            model = client.get_model(model_id)
+        else:
+            model = client.update_model(model_id, requires_approval=requires_approval, tags=tags, batch=batch)
+    if as_json:
+        typer.echo(model.model_dump_json(indent=2))
+    else:
+        _print_settings(model, console)
+
+
+# --------------------------------------------------------------------------------------------- per-person erasure
+subjects_app = typer.Typer(
+    help="Per-person erasure across models: erase a data subject, follow it, fetch the combined certificate.", **HELP
+)
+app.add_typer(subjects_app, name="subjects")
+
+
+def _exit_for_erasure(status: str) -> int:
+    return EXIT_FAILED if status == "failed" else EXIT_OK
+
+
+def _print_erasure(erasure, console) -> None:
+    style = {"certified": "green", "failed": "red"}.get(erasure.status, "cyan")
+    console.print(
+        f"[bold]erasure {erasure.id}[/bold]  [{style}]{erasure.status}[/{style}]  {len(erasure.children)} request(s)",
+        markup=True,
+    )
+    rows = [
+        ("subject hash", erasure.subject_hash),
+        ("method", erasure.method),
+        ("created", _short(erasure.created_at)),
+        ("completed", _short(erasure.completed_at)),
+        ("certificate", erasure.links.get("certificate") or "not issued yet (once every request is certified)"),
+    ]
+    for label, value in rows:
+        console.print(f"  {label:<13} {value}", markup=False)
+    children = erasure.children
+    columns = [
+        _id_column("request", [c.request_id for c in children]),
+        _id_column("model", [c.model_id for c in children]),
+        _Column("status", [f"[{_STATUS_STYLE.get(c.status, 'white')}]{c.status}[/]" for c in children]),
+        _Column("rows", [str(c.n_samples) for c in children], justify="right"),
+        _id_column("certificate", [c.certificate_id for c in children]),
+    ]
+    steps = [("short", "certificate"), ("short", "model"), ("short", "request"), ("drop", "certificate")]
+    console.print(_fit_table("its deletion requests", columns, steps, console.width))
+
+
+def _watch_erasure(client, erasure_id: str, interval: float, timeout: float, console):
+    return _follow(
+        client,
+        console,
+        lambda show, reconnect: client.wait_erasure(
+            erasure_id, interval=interval, timeout=timeout, on_progress=show, on_reconnect=reconnect
+        ),
+    )
+
+
+def _save_certificate(client, erasure_id: str, output: Path, console) -> None:
+    envelope = client.erasure_certificate(erasure_id)
+    output.write_text(json.dumps(envelope, indent=2) + "\n", encoding="utf-8")
+    console.print(f"combined certificate written to {output} (check it: lethe verify-certificate {output} --keys …)")
+
+
+@subjects_app.command("erase")
+def subjects_erase(
+    ctx: typer.Context,
+    subject: Annotated[
+        str, typer.Argument(help="The subject's value in the models' subject_column (kept only as its keyed hash).")
+    ],
+    method: Annotated[str, typer.Option(help="Each request's method: auto | retrain | ...")] = "auto",
+    received_at: Annotated[
+        str | None, typer.Option("--received-at", help="ISO 8601 with offset: when the subject asked.")
+    ] = None,
+    wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Follow it to the end with a progress bar.")] = False,
+    certificate: Annotated[
+        Path | None, typer.Option("--certificate", "-o", help="With --wait: save the combined certificate here.")
+    ] = None,
+    interval: Annotated[float, typer.Option(help="Seconds between polls with --wait.", min=0.05)] = 1.0,
+    timeout: Annotated[float, typer.Option(help="Give up waiting after this many seconds (exit 1).")] = 24 * 3600,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the erasure as JSON.")] = False,
+) -> None:
+    """Erase a data subject from every model whose subject_column holds rows of theirs.
+
+    One deletion request per model, followed together; certified once every one is, with one combined certificate.
+    Exit 0 accepted or certified, 1 failed, 3 no model holds the subject's rows (404 subject-not-found)."""
+    if certificate is not None and not wait:
+        raise typer.BadParameter("--certificate needs --wait (or fetch it later: lethe subjects certificate ID)")
+    _aware(received_at, "--received-at")
+    console = _console()
+    with _api(ctx) as client:
+        erasure = client.erase_subject(subject, method=method, received_at=received_at)
+        if as_json and not wait:
+            typer.echo(erasure.model_dump_json(indent=2))
+            return
+        console.print(
+            f"accepted erasure {erasure.id} ({len(erasure.children)} request(s)); follow it with "
+            f"`lethe subjects status {erasure.id} --watch`"
+        )
+        if wait:
+            erasure = _watch_erasure(client, erasure.id, interval, timeout, console)
+            if certificate is not None and erasure.status == "certified":
+                _save_certificate(client, erasure.id, certificate, console)
+        if as_json:
+            typer.echo(erasure.model_dump_json(indent=2))
+        else:
+            _print_erasure(erasure, console)
+    raise typer.Exit(_exit_for_erasure(erasure.status))
+
+
+@subjects_app.command("status")
+def subjects_status(
+    ctx: typer.Context,
+    erasure_id: str,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="A live progress bar until the erasure ends.")] = False,
+    interval: Annotated[float, typer.Option(help="Seconds between polls with --watch.", min=0.05)] = 1.0,
+    timeout: Annotated[float, typer.Option(help="Give up watching after this many seconds (exit 1).")] = 24 * 3600,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the erasure as JSON.")] = False,
+) -> None:
+    """An erasure and its deletion requests; with --watch follow it to the end.
+
+    Exit 0 certified or in progress, 1 failed or the watch timed out, 3 not found."""
+    console = _console()
+    with _api(ctx) as client:
+        erasure = (
+            _watch_erasure(client, erasure_id, interval, timeout, console) if watch else client.get_erasure(erasure_id)
+        )
+    if as_json:
+        typer.echo(erasure.model_dump_json(indent=2))
+    else:
+        _print_erasure(erasure, console)
+    raise typer.Exit(_exit_for_erasure(erasure.status))
+
+
+@subjects_app.command("certificate")
+def subjects_certificate(
+    ctx: typer.Context,
+    erasure_id: str,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="A file (default: stdout).")] = None,
+) -> None:
+    """The erasure's combined certificate (DSSE envelope JSON), to keep and check offline.
+
+    Check it with `lethe verify-certificate FILE --keys ...`. Exit 0 written, 1 not issued yet (a request is not
+    certified), 3 no such erasure."""
+    from app.client import LetheProblem
+
+    with _api(ctx) as client:
+        try:
+            if output is not None:
+                _save_certificate(client, erasure_id, output, _console(stderr=True))
+                return
+            envelope = client.erasure_certificate(erasure_id)
+        except LetheProblem as problem:
+            if problem.slug != "certificate-not-issued":
+                raise
+            _console(stderr=True).print(f"not issued yet: {problem.detail or problem.title}", markup=False)
+            raise typer.Exit(EXIT_FAILED) from None
+    typer.echo(json.dumps(envelope, indent=2))
+
+
+@subjects_app.command("requests")
+def subjects_requests(
+    ctx: typer.Context,
+    subject_hash: Annotated[
+        str, typer.Argument(help="The subject's keyed hash (a request's or an erasure's subject_hash).")
+    ],
+    limit: Annotated[int, typer.Option(min=1, max=500, help="At most this many, newest first.")] = 100,
+    as_json: Annotated[bool, typer.Option("--json", help="Print them as JSON.")] = False,
+) -> None:
+    """A data subject's deletion requests and erasures, by their keyed hash (subject_hash).
+
+    The raw reference is never stored, so the API cannot search for it."""
+    console = _console()
+    with _api(ctx) as client:
+        found = client.subject_requests(subject_hash, limit=limit)
+    if as_json:
+        typer.echo(found.model_dump_json(indent=2))
+        return
+    console.print(_requests_table(f"deletion requests of {subject_hash[:16]}… ({len(found.requests)})",
+                                  found.requests, console.width))  # fmt: skip
+    erasures = found.erasures
+    columns = [
+        _id_column("erasure", [e.id for e in erasures]),
+        _moment_column("created", [e.created_at for e in erasures]),
+        _Column("certificate", ["issued" if e.certificate_digest else "not yet" for e in erasures]),
+    ]
+    console.print(_fit_table(f"erasures ({len(erasures)})", columns, [("short", "erasure")], console.width))
 
 
 REQUEST_COLUMNS = [

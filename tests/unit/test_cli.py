@@ -39,6 +39,7 @@ from tests.helpers import configure, make_key, wait_for, write_table
 from tests.unit.scripted_server import ScriptedServer, json_answer, problem
 
 SCOPES = ["models:write", "models:read", "requests:write", "requests:read", "audit:read", "admin"]
+CAROL, DAVE = "carol.cli-test@example.org", "dave.cli-test@example.org"
 GATE = threading.Event()
 """The gated method waits here: a request stays `running` until the test has seen it running."""
 
@@ -82,18 +83,22 @@ def service(tmp_path_factory):
     wait_for(lambda: server.started, timeout=30, what="uvicorn")
     url = f"http://127.0.0.1:{port}"
     source = home / "t.csv"
-    write_table(source, n=200, seed=5)
+    frame = write_table(source, n=200, seed=5)
     trained = [i for i, held in enumerate(holdout_mask(200, 0.2, seed=0)) if not held]
+    frame["person"] = [f"other-{i % 31}" for i in range(len(frame))]
+    frame.loc[trained[-2:], "person"] = CAROL  # two rows each, kept for `lethe subjects erase`
+    frame.loc[trained[-4:-2], "person"] = DAVE
+    frame.to_csv(source, index=False)
     metadata = {
         "name": "cli-table",
         "verification": {"shadows": 8},
-        "dataset": {"row_id_column": "row_id", "label_column": "label"},
+        "dataset": {"row_id_column": "row_id", "label_column": "label", "subject_column": "person"},
     }
     client = LetheClient(url, key)
     model = client.register_model(metadata, source)
     model = client.wait_model(model.id, timeout=120)
     assert model.status == "ready", model
-    rows = iter(f"r{i}" for i in trained)
+    rows = iter(f"r{i}" for i in trained[:-4])
     try:
         yield {"url": url, "key": key, "reader": reader, "model": model, "client": client, "rows": rows}
     finally:
@@ -558,3 +563,118 @@ def test_exit_codes_for_a_timeout_an_answer_not_from_lethe_a_bad_url_and_throttl
             busy = run(service, "list", env={"LETHE_URL": api.url, "LETHE_RETRIES": "1"})
         assert busy.exit_code == 5 and f"{status} busy" in busy.output and len(api.arrivals) == 2  # retried once
     assert run(service, "list", env={"LETHE_RETRIES": "-1"}).exit_code == 2
+
+
+# ---------------------------------------------------------------------------------- the operator's other actions
+
+
+def _approval(client: LetheClient, model_id: str, required: bool) -> None:
+    from app.requests.intake import MODEL_TTL
+
+    client.update_model(model_id, requires_approval=required)
+    time.sleep(MODEL_TTL + 0.1)  # the intake's snapshot of the model is at most MODEL_TTL old
+
+
+def test_model_settings_show_and_change_a_model(service):
+    client: LetheClient = service["client"]
+    model = service["model"]
+    shown = run(service, "model-settings", model.id[:8])
+    assert shown.exit_code == 0 and "requires approval  no" in shown.output and model.id in shown.output
+    assert run(service, "model-settings", model.id, "--batch-max-rows", "500").exit_code == 0
+    batched = run(service, "model-settings", model.id, "--batch-max-requests", "7")
+    assert batched.exit_code == 0 and "at most 7 requests, 500 rows" in batched.output
+    assert client.get_model(model.id).batch == {"max_requests": 7, "max_rows": 500}  # the other bound kept
+    tagged = run(service, "model-settings", model.id, "--tag", "prod", "--tag", "team:privacy", "--json")
+    assert tagged.exit_code == 0 and json.loads(tagged.output)["tags"] == ["prod", "team:privacy"]
+    listed = run(service, "models", "--tag", "team:privacy", "--json").output.splitlines()
+    assert [json.loads(line)["id"] for line in listed] == [model.id]
+    assert run(service, "model-settings", model.id, "--clear-tags").exit_code == 0
+    assert client.get_model(model.id).tags == []
+    assert run(service, "model-settings", model.id, "--tag", "x", "--clear-tags").exit_code == 2
+    assert run(service, "model-settings", model.id, "--batch-max-rows", "0").exit_code == 2
+    assert run(service, "model-settings", model.id, "--tag", "Not A Tag").exit_code == 1  # 422
+    assert run(service, "model-settings", model.id, key=service["reader"]).exit_code == 0  # reading is allowed
+    assert run(service, "model-settings", model.id, "--requires-approval", key=service["reader"]).exit_code == 4
+    assert run(service, "model-settings", "00000000-0000-0000-0000-000000000000").exit_code == 3
+    assert run(service, "model-settings", "ffffffff").exit_code == 3  # no model id starts with it
+    restored = run(service, "model-settings", model.id, "--batch-max-requests", "2000", "--batch-max-rows", "20000")
+    assert restored.exit_code == 0 and client.get_model(model.id).batch == {"max_requests": 2000, "max_rows": 20_000}
+
+
+def test_bulk_actions_and_their_exit_codes(service):
+    client: LetheClient = service["client"]
+    model_id = service["model"].id
+    _approval(client, model_id, True)
+    try:
+        first, second = (
+            client.submit_deletion(model_id, {"kind": "samples", "sample_ids": [next(service["rows"])]}, s)
+            for s in ("bulk-a", "bulk-b")
+        )
+        unknown = "00000000-0000-0000-0000-000000000000"
+        partly = run(service, "bulk", "reject", first.id[:8], unknown, "--reason", "not a customer of ours")
+        assert partly.exit_code == 1, partly.output  # one skipped
+        assert "1 done, 1 skipped of 2 selected" in partly.output and "request-not-found" in partly.output
+        assert client.get_deletion(first.id).status == "rejected"
+        extended = run(service, "bulk", "extend", "--status", "pending-approval", "--model", model_id[:8],
+                       "--months", "1", "--reason", "three systems to search", "--json")  # fmt: skip
+        assert extended.exit_code == 0, extended.output
+        outcome = json.loads(extended.output)
+        assert (outcome["selected"], outcome["done"]) == (1, 1) and outcome["results"][0]["id"] == second.id
+        assert run(service, "bulk", "cancel", "--status", "pending-approval", "--model", model_id).exit_code == 0
+        assert client.get_deletion(second.id).status == "cancelled"
+        empty = run(service, "bulk", "cancel", "--status", "pending-approval", "--model", model_id)
+        assert empty.exit_code == 1 and "bulk-selection-empty" in empty.output  # refused as a whole
+        usages = (["cancel"], ["reject", first.id], ["extend", "--all", "--months", "1"], ["explode", first.id],
+                  ["cancel", first.id, "--status", "failed"], ["cancel", "--created-after", "2026-01-01"])  # fmt: skip
+        for usage in usages:
+            assert run(service, "bulk", *usage).exit_code == 2, usage
+        assert run(service, "bulk", "cancel", first.id, key=service["reader"]).exit_code == 4
+        closed = {"LETHE_URL": f"http://127.0.0.1:{_free_port()}", "LETHE_RETRIES": "0"}
+        assert run(service, "bulk", "cancel", first.id, env=closed).exit_code == 5
+    finally:
+        _approval(client, model_id, False)
+
+
+def test_a_person_is_erased_followed_and_certified_from_the_cli(service, tmp_path):
+    client: LetheClient = service["client"]
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps(client.signing_keys()))
+    certificate = tmp_path / "combined.json"
+    erased = run(service, "subjects", "erase", CAROL, "--method", "retrain", "--wait", "--interval", "0.1",
+                 "--certificate", str(certificate))  # fmt: skip
+    assert erased.exit_code == 0, erased.output
+    erasure_id = erased.output.split()[2]
+    assert f"lethe subjects status {erasure_id} --watch" in erased.output
+    erasure = client.get_erasure(erasure_id)
+    assert erasure.status == "certified" and f"erasure {erasure_id}  certified" in erased.output
+    assert run(service, "verify-certificate", str(certificate), "--keys", str(keys)).exit_code == 0
+
+    assert run(service, "subjects", "status", erasure_id).exit_code == 0
+    assert json.loads(run(service, "subjects", "status", erasure_id, "--json").output)["status"] == "certified"
+    printed = run(service, "subjects", "certificate", erasure_id)
+    assert printed.exit_code == 0 and json.loads(printed.output) == json.loads(certificate.read_text())
+    found = run(service, "subjects", "requests", erasure.subject_hash)
+    assert found.exit_code == 0 and erasure.children[0].request_id in found.output and erasure_id in found.output
+
+    assert run(service, "subjects", "erase", CAROL).exit_code == 3  # 404 subject-not-found: nothing left of hers
+    assert run(service, "subjects", "status", "00000000-0000-0000-0000-000000000000").exit_code == 3
+    assert run(service, "subjects", "certificate", "00000000-0000-0000-0000-000000000000").exit_code == 3
+    assert run(service, "subjects", "erase", DAVE, "--certificate", str(certificate)).exit_code == 2  # needs --wait
+    assert run(service, "subjects", "erase", DAVE, key=service["reader"]).exit_code == 4
+    closed = {"LETHE_URL": f"http://127.0.0.1:{_free_port()}", "LETHE_RETRIES": "0"}
+    assert run(service, "subjects", "status", erasure_id, env=closed).exit_code == 5
+
+    model_id = service["model"].id
+    _approval(client, model_id, True)
+    try:  # an erasure whose request waits for approval: no certificate yet (1), in progress (0), then failed (1)
+        waiting = run(service, "subjects", "erase", DAVE, "--json")
+        assert waiting.exit_code == 0, waiting.output
+        pending = json.loads(waiting.output)
+        assert run(service, "subjects", "certificate", pending["id"]).exit_code == 1
+        assert run(service, "subjects", "status", pending["id"]).exit_code == 0
+        child = pending["children"][0]["request_id"]
+        assert run(service, "reject", child, "--reason", "not the person they claim").exit_code == 0
+        ended = run(service, "subjects", "status", pending["id"])
+        assert ended.exit_code == 1 and "failed" in ended.output and "rejected" in ended.output
+    finally:
+        _approval(client, model_id, False)
