@@ -678,3 +678,26 @@ def test_a_person_is_erased_followed_and_certified_from_the_cli(service, tmp_pat
         assert ended.exit_code == 1 and "failed" in ended.output and "rejected" in ended.output
     finally:
         _approval(client, model_id, False)
+
+
+def test_the_readme_cli_section_names_real_commands_and_every_exit_code():
+    """The README's CLI examples run commands `lethe` has, with options it takes; its exit-code table lists 0 to 5."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## The CLI and the Python client", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash", 1)[1].split("```", 1)[0]
+    groups = {"keys", "signing-keys", "subjects"}
+    seen = set()
+    for statement in re.findall(r"lethe ([a-z][^;#|&$)\n]*)", block):
+        words = statement.split()
+        command = words[:2] if words[0] in groups else words[:1]
+        options = [w.split("=")[0] for w in words if w.startswith("--")]
+        result = CliRunner().invoke(cli, [*command, "--help"], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, (command, result.output)
+        for option in options:
+            assert option in result.output, (command, option)
+        seen.add(" ".join(command))
+    assert {"bulk", "model-settings", "subjects erase", "subjects status", "subjects certificate",
+            "subjects requests", "approve", "reject"} <= seen  # fmt: skip
+    table = dict(re.findall(r"^\| (\d) \| (.+) \|$", section, flags=re.MULTILINE))
+    assert sorted(table) == ["0", "1", "2", "3", "4", "5"], table
+    assert "503" in table["5"] and "401" in table["4"] and "404" in table["3"] and "usage" in table["2"]
