@@ -1,9 +1,13 @@
 """`lethe`: the operator's command line.
 
 Server side: serve, worker, dispatcher, webhook-sender, migrate, keys (create, list, revoke: straight on the
-database), demo. Client side, over the API (app/client.py): submit, status [--watch], list, models, report, cancel,
-retry, extend, export, audit-verify; and verify-certificate (offline). Exit codes: 0 done, 1 failed, 2 usage error,
-3 not found or unauthorised.
+database), signing-keys, demo. Client side, over the API (app/client.py): submit, status [--watch], list, models,
+model-settings, report, cancel, approve, reject, retry, extend, bulk, subjects (erase, status, certificate, requests),
+export, audit-verify; and verify-certificate (offline). Exit codes: see ``EXIT_*`` below.
+
+Output: tables fit the terminal's width (short ids and dates, then fewer columns; ids and statuses never cut) and
+take their natural width in a pipe; no line is broken by the program. Commands take a request's or a model's id
+whole or by its first characters (as the tables show them).
 """
 
 from __future__ import annotations
@@ -11,20 +15,24 @@ from __future__ import annotations
 import json
 import os
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-app = typer.Typer(help="Lethe: unlearning as a service.", no_args_is_help=True)
-keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
+HELP = {"no_args_is_help": True, "rich_markup_mode": "markdown"}
+"""Markdown: a docstring's paragraphs are reflowed to the terminal's width (its source line breaks are not kept)."""
+app = typer.Typer(help="Lethe: unlearning as a service.", **HELP)
+keys_app = typer.Typer(help="API keys.", **HELP)
 app.add_typer(keys_app, name="keys")
-signing_app = typer.Typer(help="Certificate signing keys (Ed25519).", no_args_is_help=True)
+signing_app = typer.Typer(help="Certificate signing keys (Ed25519).", **HELP)
 app.add_typer(signing_app, name="signing-keys")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_UNAUTHORISED, EXIT_UNREACHABLE = 0, 1, 2, 3, 4, 5
-"""0 done; 1 the deletion failed or the operation was refused; 2 a usage error; 3 not found (404, 410); 4 not
-authorised (401, 403); 5 the API cannot be reached or is unavailable (503): distinct, so a script can tell "the
-erasure failed" from "try again later" (issue 23)."""
+"""0 done; 1 the deletion failed or the operation was refused (also: a bulk action skipped a request, a watch
+timed out, an answer that is not the API's); 2 a usage error; 3 not found (404, 410); 4 not authorised (401, 403);
+5 the API cannot be reached or is unavailable (503, 429, after the client's retries): distinct, so a script can tell
+"the erasure failed" from "try again later" (issue 23)."""
 
 
 def _logging(level: str | None = None) -> None:
@@ -91,18 +99,15 @@ def _database() -> str:
 
 @keys_app.command("list")
 def keys_list(as_json: Annotated[bool, typer.Option("--json", help="One JSON object per key.")] = False) -> None:
-    """List API keys: id, prefix, name, scopes, binding, expiry, revocation (never the key or its hash)."""
-    from rich.table import Table
-
+    """List API keys: id, prefix, name, scopes, binding, expiry, revocation (never the key or its hash). `keys
+    revoke` takes the id or the prefix."""
     from app.auth.service import list_keys
     from app.db import migrate as run_migrations
     from app.db import session_scope, utcnow
 
     run_migrations()
     now = utcnow()
-    table = Table(title="API keys")
-    for column in ("id", "prefix", "state", "name", "scopes", "bound to", "expires"):
-        table.add_column(column)
+    rows = []
     with session_scope() as session:
         for row in list_keys(session):
             state = (
@@ -124,23 +129,30 @@ def keys_list(as_json: Annotated[bool, typer.Option("--json", help="One JSON obj
             }
             if as_json:
                 typer.echo(json.dumps(entry))
-                continue
-            binding = (
-                (f"model {row.model_id}" + (f" client {row.client_id}" if row.client_id else ""))
-                if row.model_id
-                else ""
-            )
-            table.add_row(
-                row.id,
-                f"lethe_{row.prefix}_…",
-                state,
-                row.name,
-                ", ".join(row.scopes),
-                binding,
-                entry["expires_at"] or "",
-            )
-    if not as_json:
-        _console().print(table)
+            rows.append((entry, row.expires_at))
+    if as_json:
+        return
+
+    def binding(entry: dict, short: bool) -> str:
+        if not entry["model_id"]:
+            return ""
+        client = f" client {entry['client_id']}" if entry["client_id"] else ""
+        return f"model {_short_id(entry['model_id'], short)}{client}"
+
+    columns = [
+        _id_column("id", [e["id"] for e, _ in rows]),
+        _Column("prefix", [f"lethe_{e['prefix']}_…" for e, _ in rows], [e["prefix"] for e, _ in rows]),
+        _Column("state", [e["state"] for e, _ in rows]),
+        _Column("name", [e["name"] for e, _ in rows]),
+        _Column("scopes", [", ".join(e["scopes"]) for e, _ in rows], wrap=True),
+        _Column("bound to", [binding(e, False) for e, _ in rows], [binding(e, True) for e, _ in rows], wrap=True),
+        _moment_column("expires", [expires for _, expires in rows]),
+    ]
+    # the prefix names a key as well as its id does (`keys revoke` takes either): the id goes first when narrow
+    steps = [("short", "id"), ("short", "prefix"), ("short", "bound to"), ("drop", "id"), ("short", "expires"),
+             ("drop", "expires")]  # fmt: skip
+    console = _console()
+    console.print(_fit_table("API keys", columns, steps, console.width))
 
 
 @keys_app.command("revoke")
@@ -163,14 +175,16 @@ def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key's id (or its
 @signing_app.command("list")
 def signing_keys_list() -> None:
     """The signing keys published at /.well-known/lethe-keys.json, oldest first (every one still verifies)."""
-    from rich.table import Table
-
     from app.certificates.signing import default_keystore
 
-    table = Table("key id", "created", "active")
-    for key in default_keystore().public_keys()["keys"]:
-        table.add_row(key["kid"], key["created"], "yes" if key["active"] else "")
-    _console().print(table)
+    keys = default_keystore().public_keys()["keys"]
+    columns = [
+        _Column("key id", [k["kid"] for k in keys]),
+        _Column("created", [k["created"] for k in keys]),
+        _Column("active", ["yes" if k["active"] else "" for k in keys]),
+    ]
+    console = _console()
+    console.print(_fit_table("signing keys", columns, [], console.width))
 
 
 @signing_app.command("rotate")
@@ -342,9 +356,8 @@ def demo(keep: bool = typer.Option(False, help="Keep the demo's folder (var/demo
 
 
 # ------------------------------------------------------------------------------------------- API commands (client)
-# They talk to the API through app.client, with LETHE_URL and LETHE_API_KEY (or --url / --api-key). Exit codes:
-# 0 done (certified, or the operation succeeded), 1 failed, rejected or cancelled (or the operation failed),
-# 2 usage error, 3 not found or not authorised.
+# They talk to the API through app.client, with LETHE_URL and LETHE_API_KEY (or --url / --api-key), and exit with
+# the EXIT_* codes above (_api turns the API's problems into them).
 _NOT_FOUND_STATUSES = (404, 410)
 _UNAUTHORISED_STATUSES = (401, 403)
 _STATUS_STYLE = {
@@ -357,20 +370,143 @@ _STATUS_STYLE = {
 }
 
 
+PIPE_WIDTH = 10_000
+"""The width output to a pipe or a file is laid out for: in effect none (a table at its natural width, a line never
+broken), so `grep`, `cut` and a log see each row and each value on one line."""
+
+
 def _console(stderr: bool = False):
+    """Rich, on stdout (or stderr). Lines are never broken by rich (``soft_wrap``: a terminal folds a long line and
+    copying it gives the command or the id back whole); tables fit a terminal's width (:func:`_fit_table`) and take
+    their natural width when the output is not a terminal."""
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    console = Console(stderr=stderr, highlight=False, soft_wrap=True)
+    if not console.is_terminal:
+        console = Console(stderr=stderr, highlight=False, soft_wrap=True, width=PIPE_WIDTH)
+    return console
+
+
+SHORT_ID = 8
+"""A UUID is shown by its first 8 characters where the width is short; the commands take such a prefix back."""
+
+
+@dataclass
+class _Column:
+    """A column of a table that must fit the terminal: ``cells`` as rich markup, ``short`` a narrower rendering of
+    the same cells (short ids, short dates), ``wrap`` for a less important column that may wrap at spaces."""
+
+    header: str
+    cells: list[str]
+    short: list[str] | None = None
+    justify: str = "left"
+    wrap: bool = False
+
+
+def _fit_table(title: str, columns: list[_Column], steps: list[tuple[str, str]], width: int):
+    """A table no wider than ``width``: ``steps`` (``("short", header)`` or ``("drop", header)``, in order) are
+    taken one by one until the columns fit; a column never named in a ``drop`` step is always shown whole (ids,
+    statuses), and no cell is cut with an ellipsis. A wrapping column gets at least its longest word and its
+    header; the width left is shared among the wrapping columns. At the width of a pipe no step is needed."""
+    from rich import box
+    from rich.cells import cell_len
+    from rich.table import Table
+    from rich.text import Text
+
+    shortened: set[str] = set()
+    dropped: set[str] = set()
+
+    def cells(column: _Column) -> list[str]:
+        return column.short if column.short is not None and column.header in shortened else column.cells
+
+    def widths(column: _Column) -> tuple[int, int]:
+        """(least, natural) width."""
+        plain = [Text.from_markup(cell).plain for cell in cells(column)]
+        natural = max([cell_len(column.header)] + [cell_len(text) for text in plain])
+        if not column.wrap:
+            return natural, natural
+        words = [cell_len(word) for text in plain for word in text.split()]
+        return max([cell_len(column.header)] + words), natural
+
+    def shown() -> list[_Column]:
+        return [c for c in columns if c.header not in dropped]
+
+    def least() -> int:
+        return sum(widths(c)[0] for c in shown()) + 2 * (len(shown()) - 1)
+
+    for action, header in steps:
+        if least() <= width:
+            break
+        (shortened if action == "short" else dropped).add(header)
+    given = {c.header: widths(c)[0] for c in shown()}
+    spare = width - least()
+    growing = [c for c in shown() if c.wrap]
+    while spare > 0:  # share what is left among the wrapping columns, up to their natural width
+        open_ = [c for c in growing if given[c.header] < widths(c)[1]]
+        if not open_:
+            break
+        share = max(1, spare // len(open_))
+        for column in open_:
+            grow = min(share, widths(column)[1] - given[column.header], spare)
+            given[column.header] += grow
+            spare -= grow
+    table = Table(
+        title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), show_edge=False, pad_edge=False
+    )
+    for column in shown():
+        table.add_column(
+            column.header,
+            justify=column.justify,
+            no_wrap=not column.wrap,
+            overflow="fold",
+            width=given[column.header] if column.wrap else None,
+        )
+    for row in zip(*(cells(c) for c in shown()), strict=True):
+        table.add_row(*row)
+    return table
+
+
+def _short_id(value: str | None, short: bool = True) -> str:
+    if not value:
+        return "—"
+    return value[:SHORT_ID] if short and len(value) > SHORT_ID else value
+
+
+def _id_column(header: str, ids: list[str | None]) -> _Column:
+    """Whole ids where they fit, their first 8 characters where not (the commands take either)."""
+    return _Column(header, [_short_id(i, False) for i in ids], [_short_id(i) for i in ids])
+
+
+def _moment_column(header: str, moments: list, justify: str = "left") -> _Column:
+    """Seconds where they fit, ``MM-DD HH:MM`` where not."""
+    return _Column(
+        header, [_short(m) for m in moments], [m.strftime("%m-%d %H:%M") if m else "—" for m in moments], justify
+    )
 
 
 def _client(ctx: typer.Context):
+    """The API's client, from --url/--api-key or LETHE_URL/LETHE_API_KEY; LETHE_RETRIES (default 4, 0: none) is how
+    often a call that is safe to repeat is tried again, each retry told on stderr."""
     from app.client import LetheClient
 
     options = ctx.find_root().obj or {}
     key = options.get("api_key") or os.environ.get("LETHE_API_KEY")
     if not key:
         raise typer.BadParameter("set LETHE_API_KEY or pass --api-key (create a key with `lethe keys create`)")
-    return LetheClient(options.get("url") or os.environ.get("LETHE_URL"), key)
+    try:
+        retries = int(os.environ.get("LETHE_RETRIES", "4"))
+        if retries < 0:
+            raise ValueError
+    except ValueError:
+        raise typer.BadParameter("LETHE_RETRIES takes a whole number, 0 or more") from None
+
+    def told(notice) -> None:
+        where = f"{notice.method} {notice.url}"
+        _console(stderr=True).print(
+            f"{where}: {notice.reason}; retry {notice.attempt} of {retries} in {notice.delay:.1f} s", markup=False
+        )
+
+    return LetheClient(options.get("url") or os.environ.get("LETHE_URL"), key, retries=retries, on_retry=told)
 
 
 def _client_url(ctx: typer.Context) -> str:
@@ -379,11 +515,45 @@ def _client_url(ctx: typer.Context) -> str:
     return (ctx.find_root().obj or {}).get("url") or os.environ.get("LETHE_URL") or DEFAULT_URL
 
 
+RESOLVE_SCAN = 5_000
+"""A short id is looked for among this many newest requests (or models); an older one takes its whole id."""
+
+
+def _resolve(ident: str, kind: str, items) -> str:
+    """``ident`` itself when it is a whole id; the one id among ``items`` that starts with it when it is a short
+    one (4 to 35 characters of an id, as the tables show them). None matching: exit 3; several: exit 2."""
+    from itertools import islice
+
+    prefix = ident.strip().lower()
+    if len(prefix) >= 36 or len(prefix) < 4 or any(c not in "0123456789abcdef-" for c in prefix):
+        return ident
+    found = [item.id for item in islice(items(), RESOLVE_SCAN) if item.id.startswith(prefix)]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise typer.BadParameter(f"{ident!r} starts {len(found)} {kind} ids ({', '.join(found[:3])}…): give more of it")
+    _console(stderr=True).print(
+        f"error: no {kind} id starts with {ident!r} (among the newest {RESOLVE_SCAN:,}: give the whole id)",
+        markup=False,
+    )
+    raise typer.Exit(EXIT_NOT_FOUND)
+
+
+def _resolve_request(client, ident: str) -> str:
+    return _resolve(ident, "request", lambda: client.iter_deletions(limit=500))
+
+
+def _resolve_model(client, ident: str) -> str:
+    return _resolve(ident, "model", lambda: client.iter_models(limit=500))
+
+
 @contextmanager
 def _api(ctx: typer.Context):
-    """A client, with API errors turned into exit codes (``EXIT_*``): 3 for 404/410, 4 for 401/403, 5 for 503 or an
-    unreachable API, 1 for any other problem."""
+    """A client, with API errors turned into exit codes (``EXIT_*``): 3 for 404/410, 4 for 401/403, 5 for 503/429 or
+    an unreachable API, 1 for any other problem, an answer that is not the API's, or a wait that timed out; 2 for a
+    URL that cannot be used."""
     import httpx
+    from pydantic import ValidationError
 
     from app.client import LetheProblem
 
@@ -401,8 +571,18 @@ def _api(ctx: typer.Context):
             _console(stderr=True).print(f"  {'.'.join(error.get('location', []))}: {error.get('message')}")
         raise typer.Exit(_exit_for_problem(problem.status)) from None
     except httpx.TransportError as exc:
-        _console(stderr=True).print(f"error: cannot reach the API at {_client_url(ctx)}: {exc}")
+        _console(stderr=True).print(f"error: cannot reach the API at {_client_url(ctx)}: {exc}", markup=False)
         raise typer.Exit(EXIT_UNREACHABLE) from None
+    except httpx.InvalidURL as exc:
+        raise typer.BadParameter(f"{_client_url(ctx)!r}: {exc}", param_hint="--url / LETHE_URL") from None
+    except TimeoutError as exc:  # a watch or a wait that gave up: the request goes on without us
+        _console(stderr=True).print(f"error: {exc}", markup=False)
+        raise typer.Exit(EXIT_FAILED) from None
+    except (json.JSONDecodeError, ValidationError) as exc:  # not the API's answer (a proxy's page, another service)
+        _console(stderr=True).print(
+            f"error: the answer from {_client_url(ctx)} is not Lethe's API: {str(exc)[:300]}", markup=False
+        )
+        raise typer.Exit(EXIT_FAILED) from None
 
 
 def _exit_for_problem(status: int) -> int:
@@ -410,7 +590,7 @@ def _exit_for_problem(status: int) -> int:
         return EXIT_NOT_FOUND
     if status in _UNAUTHORISED_STATUSES:
         return EXIT_UNAUTHORISED
-    return EXIT_UNREACHABLE if status == 503 else EXIT_FAILED
+    return EXIT_UNREACHABLE if status in (503, 429) else EXIT_FAILED
 
 
 @app.callback()
@@ -489,25 +669,63 @@ def _print_verdict(client, request, console) -> None:
 
 def _watch(client, request_id: str, interval: float, timeout: float, console):
     """A live progress bar fed by the request's progress and message, until the request ends."""
+    return _follow(
+        client,
+        console,
+        lambda show, reconnect: client.wait(
+            request_id, interval=interval, timeout=timeout, on_progress=show, on_reconnect=reconnect
+        ),
+    )
+
+
+def _problem_reason(exc: BaseException) -> str:
+    from app.client import LetheProblem
+
+    if isinstance(exc, LetheProblem):
+        return f"{exc.status} {exc.slug}"
+    return f"cannot reach the API: {type(exc).__name__}"
+
+
+def _follow(client, console, wait):
+    """Run ``wait(show, reconnect)`` (a client's wait with its ``on_progress`` and ``on_reconnect``) under a live
+    progress bar: status, bar, percentage, a ticking elapsed time, the message. An API that goes away (a restart:
+    no connection, 503, 429) does not end it: one ``reconnecting…`` line, the bar says so, and the polls go on
+    with backoff until it answers again (``reconnected``) or the timeout."""
     from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
     columns = (
-        TextColumn("[bold]{task.fields[status]:<10}"),
-        BarColumn(bar_width=40),
+        TextColumn("[bold]{task.fields[status]:<11}"),
+        BarColumn(bar_width=40 if console.width >= 100 else 20),
         TaskProgressColumn(),
         TimeElapsedColumn(),
         TextColumn("{task.fields[note]}"),
     )
-    with Progress(*columns, console=console, auto_refresh=False, transient=False) as progress:
-        task = progress.add_task("deletion", total=1.0, status="…", note="")
+    # auto_refresh: the elapsed time ticks between polls (it froze when the bar was only redrawn on a change)
+    with Progress(*columns, console=console, auto_refresh=True, refresh_per_second=4, transient=False) as progress:
+        task = progress.add_task("follow", total=1.0, status="…", note="")
+        away: list[str] = []  # the failed tries of the outage in progress
 
-        def show(request) -> None:
-            progress.update(task, completed=request.progress, status=request.status, note=request.message or "")
-            progress.refresh()
+        def reconnecting(reason: str, delay: float) -> None:
+            if not away:
+                progress.console.print(f"reconnecting… ({reason})", markup=False)
+            away.append(reason)
+            progress.update(task, note=f"reconnecting… try {len(away)}, next in {delay:.1f} s ({reason})")
+
+        def show(value) -> None:
+            if away:
+                progress.console.print(f"reconnected after {len(away)} failed tries", markup=False)
+                away.clear()
+            progress.update(task, completed=value.progress, status=value.status, note=value.message or "")
+            progress.refresh()  # every change drawn at once, however short-lived
             if not console.is_terminal:  # a log or a pipe: one line per change instead of a redrawn bar
-                console.print(f"{request.status:>10}  {request.progress:>4.0%}  {request.message or ''}", markup=False)
+                console.print(f"{value.status:>10}  {value.progress:>4.0%}  {value.message or ''}", markup=False)
 
-        return client.wait(request_id, interval=interval, timeout=timeout, on_progress=show)
+        previous = client.on_retry
+        client.on_retry = lambda notice: reconnecting(notice.reason, notice.delay)
+        try:
+            return wait(show, lambda exc, delay: reconnecting(_problem_reason(exc), delay))
+        finally:
+            client.on_retry = previous
 
 
 @app.command()
@@ -539,7 +757,7 @@ def submit(
     console = _console()
     with _api(ctx) as client:
         request = client.submit_deletion(
-            model_id,
+            _resolve_model(client, model_id),
             scope,
             subject,
             method=method,
@@ -567,15 +785,14 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print the request as JSON.")] = False,
 ) -> None:
     """Show a deletion request; with --watch follow it to the end, then print the verdict and its checks.
-    Exit 0 certified or still in progress (without --watch), 1 failed/rejected/cancelled, 3 not found/unauthorised."""
+
+    A watch waits for an API that restarts. Exit 0 certified or still in progress (without --watch), 1
+    failed/rejected/cancelled or the watch timed out, 3 not found, 4 unauthorised, 5 the API unreachable."""
     console = _console()
     with _api(ctx) as client:
+        request_id = _resolve_request(client, request_id)
         if watch:
-            try:
-                request = _watch(client, request_id, interval, timeout, console)
-            except TimeoutError as exc:
-                console.print(f"error: {exc}")
-                raise typer.Exit(EXIT_FAILED) from None
+            request = _watch(client, request_id, interval, timeout, console)
             _print_verdict(client, request, console)
         else:
             request = client.get_deletion(request_id)
@@ -599,32 +816,44 @@ def list_requests(
     """Deletion requests, newest first, as a table."""
     from itertools import islice
 
-    from rich.table import Table
-
     with _api(ctx) as client:
+        model = _resolve_model(client, model) if model else None
         rows = list(islice(client.iter_deletions(status=status_, model_id=model, overdue=overdue, stuck=stuck), limit))
     if as_json:
         for row in rows:
             typer.echo(row.model_dump_json())
         return
-    table = Table(title=f"deletion requests ({len(rows)})")
-    table.add_column("id", no_wrap=True, min_width=36)  # whole: it is what the other commands take
-    for column in ("model", "method", "status", "progress", "received", "due", "days left"):
-        table.add_column(column, justify="right" if column in ("progress", "days left") else "left")
-    for row in rows:
+    console = _console()
+    console.print(_requests_table(f"deletion requests ({len(rows)})", rows, console.width))
+
+
+_REQUEST_STEPS = [
+    ("short", "id"), ("short", "model"), ("short", "received"), ("short", "due"), ("drop", "received"),
+    ("drop", "days left"), ("drop", "method"), ("drop", "due"), ("drop", "progress"), ("drop", "model"),
+]  # fmt: skip
+"""How a request table narrows: ids and dates first, then the columns one can do without (id and status stay)."""
+
+
+def _requests_table(title: str, rows: list, width: int):
+    def status_cell(row) -> str:
         style = _STATUS_STYLE.get(row.status, "white")
-        days = f"{row.days_left:.1f}" if row.days_left is not None and not row.done else "—"
-        table.add_row(
-            row.id,
-            row.model_id[:8] + "…",
-            row.method,
-            f"[{style}]{row.status}[/{style}]" + (" [red]overdue[/red]" if row.overdue else ""),
-            f"{row.progress:.0%}",
-            _short(row.received_at or row.created_at),
-            _short(row.due_at),
-            days,
-        )
-    _console().print(table)
+        return f"[{style}]{row.status}[/{style}]" + (" [red]overdue[/red]" if row.overdue else "")
+
+    columns = [
+        _id_column("id", [r.id for r in rows]),
+        _id_column("model", [r.model_id for r in rows]),
+        _Column("method", [r.method for r in rows]),
+        _Column("status", [status_cell(r) for r in rows]),
+        _Column("progress", [f"{r.progress:.0%}" for r in rows], justify="right"),
+        _moment_column("received", [r.received_at or r.created_at for r in rows]),
+        _moment_column("due", [r.due_at for r in rows]),
+        _Column(
+            "days left",
+            [f"{r.days_left:.1f}" if r.days_left is not None and not r.done else "—" for r in rows],
+            justify="right",
+        ),
+    ]
+    return _fit_table(title, columns, _REQUEST_STEPS, width)
 
 
 @app.command("models")
@@ -640,24 +869,33 @@ def list_models(
     """Registered models, newest first."""
     from itertools import islice
 
-    from rich.table import Table
-
     with _api(ctx) as client:
         rows = list(islice(client.iter_models(name=name, name_contains=name_contains, kind=kind, tags=tag), limit))
     if as_json:
         for row in rows:
             typer.echo(row.model_dump_json())
         return
-    table = Table(title=f"models ({len(rows)})")
-    table.add_column("id", no_wrap=True, min_width=36)
-    for column in ("name", "kind", "status", "version", "methods", "tags", "created"):
-        table.add_column(column)
-    for row in rows:
-        version = row.current_version.number if row.current_version else "—"
-        methods = ", ".join(f"{k}:{v.get('status')}" for k, v in row.unlearning.items()) or "—"
-        tags = ", ".join(row.tags) or "—"
-        table.add_row(row.id, row.name, row.kind, row.status, str(version), methods, tags, _short(row.created_at))
-    _console().print(table)
+    console = _console()
+    columns = [
+        _id_column("id", [r.id for r in rows]),
+        _Column("name", [r.name for r in rows]),
+        _Column("kind", [r.kind for r in rows]),
+        _Column("status", [r.status for r in rows]),
+        _Column("version", [str(r.current_version.number) if r.current_version else "—" for r in rows], "right"),
+        _Column(
+            "methods",
+            [", ".join(f"{k}:{v.get('status')}" for k, v in r.unlearning.items()) or "—" for r in rows],
+            wrap=True,
+        ),  # fmt: skip
+        _Column("tags", [", ".join(r.tags) or "—" for r in rows], wrap=True),
+        _moment_column("created", [r.created_at for r in rows]),
+    ]
+    steps = [("short", "id"), ("short", "created"), ("drop", "created"), ("drop", "kind"), ("drop", "tags"),
+             ("drop", "methods"), ("drop", "version")]  # fmt: skip
+    console.print(_fit_table(f"models ({len(rows)})", columns, steps, console.width))
+
+
+PASSED = {True: "[green]yes[/green]", False: "[red]no[/red]", None: "not evaluated"}
 
 
 def _scalar_figures(report) -> list[tuple[str, str]]:
@@ -679,10 +917,9 @@ def report(
 ) -> None:
     """A deletion's verification report(s): the checks (figure, threshold, outcome) and the figures, as tables.
     Exit 0 every verdict passed, 1 a verdict failed or there is no report yet, 3 not found/unauthorised."""
-    from rich.table import Table
-
     console = _console()
     with _api(ctx) as client:
+        request_id = _resolve_request(client, request_id)
         client.get_deletion(request_id)  # 404 → exit 3 for an unknown request, not "no report yet"
         reports = client.reports(request_id)
     if as_json:
@@ -693,24 +930,22 @@ def report(
     if not as_json:
         for item in reports:
             style = "green" if item.verdict == "pass" else "red"
-            checks = Table(title=f"report {item.id} — {item.method or ''} — verdict [{style}]{item.verdict}[/{style}]")
-            for column in ("check", "figure", "threshold", "passed", "message"):
-                checks.add_column(column, justify="right" if column in ("figure", "threshold") else "left")
-            for check in item.checks:
-                checks.add_row(
-                    check.name or "",
-                    "—" if check.figure is None else f"{check.figure:.4g}",
-                    "—" if check.threshold is None else f"{check.threshold:.4g}",
-                    {True: "[green]yes[/green]", False: "[red]no[/red]", None: "not evaluated"}[check.passed],
-                    check.message or "",
-                )
-            console.print(checks)
-            figures = Table(title="figures")
-            figures.add_column("figure")
-            figures.add_column("value", justify="right")
-            for key, value in _scalar_figures(item):
-                figures.add_row(key, value)
-            console.print(figures)
+            title = f"report {item.id} — {item.method or ''} — verdict [{style}]{item.verdict}[/{style}]"
+            rows = item.checks
+            columns = [
+                _Column("check", [c.name or "" for c in rows]),
+                _Column("figure", ["—" if c.figure is None else f"{c.figure:.4g}" for c in rows], justify="right"),
+                _Column("threshold", ["—" if c.threshold is None else f"{c.threshold:.4g}" for c in rows], "right"),
+                _Column("passed", [PASSED[c.passed] for c in rows]),
+                _Column("message", [c.message or "" for c in rows], wrap=True),
+            ]
+            console.print(_fit_table(title, columns, [("drop", "threshold")], console.width))
+            figures = _scalar_figures(item)
+            columns = [
+                _Column("figure", [k for k, _ in figures]),
+                _Column("value", [v for _, v in figures], justify="right", wrap=True),
+            ]
+            console.print(_fit_table("figures", columns, [], console.width))
             for name, link in item.plots.items():
                 console.print(f"plot {name}: {link}")
     raise typer.Exit(EXIT_OK if all(r.verdict == "pass" for r in reports) else EXIT_FAILED)
@@ -720,7 +955,7 @@ def report(
 def cancel(ctx: typer.Context, request_id: str) -> None:
     """Cancel a request no worker has started (admin)."""
     with _api(ctx) as client:
-        request = client.cancel(request_id)
+        request = client.cancel(_resolve_request(client, request_id))
     _console().print(f"{request.id} {request.status}")
 
 
@@ -732,7 +967,7 @@ def approve(
 ) -> None:
     """Approve a request waiting for approval: its job is created now (admin, audited)."""
     with _api(ctx) as client:
-        request = client.approve(request_id, note)
+        request = client.approve(_resolve_request(client, request_id), note)
     _console().print(f"{request.id} {request.status}")
 
 
@@ -744,7 +979,7 @@ def reject(
 ) -> None:
     """Refuse a request waiting for approval, with the reason (admin, audited)."""
     with _api(ctx) as client:
-        request = client.reject(request_id, reason)
+        request = client.reject(_resolve_request(client, request_id), reason)
     _console().print(f"{request.id} {request.status}")
 
 
@@ -752,7 +987,7 @@ def reject(
 def retry(ctx: typer.Context, request_id: str) -> None:
     """Run a failed request again (admin)."""
     with _api(ctx) as client:
-        request = client.retry(request_id)
+        request = client.retry(_resolve_request(client, request_id))
     _console().print(f"{request.id} {request.status} (attempt {request.attempts + 1} queued)")
 
 
@@ -765,8 +1000,326 @@ def extend(
 ) -> None:
     """Extend a request's deadline by one or two months in all, with a reason (admin)."""
     with _api(ctx) as client:
-        request = client.extend(request_id, months, reason)
+        request = client.extend(_resolve_request(client, request_id), months, reason)
     _console().print(f"{request.id} due {_short(request.due_at)}")
+
+
+BULK_ACTIONS = ("cancel", "retry", "approve", "reject", "extend")
+
+
+def _aware(value: str | None, option: str):
+    """An ISO 8601 moment with its offset (usage error without one)."""
+    from datetime import datetime
+
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not an ISO 8601 moment", param_hint=option) from None
+    if moment.tzinfo is None:
+        raise typer.BadParameter(f"{value!r} has no offset (write 2026-01-31T00:00:00Z)", param_hint=option)
+    return moment
+
+
+@app.command()
+def bulk(
+    ctx: typer.Context,
+    action: Annotated[str, typer.Argument(help="cancel | retry | approve | reject | extend")],
+    request_ids: Annotated[
+        list[str] | None, typer.Argument(help="Request ids (whole or short); or select with the filter options.")
+    ] = None,
+    status_: Annotated[str | None, typer.Option("--status", help="Filter: requests in this status.")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Filter: this model's requests.")] = None,
+    overdue: Annotated[bool, typer.Option("--overdue", help="Filter: unanswered past their deadline.")] = False,
+    stuck: Annotated[bool, typer.Option("--stuck", help="Filter: no worker has taken them.")] = False,
+    created_after: Annotated[str | None, typer.Option("--created-after", help="Filter: ISO 8601 with offset.")] = None,
+    created_before: Annotated[str | None, typer.Option("--created-before", help="Filter: ISO 8601, offset.")] = None,
+    every: Annotated[bool, typer.Option("--all", help="Select every request (no filter).")] = False,
+    months: Annotated[int | None, typer.Option(min=1, max=2, help="extend: one or two months in all.")] = None,
+    reason: Annotated[str | None, typer.Option(help="extend and reject: told to the data subject.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON.")] = False,
+) -> None:
+    """One action (cancel, retry, approve, reject, extend) over many deletion requests (admin).
+
+    The ids given, or the requests a filter selects (--status, --model, --overdue, --stuck, --created-after,
+    --created-before; --all for every one). Each request is acted on and audited on its own; one that cannot take
+    the action is skipped with the reason. Exit 0 every selected request took it, 1 one was skipped or the selection
+    was refused (empty, or above LETHE_BULK_MAX_REQUESTS)."""
+    if action not in BULK_ACTIONS:
+        raise typer.BadParameter(f"{action!r}: one of {', '.join(BULK_ACTIONS)}", param_hint="ACTION")
+    filtered = any((status_, model, overdue, stuck, created_after, created_before))
+    if request_ids and (filtered or every):
+        raise typer.BadParameter("give request ids or a filter, not both")
+    if not request_ids and not filtered and not every:
+        raise typer.BadParameter("give request ids, a filter (--status, --model, ...) or --all")
+    if action == "extend" and (months is None or reason is None):
+        raise typer.BadParameter("extend needs --months and --reason")
+    if action == "reject" and reason is None:
+        raise typer.BadParameter("reject needs --reason (told to the data subject)")
+    window = {"created_after": _aware(created_after, "--created-after"),
+              "created_before": _aware(created_before, "--created-before")}  # fmt: skip
+    console = _console()
+    with _api(ctx) as client:
+        if request_ids:
+            ids, selection = [_resolve_request(client, i) for i in request_ids], None
+        else:
+            model = _resolve_model(client, model) if model else None
+            ids, selection = None, {"status": status_, "model_id": model, "overdue": overdue, "stuck": stuck} | window
+        outcome = client.bulk(action, ids=ids, filter=selection, months=months, reason=reason)
+    if as_json:
+        typer.echo(outcome.model_dump_json(indent=2))
+    else:
+        rows = outcome.results
+        columns = [
+            _id_column("id", [r.id for r in rows]),
+            _Column("outcome", [r.outcome if r.outcome == "done" else f"[yellow]{r.outcome}[/yellow]" for r in rows]),
+            _Column("status", [r.status or "—" for r in rows]),
+            _Column("reason", [": ".join(filter(None, (r.problem_slug, r.reason))) for r in rows], wrap=True),
+        ]
+        title = f"{outcome.action}: {outcome.done} done, {outcome.skipped} skipped of {outcome.selected} selected"
+        console.print(_fit_table(title, columns, [("short", "id")], console.width))
+    raise typer.Exit(EXIT_OK if outcome.skipped == 0 else EXIT_FAILED)
+
+
+def _print_settings(model, console) -> None:
+    batch = model.batch or {}
+    console.print(f"[bold]{model.id}[/bold]  {model.name}  {model.status}", markup=True)
+    rows = [
+        ("requires approval", "yes" if model.requires_approval else "no"),
+        ("tags", ", ".join(model.tags) or "—"),
+        (
+            "batch",
+            f"at most {batch['max_requests']:,} requests, {batch['max_rows']:,} rows per version"
+            if batch
+            else "— (not a batched model)",
+        ),
+        ("subject column", getattr(model, "subject_column", None) or "—"),
+    ]
+    for label, value in rows:
+        console.print(f"  {label:<18} {value}", markup=False)
+
+
+@app.command("model-settings")
+def model_settings(
+    ctx: typer.Context,
+    model_id: Annotated[str, typer.Argument(help="The model (whole or short id).")],
+    requires_approval: Annotated[
+        bool | None,
+        typer.Option("--requires-approval/--no-requires-approval", help="Hold its requests for an admin's approval."),
+    ] = None,
+    tag: Annotated[list[str] | None, typer.Option("--tag", help="Its tags, replacing the old (repeat).")] = None,
+    clear_tags: Annotated[bool, typer.Option("--clear-tags", help="Remove every tag.")] = False,
+    batch_max_requests: Annotated[
+        int | None, typer.Option(min=1, help="Most requests one version serves (1: no batching).")
+    ] = None,
+    batch_max_rows: Annotated[int | None, typer.Option(min=1, help="Most rows one batched version deletes.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the model as JSON.")] = False,
+) -> None:
+    """Show a model's settings, or change them: approval, tags, batch bounds (admin, audited).
+
+    A batch bound not given keeps its current value."""
+    if tag and clear_tags:
+        raise typer.BadParameter("--tag or --clear-tags, not both")
+    console = _console()
+    with _api(ctx) as client:
+        model_id = _resolve_model(client, model_id)
+        batch = None
+        if batch_max_requests is not None or batch_max_rows is not None:
+            current = client.get_model(model_id).batch or {}
+            batch = {
+                "max_requests": batch_max_requests or current.get("max_requests"),
+                "max_rows": batch_max_rows or current.get("max_rows"),
+            }
+            batch = {k: v for k, v in batch.items() if v is not None}
+        tags = [] if clear_tags else (tag or None)
+        if requires_approval is None and tags is None and batch is None:
+            model = client.get_model(model_id)
+        else:
+            model = client.update_model(model_id, requires_approval=requires_approval, tags=tags, batch=batch)
+    if as_json:
+        typer.echo(model.model_dump_json(indent=2))
+    else:
+        _print_settings(model, console)
+
+
+# --------------------------------------------------------------------------------------------- per-person erasure
+subjects_app = typer.Typer(
+    help="Per-person erasure across models: erase a data subject, follow it, fetch the combined certificate.", **HELP
+)
+app.add_typer(subjects_app, name="subjects")
+
+
+def _exit_for_erasure(status: str) -> int:
+    return EXIT_FAILED if status == "failed" else EXIT_OK
+
+
+def _print_erasure(erasure, console) -> None:
+    style = {"certified": "green", "failed": "red"}.get(erasure.status, "cyan")
+    console.print(
+        f"[bold]erasure {erasure.id}[/bold]  [{style}]{erasure.status}[/{style}]  {len(erasure.children)} request(s)",
+        markup=True,
+    )
+    rows = [
+        ("subject hash", erasure.subject_hash),
+        ("method", erasure.method),
+        ("created", _short(erasure.created_at)),
+        ("completed", _short(erasure.completed_at)),
+        ("certificate", erasure.links.get("certificate") or "not issued yet (once every request is certified)"),
+    ]
+    for label, value in rows:
+        console.print(f"  {label:<13} {value}", markup=False)
+    children = erasure.children
+    columns = [
+        _id_column("request", [c.request_id for c in children]),
+        _id_column("model", [c.model_id for c in children]),
+        _Column("status", [f"[{_STATUS_STYLE.get(c.status, 'white')}]{c.status}[/]" for c in children]),
+        _Column("rows", [str(c.n_samples) for c in children], justify="right"),
+        _id_column("certificate", [c.certificate_id for c in children]),
+    ]
+    steps = [("short", "certificate"), ("short", "model"), ("short", "request"), ("drop", "certificate")]
+    console.print(_fit_table("its deletion requests", columns, steps, console.width))
+
+
+def _watch_erasure(client, erasure_id: str, interval: float, timeout: float, console):
+    return _follow(
+        client,
+        console,
+        lambda show, reconnect: client.wait_erasure(
+            erasure_id, interval=interval, timeout=timeout, on_progress=show, on_reconnect=reconnect
+        ),
+    )
+
+
+def _save_certificate(client, erasure_id: str, output: Path, console) -> None:
+    envelope = client.erasure_certificate(erasure_id)
+    output.write_text(json.dumps(envelope, indent=2) + "\n", encoding="utf-8")
+    console.print(f"combined certificate written to {output} (check it: lethe verify-certificate {output} --keys …)")
+
+
+@subjects_app.command("erase")
+def subjects_erase(
+    ctx: typer.Context,
+    subject: Annotated[
+        str, typer.Argument(help="The subject's value in the models' subject_column (kept only as its keyed hash).")
+    ],
+    method: Annotated[str, typer.Option(help="Each request's method: auto | retrain | ...")] = "auto",
+    received_at: Annotated[
+        str | None, typer.Option("--received-at", help="ISO 8601 with offset: when the subject asked.")
+    ] = None,
+    wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Follow it to the end with a progress bar.")] = False,
+    certificate: Annotated[
+        Path | None, typer.Option("--certificate", "-o", help="With --wait: save the combined certificate here.")
+    ] = None,
+    interval: Annotated[float, typer.Option(help="Seconds between polls with --wait.", min=0.05)] = 1.0,
+    timeout: Annotated[float, typer.Option(help="Give up waiting after this many seconds (exit 1).")] = 24 * 3600,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the erasure as JSON.")] = False,
+) -> None:
+    """Erase a data subject from every model whose subject_column holds rows of theirs.
+
+    One deletion request per model, followed together; certified once every one is, with one combined certificate.
+    Exit 0 accepted or certified, 1 failed, 3 no model holds the subject's rows (404 subject-not-found)."""
+    if certificate is not None and not wait:
+        raise typer.BadParameter("--certificate needs --wait (or fetch it later: lethe subjects certificate ID)")
+    _aware(received_at, "--received-at")
+    console = _console()
+    with _api(ctx) as client:
+        erasure = client.erase_subject(subject, method=method, received_at=received_at)
+        if as_json and not wait:
+            typer.echo(erasure.model_dump_json(indent=2))
+            return
+        console.print(
+            f"accepted erasure {erasure.id} ({len(erasure.children)} request(s)); follow it with "
+            f"`lethe subjects status {erasure.id} --watch`"
+        )
+        if wait:
+            erasure = _watch_erasure(client, erasure.id, interval, timeout, console)
+            if certificate is not None and erasure.status == "certified":
+                _save_certificate(client, erasure.id, certificate, console)
+        if as_json:
+            typer.echo(erasure.model_dump_json(indent=2))
+        else:
+            _print_erasure(erasure, console)
+    raise typer.Exit(_exit_for_erasure(erasure.status))
+
+
+@subjects_app.command("status")
+def subjects_status(
+    ctx: typer.Context,
+    erasure_id: str,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="A live progress bar until the erasure ends.")] = False,
+    interval: Annotated[float, typer.Option(help="Seconds between polls with --watch.", min=0.05)] = 1.0,
+    timeout: Annotated[float, typer.Option(help="Give up watching after this many seconds (exit 1).")] = 24 * 3600,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the erasure as JSON.")] = False,
+) -> None:
+    """An erasure and its deletion requests; with --watch follow it to the end.
+
+    Exit 0 certified or in progress, 1 failed or the watch timed out, 3 not found."""
+    console = _console()
+    with _api(ctx) as client:
+        erasure = (
+            _watch_erasure(client, erasure_id, interval, timeout, console) if watch else client.get_erasure(erasure_id)
+        )
+    if as_json:
+        typer.echo(erasure.model_dump_json(indent=2))
+    else:
+        _print_erasure(erasure, console)
+    raise typer.Exit(_exit_for_erasure(erasure.status))
+
+
+@subjects_app.command("certificate")
+def subjects_certificate(
+    ctx: typer.Context,
+    erasure_id: str,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="A file (default: stdout).")] = None,
+) -> None:
+    """The erasure's combined certificate (DSSE envelope JSON), to keep and check offline.
+
+    Check it with `lethe verify-certificate FILE --keys ...`. Exit 0 written, 1 not issued yet (a request is not
+    certified), 3 no such erasure."""
+    from app.client import LetheProblem
+
+    with _api(ctx) as client:
+        try:
+            if output is not None:
+                _save_certificate(client, erasure_id, output, _console(stderr=True))
+                return
+            envelope = client.erasure_certificate(erasure_id)
+        except LetheProblem as problem:
+            if problem.slug != "certificate-not-issued":
+                raise
+            _console(stderr=True).print(f"not issued yet: {problem.detail or problem.title}", markup=False)
+            raise typer.Exit(EXIT_FAILED) from None
+    typer.echo(json.dumps(envelope, indent=2))
+
+
+@subjects_app.command("requests")
+def subjects_requests(
+    ctx: typer.Context,
+    subject_hash: Annotated[
+        str, typer.Argument(help="The subject's keyed hash (a request's or an erasure's subject_hash).")
+    ],
+    limit: Annotated[int, typer.Option(min=1, max=500, help="At most this many, newest first.")] = 100,
+    as_json: Annotated[bool, typer.Option("--json", help="Print them as JSON.")] = False,
+) -> None:
+    """A data subject's deletion requests and erasures, by their keyed hash (subject_hash).
+
+    The raw reference is never stored, so the API cannot search for it."""
+    console = _console()
+    with _api(ctx) as client:
+        found = client.subject_requests(subject_hash, limit=limit)
+    if as_json:
+        typer.echo(found.model_dump_json(indent=2))
+        return
+    console.print(_requests_table(f"deletion requests of {subject_hash[:16]}… ({len(found.requests)})",
+                                  found.requests, console.width))  # fmt: skip
+    erasures = found.erasures
+    columns = [
+        _id_column("erasure", [e.id for e in erasures]),
+        _moment_column("created", [e.created_at for e in erasures]),
+        _Column("certificate", ["issued" if e.certificate_digest else "not yet" for e in erasures]),
+    ]
+    console.print(_fit_table(f"erasures ({len(erasures)})", columns, [("short", "erasure")], console.width))
 
 
 REQUEST_COLUMNS = [
@@ -795,6 +1348,7 @@ def export(
     if fmt not in ("csv", "json"):
         raise typer.BadParameter("--format csv or json")
     with _api(ctx) as client:
+        model = _resolve_model(client, model) if model else None
         if what == "requests":
             rows = [r.model_dump(mode="json") for r in client.iter_deletions(status=status_, model_id=model)]
             columns = REQUEST_COLUMNS

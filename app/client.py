@@ -11,6 +11,11 @@ with httpx and pydantic alone. Every error answer raises :class:`LetheProblem`, 
         done = lethe.wait(request.id, on_progress=lambda r: print(r.status, r.progress))
 
 The returned models accept fields a newer server adds (``extra="allow"``), so an older client keeps working.
+
+Retries: a call that is safe to repeat (GET, HEAD, and a POST carrying an ``Idempotency-Key``) is retried with
+exponential backoff when the API cannot be reached, or answers 503 or 429, honouring ``Retry-After``; any call is
+retried when the connection could not be made at all (nothing was sent). :meth:`LetheClient.submit_deletion` makes
+up an ``Idempotency-Key`` when none is given, so its retry is answered with the request the first try created.
 """
 
 from __future__ import annotations
@@ -18,9 +23,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import time
+import uuid
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -31,6 +40,11 @@ PROBLEM_BASE = "https://lethe.dev/problems/"
 TERMINAL_STATUSES = ("certified", "failed", "rejected", "cancelled")
 """A deletion request in one of these states will not change again (unless an admin retries a failed one)."""
 DEFAULT_URL = "http://127.0.0.1:8000"
+RETRY_STATUSES = (429, 503)
+"""Answers that say "try again later": a retryable call waits (``Retry-After`` when given) and tries again."""
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+ERASURE_END_STATUSES = ("certified", "failed")
+"""A per-person erasure in one of these states will not change again."""
 
 
 class LetheProblem(Exception):
@@ -100,6 +114,9 @@ class Model(_Out):
     links: dict[str, str] = Field(default_factory=dict)
     federation: dict[str, Any] | None = None
     requires_approval: bool = False
+    subject_column: str | None = None
+    batch: dict[str, int] | None = None
+    """The batch bounds (``max_requests``, ``max_rows``) of a tabular model; None for one registered before batches."""
     tags: list[str] = Field(default_factory=list)
 
 
@@ -247,10 +264,110 @@ class Readiness(_Out):
     checks: dict[str, Any] = Field(default_factory=dict)
 
 
+class BulkResult(_Out):
+    id: str
+    outcome: str
+    """``done`` or ``skipped``."""
+    status: str | None = None
+    """The request's status after the action (``done``)."""
+    reason: str | None = None
+    """Why it was skipped (the refusal's detail)."""
+    problem_type: str | None = None
+
+    @property
+    def problem_slug(self) -> str | None:
+        return self.problem_type.removeprefix(PROBLEM_BASE) if self.problem_type else None
+
+
+class BulkOutcome(_Out):
+    """A bulk action's answer: how many requests were selected, acted on and skipped, and each one's outcome."""
+
+    action: str
+    selected: int
+    done: int
+    skipped: int
+    results: list[BulkResult] = Field(default_factory=list)
+
+
+class ErasureChild(_Out):
+    request_id: str
+    model_id: str
+    status: str
+    n_samples: int = 0
+    certificate_id: str | None = None
+    certificate_digest: str | None = None
+    links: dict[str, str] = Field(default_factory=dict)
+
+
+class Erasure(_Out):
+    """A per-person erasure: one deletion request (child) per model holding the subject's rows."""
+
+    id: str
+    subject_hash: str
+    method: str
+    status: str
+    """``in-progress``, ``certified`` (every child certified, the combined certificate issued) or ``failed``."""
+    children_by_status: dict[str, int] = Field(default_factory=dict)
+    children: list[ErasureChild] = Field(default_factory=list)
+    certificate_digest: str | None = None
+    created_at: datetime
+    completed_at: datetime | None = None
+    links: dict[str, str] = Field(default_factory=dict)
+    location: str | None = Field(None, exclude=True, description="The Location header of a 202 (client side only).")
+
+    @property
+    def done(self) -> bool:
+        return self.status in ERASURE_END_STATUSES
+
+    # the shape _poll watches: (status, progress, message)
+    @property
+    def progress(self) -> float:
+        ended = sum(n for status, n in self.children_by_status.items() if status in TERMINAL_STATUSES)
+        return ended / len(self.children) if self.children else 0.0
+
+    @property
+    def message(self) -> str | None:
+        return ", ".join(f"{n} {status}" for status, n in sorted(self.children_by_status.items())) or None
+
+
+class SubjectErasureRef(_Out):
+    id: str
+    created_at: datetime
+    certificate_digest: str | None = None
+    links: dict[str, str] = Field(default_factory=dict)
+
+
+class SubjectRequests(_Out):
+    """A data subject's deletion requests and erasures, found by the keyed hash (``subject_hash``)."""
+
+    subject_hash: str
+    requests: list[DeletionRequest] = Field(default_factory=list)
+    erasures: list[SubjectErasureRef] = Field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RetryNotice:
+    """What ``on_retry`` is told before the client waits and tries a call again."""
+
+    method: str
+    url: str
+    attempt: int
+    """1 for the first retry."""
+    delay: float
+    """Seconds the client waits before it (``Retry-After`` when the answer gave one)."""
+    reason: str
+    """``503 unavailable``, ``429 ...`` or the connection error's name."""
+
+
 class LetheClient:
     """Lethe's API. ``base_url`` and ``api_key`` default to ``LETHE_URL`` and ``LETHE_API_KEY``. ``transport`` (an
     httpx transport) or ``http`` (a ready ``httpx.Client``, such as FastAPI's TestClient, used as it is) point it at
-    an app in the same process."""
+    an app in the same process.
+
+    ``retries`` (default 4) is how many times a retryable call is tried again, after ``backoff`` seconds doubled at
+    each try (with jitter) up to ``max_backoff``; a ``Retry-After`` is waited as given, and one longer than
+    ``max_backoff`` ends the retries (the problem is raised). ``on_retry`` sees a :class:`RetryNotice` before each
+    wait. ``retries=0`` turns retrying off."""
 
     def __init__(
         self,
@@ -260,7 +377,12 @@ class LetheClient:
         timeout: float = 60.0,
         transport: httpx.BaseTransport | None = None,
         http: httpx.Client | None = None,
+        retries: int = 4,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        on_retry: Callable[[RetryNotice], None] | None = None,
     ):
+        self.retries, self.backoff, self.max_backoff, self.on_retry = retries, backoff, max_backoff, on_retry
         if http is not None:  # its headers are the caller's: only an explicit api_key is added
             self.api_key, self.http, self._owned = api_key, http, False
             if api_key:
@@ -288,11 +410,46 @@ class LetheClient:
 
     # ------------------------------------------------------------------------------------------------ plumbing
     def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
-        """Any call; an answer of 400 or more raises :class:`LetheProblem` (304 is not an error)."""
-        response = self.http.request(method, url, **kwargs)
-        if response.status_code >= 400:
-            raise LetheProblem.from_response(response)
-        return response
+        """Any call; an answer of 400 or more raises :class:`LetheProblem` (304 is not an error). Retried as the
+        class says: a safe method or an ``Idempotency-Key`` makes a call repeatable."""
+        method = method.upper()
+        headers = kwargs.get("headers") or {}
+        repeatable = method in SAFE_METHODS or any(k.lower() == "idempotency-key" for k in headers)
+        attempt = 0
+        while True:
+            try:
+                response = self.http.request(method, url, **kwargs)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # nothing was sent: any call may go again
+                if attempt >= self.retries:
+                    raise
+                delay, reason = self._backoff_delay(attempt), f"cannot connect ({type(exc).__name__})"
+            except httpx.TransportError as exc:  # sent, perhaps acted on: only a repeatable call goes again
+                if not repeatable or attempt >= self.retries:
+                    raise
+                delay, reason = self._backoff_delay(attempt), f"connection lost ({type(exc).__name__})"
+            else:
+                if response.status_code < 400:
+                    return response
+                problem = LetheProblem.from_response(response)
+                # a 429 was refused before any work; a 503 may follow work that still commits (the intake's timeout)
+                if response.status_code not in RETRY_STATUSES or attempt >= self.retries:
+                    raise problem
+                if response.status_code == 503 and not repeatable:
+                    raise problem
+                told = retry_after_seconds(response.headers.get("retry-after"))
+                if told is not None and told > self.max_backoff:
+                    raise problem  # waiting less than the server asked would be impolite; waiting longer, a hang
+                delay = told if told is not None else self._backoff_delay(attempt)
+                reason = f"{response.status_code} {problem.slug}"
+            attempt += 1
+            if self.on_retry is not None:
+                self.on_retry(RetryNotice(method, str(url), attempt, delay, reason))
+            time.sleep(delay)
+
+    def _backoff_delay(self, attempt: int) -> float:
+        """``backoff`` doubled per attempt, capped, with "equal jitter" (half fixed, half random)."""
+        ceiling = min(self.max_backoff, self.backoff * 2**attempt)
+        return ceiling / 2 + random.uniform(0, ceiling / 2)
 
     def _json(self, method: str, url: str, **kwargs: Any) -> Any:
         return self.request(method, url, **kwargs).json()
@@ -336,6 +493,28 @@ class LetheClient:
     def get_model(self, model_id: str) -> Model:
         return Model.model_validate(self._json("GET", f"/v1/models/{model_id}"))
 
+    def update_model(
+        self,
+        model_id: str,
+        *,
+        requires_approval: bool | None = None,
+        tags: list[str] | None = None,
+        batch: dict[str, int] | None = None,
+    ) -> Model:
+        """Change a model's settings (admin, each change audited): ``requires_approval``, ``tags`` (replaces them
+        all; ``[]`` clears them) and ``batch`` (``{"max_requests": n, "max_rows": m}``; a bound left out takes the
+        API's default, so give both). At least one."""
+        body: dict[str, Any] = {}
+        if requires_approval is not None:
+            body["requires_approval"] = requires_approval
+        if tags is not None:
+            body["tags"] = list(tags)
+        if batch is not None:
+            body["batch"] = dict(batch)
+        if not body:
+            raise ValueError("give requires_approval, tags or batch")
+        return Model.model_validate(self._json("PATCH", f"/v1/models/{model_id}", json=body))
+
     def register_model(
         self,
         metadata: dict[str, Any],
@@ -366,9 +545,11 @@ class LetheClient:
         on_progress: Callable[[Model], None] | None = None,
     ) -> Model:
         """Poll a model until ``until`` holds (default: it is no longer registering); ``on_progress`` sees each
-        changed state. TimeoutError after ``timeout`` seconds."""
+        changed state. TimeoutError after ``timeout`` seconds. An API that goes away meanwhile is waited for, as in
+        :meth:`wait`."""
         until = until or (lambda m: m.status != "registering")
-        return _poll(lambda: self.get_model(model_id), until, timeout, interval, on_progress, f"model {model_id}")
+        return _poll(lambda: self.get_model(model_id), until, timeout, interval, on_progress, f"model {model_id}",
+                     None, self.max_backoff)  # fmt: skip
 
     def versions(self, model_id: str) -> list[ModelVersion]:
         return [ModelVersion.model_validate(v) for v in self._json("GET", f"/v1/models/{model_id}/versions")]
@@ -420,7 +601,9 @@ class LetheClient:
         idempotency_key: str | None = None,
     ) -> DeletionRequest:
         """``scope``: ``{"kind": "samples", "sample_ids": [...]}``, ``{"kind": "class", "label": ...}`` or
-        ``{"kind": "client", "client_id": ...}``. Answers once the request is durable (202)."""
+        ``{"kind": "client", "client_id": ...}``. Answers once the request is durable (202). Without an
+        ``idempotency_key`` one is made up (``lethe-client-<uuid4>``) and sent on every try, so a retry after a lost
+        answer is answered with the request the first try created."""
         body: dict[str, Any] = {"subject_ref": subject_ref, "model_id": model_id, "scope": scope, "method": method}
         if method_settings:
             body["method_settings"] = method_settings
@@ -428,7 +611,7 @@ class LetheClient:
             body["callback_url"] = callback_url
         if received_at is not None:
             body["received_at"] = received_at.isoformat() if isinstance(received_at, datetime) else received_at
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        headers = {"Idempotency-Key": idempotency_key or f"lethe-client-{uuid.uuid4()}"}
         response = self.request("POST", "/v1/deletion-requests", json=body, headers=headers)
         out = DeletionRequest.model_validate(response.json())
         out.location = response.headers.get("location")
@@ -461,11 +644,15 @@ class LetheClient:
         timeout: float = 900,
         interval: float = 0.25,
         on_progress: Callable[[DeletionRequest], None] | None = None,
+        on_reconnect: Callable[[Exception, float], None] | None = None,
     ) -> DeletionRequest:
         """Poll a deletion request until it ends (certified, failed, rejected or cancelled). ``on_progress`` is
-        called with each changed state (status, progress or message). TimeoutError after ``timeout`` seconds."""
+        called with each changed state (status, progress or message). TimeoutError after ``timeout`` seconds.
+
+        Once the request has been read, an API that goes away (unreachable, 503, 429: a restart) does not end the
+        wait: it is polled again with backoff until ``timeout``, ``on_reconnect`` told of each failed poll."""
         return _poll(lambda: self.get_deletion(request_id), lambda r: r.done, timeout, interval, on_progress,
-                     f"deletion request {request_id}")  # fmt: skip
+                     f"deletion request {request_id}", on_reconnect, self.max_backoff)  # fmt: skip
 
     def cancel(self, request_id: str) -> DeletionRequest:
         """Cancel a request no worker has started (admin)."""
@@ -495,6 +682,32 @@ class LetheClient:
             self._json("POST", f"/v1/deletion-requests/{request_id}/extend", json=body)
         )
 
+    def bulk(
+        self,
+        action: str,
+        *,
+        ids: list[str] | None = None,
+        filter: dict[str, Any] | None = None,
+        months: int | None = None,
+        reason: str | None = None,
+    ) -> BulkOutcome:
+        """One operator action (``cancel``, ``retry``, ``approve``, ``reject`` with ``reason``, ``extend`` with
+        ``months`` and ``reason``) over explicit ``ids`` or the list endpoint's ``filter`` (``status``, ``model_id``,
+        ``overdue``, ``stuck``, ``created_after``, ``created_before``) (admin). Each request is acted on and audited
+        on its own; one that cannot take the action is skipped with the reason. Not retried once sent (the API
+        takes no Idempotency-Key here)."""
+        body: dict[str, Any] = {"action": action}
+        if ids is not None:
+            body["ids"] = list(ids)
+        if filter is not None:
+            body["filter"] = {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in filter.items()
+                              if v not in (None, False)}  # fmt: skip
+        if months is not None:
+            body["months"] = months
+        if reason is not None:
+            body["reason"] = reason
+        return BulkOutcome.model_validate(self._json("POST", "/v1/deletion-requests/bulk", json=body))
+
     def webhook_deliveries(self, request_id: str) -> list[WebhookDelivery]:
         items = self._json("GET", f"/v1/deletion-requests/{request_id}/webhooks")["items"]
         return [WebhookDelivery.model_validate(d) for d in items]
@@ -502,6 +715,51 @@ class LetheClient:
     def redeliver(self, request_id: str, delivery_id: str) -> WebhookDelivery:
         url = f"/v1/deletion-requests/{request_id}/webhooks/{delivery_id}/redeliver"
         return WebhookDelivery.model_validate(self._json("POST", url))
+
+    # ------------------------------------------------------------------------------------------ per-person erasure
+    def erase_subject(
+        self, subject_ref: str, *, method: str = "auto", received_at: datetime | str | None = None
+    ) -> Erasure:
+        """Erase one data subject from every model registered with a ``subject_column`` holding rows of theirs:
+        one deletion request per model, followed together (202). ``404 subject-not-found`` when no model holds
+        any. Not retried once sent (the API takes no Idempotency-Key here; a second erasure of the same subject
+        while the first runs is a 409)."""
+        body: dict[str, Any] = {"subject_ref": subject_ref, "method": method}
+        if received_at is not None:
+            body["received_at"] = received_at.isoformat() if isinstance(received_at, datetime) else received_at
+        response = self.request("POST", "/v1/subjects/erasures", json=body)
+        out = Erasure.model_validate(response.json())
+        out.location = response.headers.get("location")
+        return out
+
+    def get_erasure(self, erasure_id: str) -> Erasure:
+        return Erasure.model_validate(self._json("GET", f"/v1/subjects/erasures/{erasure_id}"))
+
+    def wait_erasure(
+        self,
+        erasure_id: str,
+        *,
+        timeout: float = 900,
+        interval: float = 0.5,
+        on_progress: Callable[[Erasure], None] | None = None,
+        on_reconnect: Callable[[Exception, float], None] | None = None,
+    ) -> Erasure:
+        """Poll an erasure until it is certified (every child certified, the combined certificate issued) or
+        failed; as :meth:`wait` (``progress`` is the share of children that ended)."""
+        return _poll(lambda: self.get_erasure(erasure_id), lambda e: e.done, timeout, interval, on_progress,
+                     f"erasure {erasure_id}", on_reconnect, self.max_backoff)  # fmt: skip
+
+    def erasure_certificate(self, erasure_id: str) -> dict[str, Any]:
+        """The combined certificate (a DSSE envelope, as signed) once issued; ``404 certificate-not-issued``
+        before. Verify it offline with ``lethe verify-certificate``."""
+        return self._json("GET", f"/v1/subjects/erasures/{erasure_id}/certificate")
+
+    def subject_requests(self, subject_hash: str, *, limit: int = 100) -> SubjectRequests:
+        """A data subject's deletion requests and erasures, newest first, by the keyed hash every request and
+        erasure reports as ``subject_hash`` (the raw reference is never stored: the API cannot search for it)."""
+        return SubjectRequests.model_validate(
+            self._json("GET", f"/v1/subjects/{subject_hash}/requests", params={"limit": limit})
+        )
 
     # ------------------------------------------------------------------------------------------------ evidence
     def reports(self, request_id: str) -> list[Report]:
@@ -551,14 +809,58 @@ class LetheClient:
         return self._json("POST", "/v1/webhooks/secret", json={"url": url})["secret"]
 
 
-def _poll(fetch, until, timeout: float, interval: float, on_progress, what: str):
+def retry_after_seconds(value: str | None) -> float | None:
+    """A ``Retry-After`` header as seconds from now: delay-seconds or an HTTP date (RFC 9110); None when absent or
+    unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        moment = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return max(0.0, (moment - datetime.now(UTC)).total_seconds())
+
+
+def unavailable(exc: BaseException) -> bool:
+    """True for a failure that says "the API is away, try later": no connection, or a 503 or 429 answer."""
+    if isinstance(exc, LetheProblem):
+        return exc.status in RETRY_STATUSES
+    return isinstance(exc, httpx.TransportError)
+
+
+def _poll(fetch, until, timeout: float, interval: float, on_progress, what: str, on_reconnect=None,
+          max_backoff: float = 30.0):  # fmt: skip
+    """Fetch until ``until`` holds. After the first answer, an unavailable API (see :func:`unavailable`) is polled
+    again with backoff (``Retry-After`` when given) until the deadline, ``on_reconnect(error, delay)`` told each
+    time: a restarted server does not end a wait; ``on_progress`` sees the first answer after an outage even when
+    nothing changed."""
     deadline = time.monotonic() + timeout
     last = None
+    seen = False
+    outage = 0
     while True:
-        value = fetch()
+        try:
+            value = fetch()
+        except Exception as exc:
+            if not seen or not unavailable(exc) or time.monotonic() > deadline:
+                raise
+            told = retry_after_seconds(exc.headers.get("retry-after")) if isinstance(exc, LetheProblem) else None
+            delay = min(told if told is not None else interval * 2 ** min(outage, 10), max_backoff)
+            delay = max(0.0, min(delay, deadline - time.monotonic()))
+            outage += 1
+            if on_reconnect is not None:
+                on_reconnect(exc, delay)
+            time.sleep(delay)
+            continue
         state = (getattr(value, "status", None), getattr(value, "progress", None), getattr(value, "message", None))
-        if on_progress is not None and state != last:
+        if on_progress is not None and (state != last or outage):
             on_progress(value)
+        seen, outage = True, 0
         last = state
         if until(value):
             return value

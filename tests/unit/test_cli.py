@@ -5,16 +5,30 @@ drawing a progress bar on a running request and ending with the verdict, the tab
 from __future__ import annotations
 
 import csv
+import fcntl
 import io
 import json
+import os
+import pty
 import re
+import select
 import socket
+import struct
+import subprocess
+import sys
+import termios
 import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import typer
 import uvicorn
+from rich.cells import cell_len
 from typer.testing import CliRunner
 
+from app.cli import _resolve
 from app.cli import app as cli
 from app.client import LetheClient
 from app.jobs.tabular import holdout_mask
@@ -22,8 +36,10 @@ from app.main import create_app
 from app.ml.unlearning import base
 from app.ml.unlearning.retrain import ExactRetrain, RetrainConfig
 from tests.helpers import configure, make_key, wait_for, write_table
+from tests.unit.scripted_server import ScriptedServer, json_answer, problem
 
 SCOPES = ["models:write", "models:read", "requests:write", "requests:read", "audit:read", "admin"]
+CAROL, DAVE = "carol.cli-test@example.org", "dave.cli-test@example.org"
 GATE = threading.Event()
 """The gated method waits here: a request stays `running` until the test has seen it running."""
 
@@ -67,19 +83,24 @@ def service(tmp_path_factory):
     wait_for(lambda: server.started, timeout=30, what="uvicorn")
     url = f"http://127.0.0.1:{port}"
     source = home / "t.csv"
-    write_table(source, n=200, seed=5)
+    frame = write_table(source, n=200, seed=5)
+    trained = [i for i, held in enumerate(holdout_mask(200, 0.2, seed=0)) if not held]
+    frame["person"] = [f"other-{i % 31}" for i in range(len(frame))]
+    frame.loc[trained[-2:], "person"] = CAROL  # two rows each, kept for `lethe subjects erase`
+    frame.loc[trained[-4:-2], "person"] = DAVE
+    frame.to_csv(source, index=False)
     metadata = {
         "name": "cli-table",
         "verification": {"shadows": 8},
-        "dataset": {"row_id_column": "row_id", "label_column": "label"},
+        "dataset": {"row_id_column": "row_id", "label_column": "label", "subject_column": "person"},
     }
     client = LetheClient(url, key)
     model = client.register_model(metadata, source)
     model = client.wait_model(model.id, timeout=120)
     assert model.status == "ready", model
-    trained = [f"r{i}" for i, held in enumerate(holdout_mask(200, 0.2, seed=0)) if not held]
+    rows = iter(f"r{i}" for i in trained[:-4])
     try:
-        yield {"url": url, "key": key, "reader": reader, "model": model, "client": client, "rows": iter(trained)}
+        yield {"url": url, "key": key, "reader": reader, "model": model, "client": client, "rows": rows}
     finally:
         GATE.set()
         client.close()
@@ -241,8 +262,9 @@ def test_unauthorised_not_found_and_usage_errors(service):
     assert bad_key.exit_code == 4 and "401" in bad_key.output  # `lethe status` used to exit 0 on a 401
     assert run(service, "list", key="lethe_nothere_0000000000000000").exit_code == 4
     closed = _free_port()  # nothing listens there (loopback)
-    unreachable = run(service, "status", unknown, env={"LETHE_URL": f"http://127.0.0.1:{closed}"})
+    unreachable = run(service, "status", unknown, env={"LETHE_URL": f"http://127.0.0.1:{closed}", "LETHE_RETRIES": "1"})
     assert unreachable.exit_code == 5 and f"127.0.0.1:{closed}" in unreachable.output
+    assert "retry 1 of 1" in unreachable.output  # tried again once, then exit 5
     assert run(service, "--url", "127.0.0.1:8000", "status", unknown).exit_code == 2  # no scheme: a usage error
     no_key = run(service, "status", unknown, env={"LETHE_API_KEY": ""})
     assert no_key.exit_code == 2 and "LETHE_API_KEY" in no_key.output
@@ -252,7 +274,8 @@ def test_unauthorised_not_found_and_usage_errors(service):
     assert run(service, "submit", unknown, "--subject", "x", "--sample-id", "r1").exit_code == 3  # model-not-found
     typo = run(service, "submit", model_id, "--subject", "x", "--sample-id", "r9999")
     assert typo.exit_code == 1 and "unknown-sample-ids" in typo.output
-    unreachable = run(service, "status", unknown, env={"LETHE_URL": f"http://127.0.0.1:{_free_port()}"})
+    unreachable = run(service, "status", unknown, env={"LETHE_URL": f"http://127.0.0.1:{_free_port()}",
+                                                       "LETHE_RETRIES": "0"})  # fmt: skip
     assert unreachable.exit_code == 5 and "cannot reach" in unreachable.output
 
 
@@ -321,3 +344,360 @@ def test_serve_worker_and_demo_are_wired():
                             ("webhook-sender", "--help"), ("demo", "--keep")):  # fmt: skip
         result = CliRunner().invoke(cli, [command, "--help"])
         assert result.exit_code == 0 and option in result.output, (command, result.output)
+
+
+# ------------------------------------------------------------------------------- a real terminal, and a pipe
+# `lethe` as a person runs it: a child process in a pseudo-terminal whose window is 80 columns (no COLUMNS set: rich
+# reads the window size, as in a terminal emulator), or with its output piped.
+
+REPO = Path(__file__).resolve().parents[2]
+ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\x1b[()][A-Z0-9]")
+SHORT_ID = re.compile(r"^[0-9a-f]{8}$")
+
+
+def _environment(service, key: str | None = None, **extra: str) -> dict[str, str]:
+    unset = ("COLUMNS", "LINES", "TTY_COMPATIBLE", "FORCE_COLOR", "NO_COLOR", "TERM", "LETHE_RETRIES")
+    environment = {k: v for k, v in os.environ.items() if k not in unset}
+    return environment | {"LETHE_URL": service["url"], "LETHE_API_KEY": key or service["key"],
+                          "PYTHONPATH": str(REPO), "TERM": "xterm-256color"} | extra  # fmt: skip
+
+
+def in_terminal(service, *args: str, columns: int = 80, timeout: float = 60, **env: str) -> tuple[int, str]:
+    """`lethe ARGS` in a pseudo-terminal ``columns`` wide: its exit code and what the screen got, colours and cursor
+    moves stripped, each redraw (carriage return) on a line of its own."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    child = subprocess.Popen([sys.executable, "-m", "app.cli", *args], stdin=slave, stdout=slave, stderr=slave,
+                             env=_environment(service, **env), cwd=REPO, start_new_session=True)  # fmt: skip
+    os.close(slave)
+    output = bytearray()
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            ready, _, _ = select.select([master], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise TimeoutError(f"lethe {' '.join(args)} still running after {timeout} s: {output[-2000:]!r}")
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            output += chunk
+    finally:
+        os.close(master)
+        if child.poll() is None and time.monotonic() > deadline:
+            child.kill()
+    code = child.wait(timeout=30)
+    text = ESCAPES.sub("", output.decode("utf-8", "replace"))
+    return code, text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def piped(service, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
+    """`lethe ARGS` with stdout and stderr piped, COLUMNS=80 set (a pipe has no width: it must not take that one)."""
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True, text=True, timeout=timeout,
+                          env=_environment(service, COLUMNS="80", **env), cwd=REPO)  # fmt: skip
+
+
+def _row(screen: str, short_id: str) -> list[str]:
+    """The words of the one table row that starts with ``short_id``."""
+    rows = [line.split() for line in screen.splitlines() if line.split()[:1] == [short_id]]
+    assert len(rows) == 1, (short_id, screen)
+    return rows[0]
+
+
+def test_tables_fit_80_columns_in_a_terminal_with_every_short_id_and_status_whole(service):
+    """Issue 23: at 80 columns every column used to be cut to two letters (`ce…`). Now ids shrink to their first 8
+    characters, dates to minutes, and less important columns go or wrap; ids and statuses are never cut."""
+    client: LetheClient = service["client"]
+    requests = list(client.iter_deletions())
+    assert {"certified", "failed", "cancelled", "rejected"} <= {r.status for r in requests}
+
+    code, screen = in_terminal(service, "list", "--limit", "500")
+    assert code == 0, screen
+    assert all(cell_len(line.rstrip()) <= 80 for line in screen.splitlines()), screen
+    assert "…" not in screen  # nothing cut
+    assert screen.splitlines()[1].split()[:4] == ["id", "model", "method", "status"], screen
+    for request in requests:
+        row = _row(screen, request.id[:8])
+        assert request.status in row and request.model_id[:8] in row, (request.status, row)
+
+    code, screen = in_terminal(service, "models")
+    assert code == 0 and all(cell_len(line.rstrip()) <= 80 for line in screen.splitlines()), screen
+    model = service["model"]
+    row = _row(screen, model.id[:8])
+    assert model.name in row and "ready" in row, row
+
+    code, screen = in_terminal(service, "keys", "list")
+    assert code == 0 and all(cell_len(line.rstrip()) <= 80 for line in screen.splitlines()), screen
+    rows = [line.split() for line in screen.splitlines() if SHORT_ID.match(line.split()[0] if line.split() else "")]
+    assert len(rows) >= 4 and all({"active", "revoked"} & set(words) for words in rows), screen
+    assert "cli-reader" in {words[3] for words in rows}  # names whole; the scopes wrap at their commas
+    assert "requests:read" in screen.split() and "requests:read," in screen.split()
+
+    certified = next(r for r in requests if r.status == "certified")
+    code, screen = in_terminal(service, "report", certified.id[:8])  # a short id is taken back
+    tables = [line for line in screen.splitlines() if not line.startswith("plot ")]  # links are printed whole
+    assert code == 0 and all(cell_len(line.rstrip()) <= 80 for line in tables), screen
+    for check in client.reports(certified.id)[0].checks:
+        assert any(line.split()[:1] == [check.name] for line in screen.splitlines()), (check.name, screen)
+
+
+def test_piped_output_has_no_hard_wraps(service):
+    """To a pipe, tables take their natural width (whole ids, whole dates) and no line is broken, however narrow
+    COLUMNS says the terminal is."""
+    client: LetheClient = service["client"]
+    requests = list(client.iter_deletions())
+    listing = piped(service, "list", "--limit", "500")
+    assert listing.returncode == 0, listing.stderr
+    lines = listing.stdout.splitlines()
+    assert max(len(line) for line in lines) > 80
+    for request in requests:
+        (row,) = [line.split() for line in lines if line.startswith(request.id)]
+        assert request.status in row and request.model_id in row
+
+    submitted = piped(service, "submit", service["model"].id, "--subject", "piped", "--sample-id",
+                      next(service["rows"]))  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr
+    request_id = submitted.stdout.split()[1]
+    assert f"follow it with `lethe status {request_id} --watch`" in submitted.stdout.splitlines()[0]
+    client.wait(request_id, timeout=120)
+
+    failed = next(r for r in requests if r.status == "failed" and r.error and len(r.error.get("detail", "")) > 60)
+    shown = piped(service, "status", failed.id)
+    assert shown.returncode == 1
+    error = next(line for line in shown.stdout.splitlines() if line.strip().startswith("error"))
+    assert failed.error["detail"] in error  # on one line
+
+    models = piped(service, "models").stdout.splitlines()
+    assert any(line.startswith(service["model"].id) for line in models)  # the whole id
+
+
+def test_short_ids_are_taken_back_and_an_unknown_or_ambiguous_one_is_refused(service):
+    client: LetheClient = service["client"]
+    request = next(client.iter_deletions(status="certified"))
+    shown = run(service, "status", request.id[:8])
+    assert shown.exit_code == 0 and request.id in shown.output
+    assert run(service, "list", "--model", service["model"].id[:8]).exit_code == 0
+    missing = run(service, "status", "ffffffff")
+    assert missing.exit_code == 3 and "no request id starts with" in missing.output
+    pair = [SimpleNamespace(id="abcd0000-1"), SimpleNamespace(id="abcd0000-2"), SimpleNamespace(id="bcde")]
+    with pytest.raises(typer.BadParameter):
+        _resolve("abcd", "request", lambda: pair)
+    assert _resolve("bcd", "request", lambda: pair) == "bcd"  # under 4 characters: taken as it is
+    assert _resolve("abcd0000-2", "request", lambda: pair) == "abcd0000-2"
+
+
+# ------------------------------------------------------------------------- watching through an API that restarts
+# A scripted API on 127.0.0.1 (tests/unit/scripted_server.py) plays one request's life, and goes away when told.
+
+RUNNING = {
+    "id": "00000000-0000-4000-8000-00000000abcd", "model_id": "m", "subject_hash": "h", "scope": {},
+    "method": "retrain", "status": "running", "progress": 0.5, "message": "unlearning",
+    "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z",
+}  # fmt: skip
+CERTIFIED = RUNNING | {"status": "certified", "progress": 1.0, "message": "certified"}
+
+
+def test_a_watch_in_a_terminal_keeps_its_elapsed_time_ticking_between_changes(service):
+    """The request stays at 50% for 2.5 s: the bar is redrawn meanwhile, its elapsed time counting (it used to be
+    drawn only on a change, so the time froze)."""
+    started: list[float] = []
+
+    def answer(arrival, index):
+        started.append(arrival.at)
+        return json_answer(200, RUNNING if arrival.at - started[0] < 2.5 else CERTIFIED)
+
+    with ScriptedServer(answer) as api:
+        code, screen = in_terminal(service, "status", RUNNING["id"], "--watch", "--interval", "1",
+                                   LETHE_URL=api.url)  # fmt: skip
+    assert code == 0, screen
+    frames = [line for line in screen.splitlines() if line.startswith("running") and "50%" in line]
+    elapsed = {re.search(r"\d+:\d\d:\d\d", frame).group() for frame in frames}
+    assert {"0:00:00", "0:00:01", "0:00:02"} <= elapsed, screen  # ticking while nothing changed
+    assert all(cell_len(frame.rstrip()) <= 80 for frame in frames), frames
+    assert screen.strip().splitlines()[-1] == "certified"
+
+
+@pytest.mark.parametrize("retries", ["0", "1"])
+def test_a_watch_rides_out_a_restart_of_the_api_and_says_it_is_reconnecting(service, retries):
+    """The API stops (connections refused), comes back answering 503 with Retry-After, then answers: the watcher
+    says `reconnecting…` once, goes on, and ends with the request's verdict (exit 0), not exit 5. With the client's
+    own retries (LETHE_RETRIES=1) or without (0: the watch's own polling rides it out)."""
+    first = ScriptedServer(lambda arrival, index: json_answer(200, RUNNING)).start()
+    port = first.port
+    again = iter([problem(503, "unavailable", **{"Retry-After": "1"})])
+    second = ScriptedServer(lambda arrival, index: next(again, json_answer(200, CERTIFIED)), port=port)
+    watcher = subprocess.Popen([sys.executable, "-m", "app.cli", "status", RUNNING["id"], "--watch", "--interval",
+                                "0.2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+                               env=_environment(service, LETHE_URL=first.url, LETHE_RETRIES=retries))  # fmt: skip
+    try:
+        wait_for(lambda: len(first.arrivals) >= 2, timeout=30, what="the watcher's first polls")
+        first.stop()  # the API goes away
+        time.sleep(1.5)
+        second.start()  # and comes back on the same port, unavailable at first
+        output, _ = watcher.communicate(timeout=60)
+    finally:
+        watcher.kill()
+        first.stop()
+        second.stop()
+    assert watcher.returncode == 0, output
+    assert output.count("reconnecting…") == 1 and "reconnected after" in output, output
+    assert "retry 1 of" not in output  # the client's own retries are the watch's reconnecting, not a line each
+    assert second.arrivals[1].at - second.arrivals[0].at >= 0.95  # its Retry-After
+    assert output.strip().splitlines()[-1] == "certified"
+
+
+def test_exit_codes_for_a_timeout_an_answer_not_from_lethe_a_bad_url_and_throttling(service):
+    forever = ScriptedServer(lambda arrival, index: json_answer(200, RUNNING))
+    with forever as api:
+        watched = run(service, "status", RUNNING["id"], "--watch", "--interval", "0.05", "--timeout", "0.3",
+                      env={"LETHE_URL": api.url})  # fmt: skip
+    assert watched.exit_code == 1 and "did not finish" in watched.output  # gave up watching: 1 (not a traceback)
+    with ScriptedServer(lambda arrival, index: (200, {"content-type": "text/html"}, b"<html>a proxy</html>")) as api:
+        odd = run(service, "status", RUNNING["id"], env={"LETHE_URL": api.url})
+    assert odd.exit_code == 1 and "not Lethe's API" in odd.output
+    assert run(service, "status", RUNNING["id"], env={"LETHE_URL": "http://127.0.0.1:abc"}).exit_code == 2
+    for status in (429, 503):
+        with ScriptedServer(lambda arrival, index, status=status: problem(status, "busy")) as api:
+            busy = run(service, "list", env={"LETHE_URL": api.url, "LETHE_RETRIES": "1"})
+        assert busy.exit_code == 5 and f"{status} busy" in busy.output and len(api.arrivals) == 2  # retried once
+    assert run(service, "list", env={"LETHE_RETRIES": "-1"}).exit_code == 2
+
+
+# ---------------------------------------------------------------------------------- the operator's other actions
+
+
+def _approval(client: LetheClient, model_id: str, required: bool) -> None:
+    from app.requests.intake import MODEL_TTL
+
+    client.update_model(model_id, requires_approval=required)
+    time.sleep(MODEL_TTL + 0.1)  # the intake's snapshot of the model is at most MODEL_TTL old
+
+
+def test_model_settings_show_and_change_a_model(service):
+    client: LetheClient = service["client"]
+    model = service["model"]
+    shown = run(service, "model-settings", model.id[:8])
+    assert shown.exit_code == 0 and "requires approval  no" in shown.output and model.id in shown.output
+    assert run(service, "model-settings", model.id, "--batch-max-rows", "500").exit_code == 0
+    batched = run(service, "model-settings", model.id, "--batch-max-requests", "7")
+    assert batched.exit_code == 0 and "at most 7 requests, 500 rows" in batched.output
+    assert client.get_model(model.id).batch == {"max_requests": 7, "max_rows": 500}  # the other bound kept
+    tagged = run(service, "model-settings", model.id, "--tag", "prod", "--tag", "team:privacy", "--json")
+    assert tagged.exit_code == 0 and json.loads(tagged.output)["tags"] == ["prod", "team:privacy"]
+    listed = run(service, "models", "--tag", "team:privacy", "--json").output.splitlines()
+    assert [json.loads(line)["id"] for line in listed] == [model.id]
+    assert run(service, "model-settings", model.id, "--clear-tags").exit_code == 0
+    assert client.get_model(model.id).tags == []
+    assert run(service, "model-settings", model.id, "--tag", "x", "--clear-tags").exit_code == 2
+    assert run(service, "model-settings", model.id, "--batch-max-rows", "0").exit_code == 2
+    assert run(service, "model-settings", model.id, "--tag", "Not A Tag").exit_code == 1  # 422
+    assert run(service, "model-settings", model.id, key=service["reader"]).exit_code == 0  # reading is allowed
+    assert run(service, "model-settings", model.id, "--requires-approval", key=service["reader"]).exit_code == 4
+    assert run(service, "model-settings", "00000000-0000-0000-0000-000000000000").exit_code == 3
+    assert run(service, "model-settings", "ffffffff").exit_code == 3  # no model id starts with it
+    restored = run(service, "model-settings", model.id, "--batch-max-requests", "2000", "--batch-max-rows", "20000")
+    assert restored.exit_code == 0 and client.get_model(model.id).batch == {"max_requests": 2000, "max_rows": 20_000}
+
+
+def test_bulk_actions_and_their_exit_codes(service):
+    client: LetheClient = service["client"]
+    model_id = service["model"].id
+    _approval(client, model_id, True)
+    try:
+        first, second = (
+            client.submit_deletion(model_id, {"kind": "samples", "sample_ids": [next(service["rows"])]}, s)
+            for s in ("bulk-a", "bulk-b")
+        )
+        unknown = "00000000-0000-0000-0000-000000000000"
+        partly = run(service, "bulk", "reject", first.id[:8], unknown, "--reason", "not a customer of ours")
+        assert partly.exit_code == 1, partly.output  # one skipped
+        assert "1 done, 1 skipped of 2 selected" in partly.output and "request-not-found" in partly.output
+        assert client.get_deletion(first.id).status == "rejected"
+        extended = run(service, "bulk", "extend", "--status", "pending-approval", "--model", model_id[:8],
+                       "--months", "1", "--reason", "three systems to search", "--json")  # fmt: skip
+        assert extended.exit_code == 0, extended.output
+        outcome = json.loads(extended.output)
+        assert (outcome["selected"], outcome["done"]) == (1, 1) and outcome["results"][0]["id"] == second.id
+        assert run(service, "bulk", "cancel", "--status", "pending-approval", "--model", model_id).exit_code == 0
+        assert client.get_deletion(second.id).status == "cancelled"
+        empty = run(service, "bulk", "cancel", "--status", "pending-approval", "--model", model_id)
+        assert empty.exit_code == 1 and "bulk-selection-empty" in empty.output  # refused as a whole
+        usages = (["cancel"], ["reject", first.id], ["extend", "--all", "--months", "1"], ["explode", first.id],
+                  ["cancel", first.id, "--status", "failed"], ["cancel", "--created-after", "2026-01-01"])  # fmt: skip
+        for usage in usages:
+            assert run(service, "bulk", *usage).exit_code == 2, usage
+        assert run(service, "bulk", "cancel", first.id, key=service["reader"]).exit_code == 4
+        closed = {"LETHE_URL": f"http://127.0.0.1:{_free_port()}", "LETHE_RETRIES": "0"}
+        assert run(service, "bulk", "cancel", first.id, env=closed).exit_code == 5
+    finally:
+        _approval(client, model_id, False)
+
+
+def test_a_person_is_erased_followed_and_certified_from_the_cli(service, tmp_path):
+    client: LetheClient = service["client"]
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps(client.signing_keys()))
+    certificate = tmp_path / "combined.json"
+    erased = run(service, "subjects", "erase", CAROL, "--method", "retrain", "--wait", "--interval", "0.1",
+                 "--certificate", str(certificate))  # fmt: skip
+    assert erased.exit_code == 0, erased.output
+    erasure_id = erased.output.split()[2]
+    assert f"lethe subjects status {erasure_id} --watch" in erased.output
+    erasure = client.get_erasure(erasure_id)
+    assert erasure.status == "certified" and f"erasure {erasure_id}  certified" in erased.output
+    assert run(service, "verify-certificate", str(certificate), "--keys", str(keys)).exit_code == 0
+
+    assert run(service, "subjects", "status", erasure_id).exit_code == 0
+    assert json.loads(run(service, "subjects", "status", erasure_id, "--json").output)["status"] == "certified"
+    printed = run(service, "subjects", "certificate", erasure_id)
+    assert printed.exit_code == 0 and json.loads(printed.output) == json.loads(certificate.read_text())
+    found = run(service, "subjects", "requests", erasure.subject_hash)
+    assert found.exit_code == 0 and erasure.children[0].request_id in found.output and erasure_id in found.output
+
+    assert run(service, "subjects", "erase", CAROL).exit_code == 3  # 404 subject-not-found: nothing left of hers
+    assert run(service, "subjects", "status", "00000000-0000-0000-0000-000000000000").exit_code == 3
+    assert run(service, "subjects", "certificate", "00000000-0000-0000-0000-000000000000").exit_code == 3
+    assert run(service, "subjects", "erase", DAVE, "--certificate", str(certificate)).exit_code == 2  # needs --wait
+    assert run(service, "subjects", "erase", DAVE, key=service["reader"]).exit_code == 4
+    closed = {"LETHE_URL": f"http://127.0.0.1:{_free_port()}", "LETHE_RETRIES": "0"}
+    assert run(service, "subjects", "status", erasure_id, env=closed).exit_code == 5
+
+    model_id = service["model"].id
+    _approval(client, model_id, True)
+    try:  # an erasure whose request waits for approval: no certificate yet (1), in progress (0), then failed (1)
+        waiting = run(service, "subjects", "erase", DAVE, "--json")
+        assert waiting.exit_code == 0, waiting.output
+        pending = json.loads(waiting.output)
+        assert run(service, "subjects", "certificate", pending["id"]).exit_code == 1
+        assert run(service, "subjects", "status", pending["id"]).exit_code == 0
+        child = pending["children"][0]["request_id"]
+        assert run(service, "reject", child, "--reason", "not the person they claim").exit_code == 0
+        ended = run(service, "subjects", "status", pending["id"])
+        assert ended.exit_code == 1 and "failed" in ended.output and "rejected" in ended.output
+    finally:
+        _approval(client, model_id, False)
+
+
+def test_the_readme_cli_section_names_real_commands_and_every_exit_code():
+    """The README's CLI examples run commands `lethe` has, with options it takes; its exit-code table lists 0 to 5."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## The CLI and the Python client", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash", 1)[1].split("```", 1)[0]
+    groups = {"keys", "signing-keys", "subjects"}
+    seen = set()
+    for statement in re.findall(r"lethe ([a-z][^;#|&$)\n]*)", block):
+        words = statement.split()
+        command = words[:2] if words[0] in groups else words[:1]
+        options = [w.split("=")[0] for w in words if w.startswith("--")]
+        result = CliRunner().invoke(cli, [*command, "--help"], env={"COLUMNS": "200"})
+        assert result.exit_code == 0, (command, result.output)
+        for option in options:
+            assert option in result.output, (command, option)
+        seen.add(" ".join(command))
+    assert {"bulk", "model-settings", "subjects erase", "subjects status", "subjects certificate",
+            "subjects requests", "approve", "reject"} <= seen  # fmt: skip
+    table = dict(re.findall(r"^\| (\d) \| (.+) \|$", section, flags=re.MULTILINE))
+    assert sorted(table) == ["0", "1", "2", "3", "4", "5"], table
+    assert "503" in table["5"] and "401" in table["4"] and "404" in table["3"] and "usage" in table["2"]
