@@ -115,6 +115,19 @@ class ModelPatch(NoNulModel):
     batch: BatchIn | None = Field(None, description="The model's batch bounds (a tabular model's next batches).")
 
 
+class VersionQuality(BaseModel):
+    """A tabular version's accuracy, as the worker that made it measured it (the summary of ``metrics``): on the
+    held-out rows (never trained on: the registration's ``holdout_fraction``, less rows erased since), on the rows
+    it was trained on (version 1) or kept (a deletion's retained rows), and on the rows a deletion erased."""
+
+    holdout_accuracy: float | None = Field(None, description="Accuracy on the held-out rows (none held out: null).")
+    holdout_rows: int = 0
+    trained_accuracy: float | None = Field(None, description="Accuracy on the rows the version learnt from.")
+    trained_rows: int = 0
+    forget_accuracy: float | None = Field(None, description="A deletion's version: accuracy on the erased rows.")
+    forget_rows: int | None = None
+
+
 class VersionOut(BaseModel):
     id: str
     number: int
@@ -126,6 +139,7 @@ class VersionOut(BaseModel):
     created_at: datetime
     retired_at: datetime | None = None  # trained on rows since erased: weights answer 410, blob shredded
     retired_by: str | None = None
+    quality: VersionQuality | None = Field(None, description="Tabular versions: accuracy per row set (a summary).")
 
 
 class ModelOut(BaseModel):

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
@@ -17,11 +18,19 @@ from app.auth.service import Principal
 from app.config import get_settings
 from app.jobs.outbox import new_job
 from app.jobs.tables import Job
+from app.ml import export
 from app.ml.unlearning.base import UnknownMethodError, get_method
 from app.paging import keyset_page
 from app.problems import Problem
 from app.registry.caption_files import check_caption_files
-from app.registry.schemas import CaptionFilesFederationIn, ClipModelCreate, ModelCreate, ModelOut, VersionOut
+from app.registry.schemas import (
+    CaptionFilesFederationIn,
+    ClipModelCreate,
+    ModelCreate,
+    ModelOut,
+    VersionOut,
+    VersionQuality,
+)
 from app.registry.settings import TINY_ARCH
 from app.registry.tables import Dataset, DatasetRow, Model, ModelTag, ModelVersion, first_line
 from app.storage import get_store
@@ -296,6 +305,35 @@ def spool_upload(stream, limit: int) -> bytes:
     return buffer.getvalue()
 
 
+def _accuracy(metrics: dict[str, Any], name: str) -> tuple[float | None, int]:
+    rows = int(metrics.get(f"rows_{name}") or 0)
+    value = metrics.get(f"accuracy_{name}")
+    return (float(value) if rows and value is not None else None), rows
+
+
+def version_quality(version: ModelVersion) -> VersionQuality | None:
+    """The accuracy summary of a tabular version's metrics: version 1's train/holdout figures, a deletion's
+    ``after`` (retained rows, erased rows, held-out rows). None for a version without them (federated)."""
+    metrics = version.metrics or {}
+    if "accuracy_train" in metrics or "accuracy_holdout" in metrics:  # version 1
+        holdout, trained = _accuracy(metrics, "holdout"), _accuracy(metrics, "train")
+        return VersionQuality(
+            holdout_accuracy=holdout[0], holdout_rows=holdout[1], trained_accuracy=trained[0], trained_rows=trained[1]
+        )
+    after = metrics.get("after")
+    if isinstance(after, dict) and any(k.startswith("accuracy_") for k in after):
+        holdout, trained, forget = (_accuracy(after, n) for n in ("holdout", "retain", "forget"))
+        return VersionQuality(
+            holdout_accuracy=holdout[0],
+            holdout_rows=holdout[1],
+            trained_accuracy=trained[0],
+            trained_rows=trained[1],
+            forget_accuracy=forget[0],
+            forget_rows=forget[1],
+        )
+    return None
+
+
 def version_out(version: ModelVersion | None) -> VersionOut | None:
     if version is None:
         return None
@@ -310,6 +348,7 @@ def version_out(version: ModelVersion | None) -> VersionOut | None:
         created_at=version.created_at,
         retired_at=version.retired_at,
         retired_by=version.retired_by,
+        quality=version_quality(version),
     )
 
 
@@ -568,3 +607,76 @@ def set_requires_approval(session: Session, principal: Principal, model: Model, 
         return model
     model.requires_approval = required
     return _updated(session, principal, model, {"requires_approval": required})
+
+
+# ------------------------------------------------------------------------------------------------------ take-out
+def get_version_or_problem(session: Session, model: Model, number: int | None = None) -> ModelVersion:
+    """A version by number (the current one when ``number`` is None) that may still be used: 404 when there is
+    none, 410 when it is retired (trained on rows since erased), 409 while the model has no version yet."""
+    if number is None:
+        version = session.get(ModelVersion, model.current_version_id) if model.current_version_id else None
+        if version is None:
+            raise Problem(409, "model-not-ready", "The model is not ready", f"status is {model.status!r}")
+    else:
+        version = session.execute(
+            select(ModelVersion).where(ModelVersion.model_id == model.id, ModelVersion.number == number)
+        ).scalar_one_or_none()
+        if version is None:
+            raise Problem(404, "version-not-found", "No such version", f"model {model.id} has no version {number}")
+    if version.retired_at is not None:
+        raise Problem(
+            410,
+            "version-retired",
+            "This version was trained on erased rows and is retired",
+            f"retired at {version.retired_at.isoformat()} by deletion request {version.retired_by}; "
+            "its lineage stays listed under /versions",
+            retired_by=version.retired_by,
+        )
+    return version
+
+
+def _recipe(session: Session, model: Model) -> dict[str, Any]:
+    """The recipe as version 1 trained it (defaults resolved: its metrics keep it), else as registered."""
+    first = session.execute(
+        select(ModelVersion.metrics).where(ModelVersion.model_id == model.id, ModelVersion.number == 1)
+    ).scalar_one_or_none()
+    recipe = (first or {}).get("recipe") or {}
+    return dict(recipe) if recipe.get("family") else dict(model.spec.get("recipe") or {"family": model.spec["family"]})
+
+
+def export_card(session: Session, model: Model, version: ModelVersion, theta: np.ndarray) -> dict[str, Any]:
+    """The model card a tabular version's download carries (app/ml/export.py)."""
+    parent = session.get(ModelVersion, version.parent_id) if version.parent_id else None
+    quality = version_quality(version)
+    return export.make_card(
+        model={"id": model.id, "name": model.name, "kind": model.kind, "family": model.spec.get("family")},
+        version={
+            "id": version.id,
+            "number": version.number,
+            "parent_id": version.parent_id,
+            "parent_number": parent.number if parent is not None else None,
+            "method": version.method,
+            "request_id": version.request_id,
+            "created_at": version.created_at.isoformat(),
+            "digest": version.digest,
+        },
+        recipe=_recipe(session, model),
+        encoder=model.state["encoder"],
+        theta=theta,
+        quality=quality.model_dump() if quality is not None else None,
+    )
+
+
+def _theta(digest: str) -> np.ndarray:
+    from safetensors.numpy import load as load_arrays
+
+    return load_arrays(get_store().get_bytes(digest))[export.WEIGHTS_KEY]
+
+
+def weights_file(session: Session, model: Model, version: ModelVersion) -> bytes:
+    """What ``GET …/versions/{n}/weights`` sends: a tabular version as an exported file (theta and its card), a
+    federated one as stored (the LoRA vector its clients load each round)."""
+    if model.kind != "tabular" or not (model.state or {}).get("encoder"):
+        return get_store().get_bytes(version.digest)
+    theta = _theta(version.digest)
+    return export.export_bytes(theta, export_card(session, model, version, theta))
