@@ -29,6 +29,8 @@ from app.registry.schemas import (
     ModelOut,
     ModelPage,
     ModelPatch,
+    PredictIn,
+    PredictOut,
     RoundAccepted,
     Tag,
     VersionOut,
@@ -348,3 +350,16 @@ def get_version_weights(
         media_type="application/octet-stream",
         headers={"ETag": f'"{hashlib.sha256(data).hexdigest()}"'},
     )
+
+
+@router.post("/{model_id}/predict", response_model=PredictOut)
+def predict(
+    model_id: str,
+    body: PredictIn,
+    _: Principal = Depends(require_scope("models:read")),
+    session: Session = Depends(get_session),
+):
+    """Predicted labels and class probabilities for rows (JSON objects naming the model's feature columns: its
+    ``inputs``) of a tabular model's current version, or of ``version``. At most 1,000 rows per call (fewer for a
+    large model); a retired version is 410; a federated model is ``prediction-not-supported``."""
+    return service.predict(session, service.get_model_or_404(session, model_id), body)

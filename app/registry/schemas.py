@@ -159,6 +159,11 @@ class ModelOut(BaseModel):
     subject_column: str | None = None
     batch: dict[str, int] | None = None  # the batch bounds (tabular models; None: registered before batches)
     tags: list[str] = Field(default_factory=list)
+    inputs: dict[str, Literal["number", "text"]] | None = Field(
+        None,
+        description="A trained tabular model's feature columns in order, each a number or text (what "
+        "`POST /v1/models/{id}/predict` takes in a row).",
+    )
 
 
 class ModelPage(BaseModel):
@@ -302,3 +307,40 @@ class ForgetLockOut(BaseModel):
     n_params: int
     digest: str
     links: dict[str, str]
+
+
+MAX_PREDICT_ROWS = 1000
+"""Most rows one predict call takes (and fewer for a large model: rows x parameters is bounded too)."""
+PREDICT_MAX_WORK = 50_000_000
+"""Most rows x parameters (multiply-adds of the forward pass) one predict call may cost the API process."""
+
+CellValue = str | int | float | bool | None
+
+
+class PredictIn(NoNulModel):
+    """Rows to predict, each a JSON object naming every feature column of the model (``inputs`` of
+    ``GET /v1/models/{id}``): a number or null for a numeric column, text or null for a categorical one; null is a
+    missing value (the encoder's rule: the training mean, or an all-zero one-hot block), as is a category the model
+    never saw."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    rows: list[dict[str, CellValue]] = Field(
+        ..., min_length=1, description=f"At most {MAX_PREDICT_ROWS} rows (fewer for a large model: `too-many-rows`)."
+    )
+    version: int | None = Field(None, ge=1, description="The version number to use; the current one when absent.")
+
+
+class PredictedVersion(BaseModel):
+    id: str
+    number: int
+    digest: str
+
+
+class PredictOut(BaseModel):
+    """Each row's predicted label and its class probabilities (in ``classes`` order)."""
+
+    model_id: str
+    version: PredictedVersion
+    classes: list[str]
+    labels: list[str]
+    probabilities: list[list[float]]

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import re
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +27,15 @@ from app.paging import keyset_page
 from app.problems import Problem
 from app.registry.caption_files import check_caption_files
 from app.registry.schemas import (
+    MAX_PREDICT_ROWS,
+    PREDICT_MAX_WORK,
     CaptionFilesFederationIn,
     ClipModelCreate,
     ModelCreate,
     ModelOut,
+    PredictedVersion,
+    PredictIn,
+    PredictOut,
     VersionOut,
     VersionQuality,
 )
@@ -406,7 +414,15 @@ def model_out(session: Session, model: Model, tags: list[str] | None = None) -> 
         subject_column=model.spec.get("subject_column"),
         batch=model.spec.get("batch"),
         tags=tags_of(session, [model.id]).get(model.id, []) if tags is None else tags,
+        inputs=_inputs(model),
     )
+
+
+def _inputs(model: Model) -> dict[str, str] | None:
+    encoder = (model.state or {}).get("encoder") if model.kind == "tabular" else None
+    if not encoder:
+        return None
+    return {c: "text" if c in encoder["categories"] else "number" for c in encoder["feature_columns"]}
 
 
 def list_models(
@@ -680,3 +696,81 @@ def weights_file(session: Session, model: Model, version: ModelVersion) -> bytes
         return get_store().get_bytes(version.digest)
     theta = _theta(version.digest)
     return export.export_bytes(theta, export_card(session, model, version, theta))
+
+
+class _Predictors:
+    """Predictors the API process keeps (a few, by version and encoder): a version's weights are read and unpacked
+    once, not per call. Content never goes stale: an erasure makes a new version (and may scrub the encoder)."""
+
+    def __init__(self, size: int = 16):
+        self.size, self._lock, self._entries = size, threading.Lock(), OrderedDict()
+
+    def get(self, session: Session, model: Model, version: ModelVersion) -> export.Predictor:
+        encoder = json.dumps(model.state["encoder"], sort_keys=True)
+        key = (version.id, version.digest, hashlib.sha256(encoder.encode()).hexdigest())
+        with self._lock:
+            found = self._entries.get(key)
+            if found is not None:
+                self._entries.move_to_end(key)
+                return found
+        theta = _theta(version.digest)
+        predictor = export.Predictor(export_card(session, model, version, theta), theta)
+        with self._lock:
+            self._entries[key] = predictor
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+        return predictor
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+PREDICTORS = _Predictors()
+
+
+def predict(session: Session, model: Model, body: PredictIn) -> PredictOut:
+    """Class probabilities for rows of a tabular model's version. Runs in the API process on purpose: a forward
+    pass of a logistic regression or small MLP in numpy (app/ml/export.py, no torch), bounded by MAX_PREDICT_ROWS
+    rows and PREDICT_MAX_WORK rows x parameters (milliseconds), is cheaper than queueing a job for it."""
+    if model.kind != "tabular":
+        raise Problem(
+            422,
+            "prediction-not-supported",
+            "This model kind has no predict endpoint",
+            f"{model.kind} models are not served for prediction here; download their weights instead",
+        )
+    if model.status != "ready" or not (model.state or {}).get("encoder"):
+        raise Problem(409, "model-not-ready", "The model is not ready", f"status is {model.status!r}")
+    version = get_version_or_problem(session, model, body.version)
+    predictor = PREDICTORS.get(session, model, version)
+    most = max(1, min(MAX_PREDICT_ROWS, PREDICT_MAX_WORK // max(1, predictor.n_params)))
+    if len(body.rows) > most:
+        raise Problem(
+            413,
+            "too-many-rows",
+            "Too many rows in one call",
+            f"{len(body.rows)} rows; this model ({predictor.n_params} parameters) takes at most {most} per call "
+            f"(at most {MAX_PREDICT_ROWS} rows and {PREDICT_MAX_WORK} rows x parameters)",
+            max_rows=most,
+        )
+    try:
+        probabilities = predictor.predict_proba(body.rows)
+    except export.RowsError as exc:
+        raise Problem(
+            422,
+            "invalid-rows",
+            "Some rows do not fit the model's feature columns",
+            str(exc),
+            unknown_columns=exc.unknown_columns,
+            missing_columns=exc.missing_columns,
+            row_errors=exc.errors,
+            feature_columns=predictor.feature_columns,
+        ) from None
+    return PredictOut(
+        model_id=model.id,
+        version=PredictedVersion(id=version.id, number=version.number, digest=version.digest),
+        classes=predictor.classes,
+        labels=[predictor.classes[int(k)] for k in probabilities.argmax(axis=1)],
+        probabilities=probabilities.tolist(),
+    )

@@ -1,7 +1,7 @@
 """Issue 23, "models you can take out": a tabular version's weights download carries its model card (recipe, feature
 order, encoder, label classes, parameter layout, lineage, digest, measured accuracy) and predicts, from the file alone
 and a copy of app/ml/export.py run in a separate interpreter that cannot import the service, what the service
-predicts; retired versions stay refused."""
+predicts; ``POST /v1/models/{id}/predict`` answers the same; retired versions stay refused."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from app.ml import export, tabular
 from app.ml.data.tabular import TableEncoder
 from app.problems import PROBLEM_BASE
 from app.registry import service as registry_service
+from app.registry.tables import Model
 from app.registry.versions import load_weights
 from tests.helpers import ALL_SCOPES, configure, delete_rows, make_key, wait_model, write_table
 
@@ -178,6 +179,16 @@ def test_an_exported_version_predicts_alone_what_the_service_predicts(stack, tmp
     theta = load_arrays(data.content)["theta"]
     assert hashlib.sha256(save_arrays({"theta": theta})).hexdigest() == version["digest"]
 
+    answered = client.post(f"/v1/models/{model_id}/predict", json={"rows": rows})
+    assert answered.status_code == 200, answered.text
+    body = answered.json()
+    assert body["version"] == {"id": version["id"], "number": 1, "digest": version["digest"]}
+    assert body["classes"] == ["no", "yes"] and body["labels"] == outside["labels"]
+    assert np.abs(np.asarray(body["probabilities"]) - proba).max() < 1e-12
+    assert client.get(f"/v1/models/{model_id}").json()["inputs"] == {
+        **{f"x{i}": "number" for i in range(6)}, "colour": "text"
+    }  # fmt: skip
+
 
 def test_an_unlearned_version_exports_its_lineage_and_the_retired_one_stays_refused(stack, tmp_path):
     client, model, frame = stack
@@ -191,6 +202,7 @@ def test_an_unlearned_version_exports_its_lineage_and_the_retired_one_stays_refu
     assert v2["quality"]["holdout_accuracy"] == v2["metrics"]["after"]["accuracy_holdout"]
 
     _problem(client.get(f"/v1/models/{model_id}/versions/1/weights"), 410, "version-retired")
+    _problem(client.post(f"/v1/models/{model_id}/predict", json={"rows": [{}], "version": 1}), 410, "version-retired")
     data = client.get(f"/v1/models/{model_id}/versions/2/weights").content
     rows = _rows(frame, [c for c in frame.columns if c not in ("row_id", "label")])
     outside = _standalone(tmp_path, data, rows)
@@ -201,6 +213,61 @@ def test_an_unlearned_version_exports_its_lineage_and_the_retired_one_stays_refu
     assert card["digest"] == v2["digest"] and outside["card"]["quality"] == v2["quality"]
     _, proba, _ = _service_proba(model_id, frame, v2["digest"])
     assert np.abs(np.asarray(outside["proba"]) - proba).max() < 1e-12
+    body = client.post(f"/v1/models/{model_id}/predict", json={"rows": rows[:5]}).json()
+    assert body["version"]["number"] == 2 and body["labels"] == outside["labels"][:5]
+
+
+def test_predict_refuses_rows_that_do_not_fit(stack):
+    client, model, _ = stack
+    url = f"/v1/models/{model['id']}/predict"
+    row = {**{f"x{i}": 0.5 for i in range(6)}, "colour": "red"}
+    assert client.post(url, json={"rows": [row, {**row, "x0": None, "colour": "violet"}]}).status_code == 200
+
+    problem = _problem(
+        client.post(url, json={"rows": [{**row, "email": "a@b.org", "label": "yes"}]}), 422, "invalid-rows"
+    )
+    assert problem["unknown_columns"] == ["email", "label"] and problem["missing_columns"] == []
+    problem = _problem(client.post(url, json={"rows": [row, {k: v for k, v in row.items() if k != "x3"}]}), 422,
+                       "invalid-rows")  # fmt: skip
+    assert problem["missing_columns"] == ["x3"] and "x3" in problem["detail"]
+    problem = _problem(client.post(url, json={"rows": [row, {**row, "x2": "4.5", "colour": 3}]}), 422, "invalid-rows")
+    assert [(e["row"], e["column"]) for e in problem["row_errors"]] == [(1, "x2"), (1, "colour")]
+    assert problem["feature_columns"] == [*(f"x{i}" for i in range(6)), "colour"]
+    _problem(client.post(url, json={"rows": [{**row, "x0": [1]}]}), 422, "validation-error")
+    _problem(client.post(url, json={"rows": []}), 422, "validation-error")
+    problem = _problem(client.post(url, json={"rows": [row] * 1001}), 413, "too-many-rows")
+    assert problem["max_rows"] == 1000
+    assert client.post(url, json={"rows": [row] * 1000}).status_code == 200
+    _problem(client.post(url, json={"rows": [row], "version": 9}), 404, "version-not-found")
+    _problem(client.post("/v1/models/nope/predict", json={"rows": [row]}), 404, "model-not-found")
+    reader = make_key(["requests:read"], name="reader")
+    response = client.post(url, json={"rows": [row]}, headers={"authorization": f"Bearer {reader}"})
+    assert _problem(response, 403, "forbidden")["required_scope"] == "models:read"
+
+
+def test_predict_bounds_rows_times_parameters(stack, monkeypatch):
+    """A larger model takes fewer rows per call: the forward pass the API process runs stays bounded."""
+    client, model, _ = stack
+    monkeypatch.setattr(registry_service, "PREDICT_MAX_WORK", 10 * 10)  # the model has 10 parameters
+    url = f"/v1/models/{model['id']}/predict"
+    row = {**{f"x{i}": 0.5 for i in range(6)}, "colour": "red"}
+    assert client.post(url, json={"rows": [row] * 10}).status_code == 200
+    assert _problem(client.post(url, json={"rows": [row] * 11}), 413, "too-many-rows")["max_rows"] == 10
+
+
+def test_predict_answers_a_clear_problem_for_federated_and_unready_models(stack):
+    client, _, _ = stack
+    with session_scope() as session:
+        fed = Model(name="fed", kind="clip_federated", status="ready", spec={}, state={})
+        pending = Model(name="pending", kind="tabular", status="registering", spec={}, state={})
+        session.add_all([fed, pending])
+        session.flush()
+        ids = fed.id, pending.id
+    row = {"x0": 1.0}
+    problem = _problem(client.post(f"/v1/models/{ids[0]}/predict", json={"rows": [row]}), 422,
+                       "prediction-not-supported")  # fmt: skip
+    assert "clip_federated" in problem["detail"]
+    _problem(client.post(f"/v1/models/{ids[1]}/predict", json={"rows": [row]}), 409, "model-not-ready")
 
 
 # ---------------------------------------------------------------------------------------------- the reader alone
