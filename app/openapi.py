@@ -140,6 +140,7 @@ PROBLEM_TYPES: dict[str, tuple[int, str]] = {
     "bulk-selection-empty": (422, "The bulk selection is empty"),
     "bulk-selection-too-large": (422, "The bulk selection is larger than LETHE_BULK_MAX_REQUESTS"),
     "invalid-subject-column": (422, "The subject column must be a column of its own"),
+    "identifier-column": (422, "A feature column looks like an identifier"),
     "prediction-not-supported": (422, "This model kind has no predict endpoint"),
     "invalid-rows": (422, "Some rows do not fit the model's feature columns"),
     "too-many-rows": (413, "Too many rows in one call"),
@@ -198,7 +199,7 @@ OPERATION_PROBLEMS: dict[tuple[str, str], list[str]] = {
     ],
     ("post", "/v1/models"): [
         "invalid-dataset", "dataset-not-found", "dataset-path-not-allowed", "unknown-column", "unknown-method",
-        "method-not-supported", "table-too-large", "invalid-subject-column", "checkpoint-required",
+        "method-not-supported", "table-too-large", "invalid-subject-column", "identifier-column", "checkpoint-required",
         "client-without-data", "conflicting-assignment", "image-not-found", "image-outside-root",
         "invalid-client-id", "invalid-splits", "no-test-images", "too-few-clients", "unknown-client", "unknown-image",
     ],

@@ -43,6 +43,9 @@ MethodName = Annotated[str, Field(json_schema_extra=_methods_and_auto)]
 """A method a deletion may name: a registered one, or ``auto`` (the service chooses)."""
 
 
+ColumnName = Annotated[str, Field(min_length=1, max_length=200)]
+
+
 class DatasetRef(BaseModel):
     model_config = ConfigDict(extra="forbid")
     path: str | None = Field(
@@ -57,6 +60,19 @@ class DatasetRef(BaseModel):
         max_length=200,
         description="The column naming the data subject each row is about (per-person erasure across models). It "
         "is indexed only as keyed hashes and is never a feature.",
+    )
+    exclude_columns: list[ColumnName] = Field(
+        default_factory=list,
+        max_length=200,
+        description="Columns of the table that are no feature (an identifier, free text): kept in the stored table, "
+        "never encoded.",
+    )
+    allow_identifier_columns: list[ColumnName] = Field(
+        default_factory=list,
+        max_length=200,
+        description="Feature columns that look like identifiers (e-mail addresses, UUIDs, a distinct value on "
+        "nearly every row, a row counter) but are meant as features: registration refuses such a column unless it "
+        "is listed here (`identifier-column`).",
     )
 
 

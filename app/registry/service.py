@@ -25,6 +25,7 @@ from app.ml import export
 from app.ml.unlearning.base import UnknownMethodError, get_method
 from app.paging import keyset_page
 from app.problems import Problem
+from app.registry import identifier_guard
 from app.registry.caption_files import check_caption_files
 from app.registry.schemas import (
     MAX_PREDICT_ROWS,
@@ -80,7 +81,7 @@ def read_columns(data: bytes, fmt: str, from_path: bool = False) -> list[str]:
         columns = [h.strip() for h in header]
     if from_path and (len(columns) < 2 or any(not c or len(c) > 200 or _BAD_NAME.search(c) for c in columns)):
         raise not_a_table
-    return columns
+    return [c or f"Unnamed: {i}" for i, c in enumerate(columns)]  # a blank header cell: pandas' name for it
 
 
 def check_table_size(data: bytes, fmt: str, n_columns: int) -> None:
@@ -252,7 +253,29 @@ def register_model(
                 column=column,
                 columns=columns,
             )
+    roles = {body.dataset.row_id_column, body.dataset.label_column, body.dataset.subject_column}
+    for field in ("exclude_columns", "allow_identifier_columns"):
+        for column in getattr(body.dataset, field):
+            if column not in columns:
+                detail = None if from_path else f"{column!r} (in dataset.{field}) is not one of {columns}"
+                raise Problem(422, "unknown-column", "A listed column is not in the data set", detail, column=column)
+            if column in roles:
+                raise Problem(
+                    422,
+                    "validation-error",
+                    "The request is not valid",
+                    f"{column!r} is the row-id, label or subject column: it is never a feature",
+                    errors=[
+                        {"location": ["body", "dataset", field], "message": "a role column", "type": "value_error"}
+                    ],
+                )
+    excluded = set(body.dataset.exclude_columns)
+    features = [c for c in columns if c not in roles and c not in excluded]
+    if not features:
+        raise Problem(422, "validation-error", "The request is not valid", "no column is left to be a feature")
     check_table_size(data, fmt, len(columns))
+    allowed = set(body.dataset.allow_identifier_columns)
+    identifier_guard.check(data, fmt, [c for c in features if c not in allowed], from_path)
     check_methods(body.kind, body.unlearning)
     digest = get_store().put_bytes(data)
     dataset = Dataset(
@@ -276,6 +299,10 @@ def register_model(
     }
     if body.dataset.subject_column is not None:
         spec["subject_column"] = body.dataset.subject_column
+    if body.dataset.exclude_columns:
+        spec["exclude_columns"] = list(dict.fromkeys(body.dataset.exclude_columns))
+    # the worker checks the whole table again before version 1 (a registration from before the guard has no entry)
+    spec["identifier_guard"] = {"allow": sorted(allowed)}
     model = Model(
         name=body.name,
         kind=body.kind,
