@@ -26,7 +26,7 @@ from app.jobs.lease import JobContext, finish
 from app.jobs.outbox import PermanentJobError
 from app.jobs.tables import Job
 from app.jobs.work import DeletionWork, ErasurePlan, Member, Unlearned, Verification, build, weights
-from app.ml import tabular
+from app.ml import identifiers, tabular
 from app.ml.data.tabular import TableEncoder, load_table
 from app.ml.unlearning import validation
 from app.ml.unlearning.base import TabularProblem, UnlearningResult, explain_choice, get_method
@@ -285,8 +285,9 @@ def load_tabular(dataset: Dataset, model: Model) -> TabularData:
     key = _encoded_key(
         dataset.digest, model.state.get("encoder"), dataset.label_column, dataset.row_id_column, dataset.n_positions
     )
-    subject_column = (getattr(model, "spec", None) or {}).get("subject_column")
-    exclude = (subject_column,) if subject_column and not model.state.get("encoder") else ()
+    spec = getattr(model, "spec", None) or {}
+    no_features = (spec.get("subject_column"), *spec.get("exclude_columns", ()))  # never encoded
+    exclude = tuple(c for c in no_features if c) if not model.state.get("encoder") else ()
     return _load_encoded(*key, exclude=exclude, text_columns=id_columns(dataset, model), chunked=is_chunked(dataset))
 
 
@@ -434,6 +435,11 @@ def train(job: Job, ctx: JobContext) -> None:
         raise PermanentJobError(f"the data set cannot be used: {exc}", "invalid-dataset") from exc
     if len(set(data.row_ids.tolist())) != len(data.row_ids):
         raise PermanentJobError(f"row-id column {dataset.row_id_column!r} has duplicates", "invalid-dataset")
+    guard = (model.spec or {}).get("identifier_guard")
+    if existing is None and guard is not None:  # the registration judged a sample; this is the whole table
+        found = identifiers.encoder_findings(data.encoder.to_dict(), len(data.y), guard.get("allow", ()))
+        if found:
+            raise PermanentJobError(f"the data set cannot be used: {identifiers.describe(found)}", "identifier-column")
     recipe = tabular.TabularRecipe.from_dict(model.spec["recipe"])
     holdout = holdout_mask(len(data.y), model.spec.get("holdout_fraction", 0.2), recipe.seed)
 

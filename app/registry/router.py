@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -28,6 +29,8 @@ from app.registry.schemas import (
     ModelOut,
     ModelPage,
     ModelPatch,
+    PredictIn,
+    PredictOut,
     RoundAccepted,
     Tag,
     VersionOut,
@@ -321,7 +324,12 @@ def get_live_pairs(
 @router.get(
     "/{model_id}/versions/{number}/weights",
     response_class=Response,
-    responses=binary("application/octet-stream", "safetensors: the version's parameters (key ``theta``).", "ETag"),
+    responses=binary(
+        "application/octet-stream",
+        "safetensors: the version's parameters (key ``theta``, float32); a tabular version's header metadata holds "
+        "its model card (``format`` = ``lethe.tabular/1``, ``lethe.card``: JSON).",
+        "ETag",
+    ),
 )
 def get_version_weights(
     model_id: str,
@@ -329,23 +337,29 @@ def get_version_weights(
     _: Principal = Depends(require_scope("models:read")),
     session: Session = Depends(get_session),
 ):
-    """A version's parameters (safetensors, key ``theta``): what federated clients download each round. Weights can
-    leak training data (membership inference), so this needs ``models:read``, not ``requests:read``."""
-    service.get_model_or_404(session, model_id)
-    version = next((v for v in service.list_versions(session, model_id) if v.number == number), None)
-    if version is None:
-        raise Problem(404, "version-not-found", "No such version", f"model {model_id} has no version {number}")
-    if version.retired_at is not None:
-        raise Problem(
-            410,
-            "version-retired",
-            "This version was trained on erased rows and is retired",
-            f"retired at {version.retired_at.isoformat()} by deletion request {version.retired_by}; "
-            "its lineage stays listed under /versions",
-            retired_by=version.retired_by,
-        )
+    """A version's parameters (safetensors, key ``theta``). A tabular version comes out usable on its own: the
+    header's metadata carries its model card (recipe, feature order, encoder, label classes, parameter layout,
+    lineage, digest and measured accuracy; app/ml/export.py reads it back with numpy alone). A federated version is
+    the LoRA vector its clients download each round. Weights can leak training data (membership inference), so this
+    needs ``models:read``, not ``requests:read``; a retired version is 410."""
+    model = service.get_model_or_404(session, model_id)
+    version = service.get_version_or_problem(session, model, number)
+    data = service.weights_file(session, model, version)
     return Response(
-        get_store().get_bytes(version.digest),
+        data,
         media_type="application/octet-stream",
-        headers={"ETag": f'"{version.digest}"'},
+        headers={"ETag": f'"{hashlib.sha256(data).hexdigest()}"'},
     )
+
+
+@router.post("/{model_id}/predict", response_model=PredictOut)
+def predict(
+    model_id: str,
+    body: PredictIn,
+    _: Principal = Depends(require_scope("models:read")),
+    session: Session = Depends(get_session),
+):
+    """Predicted labels and class probabilities for rows (JSON objects naming the model's feature columns: its
+    ``inputs``) of a tabular model's current version, or of ``version``. At most 1,000 rows per call (fewer for a
+    large model); a retired version is 410; a federated model is ``prediction-not-supported``."""
+    return service.predict(session, service.get_model_or_404(session, model_id), body)

@@ -43,6 +43,9 @@ MethodName = Annotated[str, Field(json_schema_extra=_methods_and_auto)]
 """A method a deletion may name: a registered one, or ``auto`` (the service chooses)."""
 
 
+ColumnName = Annotated[str, Field(min_length=1, max_length=200)]
+
+
 class DatasetRef(BaseModel):
     model_config = ConfigDict(extra="forbid")
     path: str | None = Field(
@@ -57,6 +60,19 @@ class DatasetRef(BaseModel):
         max_length=200,
         description="The column naming the data subject each row is about (per-person erasure across models). It "
         "is indexed only as keyed hashes and is never a feature.",
+    )
+    exclude_columns: list[ColumnName] = Field(
+        default_factory=list,
+        max_length=200,
+        description="Columns of the table that are no feature (an identifier, free text): kept in the stored table, "
+        "never encoded.",
+    )
+    allow_identifier_columns: list[ColumnName] = Field(
+        default_factory=list,
+        max_length=200,
+        description="Feature columns that look like identifiers (e-mail addresses, UUIDs, a distinct value on "
+        "nearly every row, a row counter) but are meant as features: registration refuses such a column unless it "
+        "is listed here (`identifier-column`).",
     )
 
 
@@ -115,6 +131,19 @@ class ModelPatch(NoNulModel):
     batch: BatchIn | None = Field(None, description="The model's batch bounds (a tabular model's next batches).")
 
 
+class VersionQuality(BaseModel):
+    """A tabular version's accuracy, as the worker that made it measured it (the summary of ``metrics``): on the
+    held-out rows (never trained on: the registration's ``holdout_fraction``, less rows erased since), on the rows
+    it was trained on (version 1) or kept (a deletion's retained rows), and on the rows a deletion erased."""
+
+    holdout_accuracy: float | None = Field(None, description="Accuracy on the held-out rows (none held out: null).")
+    holdout_rows: int = 0
+    trained_accuracy: float | None = Field(None, description="Accuracy on the rows the version learnt from.")
+    trained_rows: int = 0
+    forget_accuracy: float | None = Field(None, description="A deletion's version: accuracy on the erased rows.")
+    forget_rows: int | None = None
+
+
 class VersionOut(BaseModel):
     id: str
     number: int
@@ -126,6 +155,7 @@ class VersionOut(BaseModel):
     created_at: datetime
     retired_at: datetime | None = None  # trained on rows since erased: weights answer 410, blob shredded
     retired_by: str | None = None
+    quality: VersionQuality | None = Field(None, description="Tabular versions: accuracy per row set (a summary).")
 
 
 class ModelOut(BaseModel):
@@ -145,6 +175,11 @@ class ModelOut(BaseModel):
     subject_column: str | None = None
     batch: dict[str, int] | None = None  # the batch bounds (tabular models; None: registered before batches)
     tags: list[str] = Field(default_factory=list)
+    inputs: dict[str, Literal["number", "text"]] | None = Field(
+        None,
+        description="A trained tabular model's feature columns in order, each a number or text (what "
+        "`POST /v1/models/{id}/predict` takes in a row).",
+    )
 
 
 class ModelPage(BaseModel):
@@ -288,3 +323,40 @@ class ForgetLockOut(BaseModel):
     n_params: int
     digest: str
     links: dict[str, str]
+
+
+MAX_PREDICT_ROWS = 1000
+"""Most rows one predict call takes (and fewer for a large model: rows x parameters is bounded too)."""
+PREDICT_MAX_WORK = 50_000_000
+"""Most rows x parameters (multiply-adds of the forward pass) one predict call may cost the API process."""
+
+CellValue = str | int | float | bool | None
+
+
+class PredictIn(NoNulModel):
+    """Rows to predict, each a JSON object naming every feature column of the model (``inputs`` of
+    ``GET /v1/models/{id}``): a number or null for a numeric column, text or null for a categorical one; null is a
+    missing value (the encoder's rule: the training mean, or an all-zero one-hot block), as is a category the model
+    never saw."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    rows: list[dict[str, CellValue]] = Field(
+        ..., min_length=1, description=f"At most {MAX_PREDICT_ROWS} rows (fewer for a large model: `too-many-rows`)."
+    )
+    version: int | None = Field(None, ge=1, description="The version number to use; the current one when absent.")
+
+
+class PredictedVersion(BaseModel):
+    id: str
+    number: int
+    digest: str
+
+
+class PredictOut(BaseModel):
+    """Each row's predicted label and its class probabilities (in ``classes`` order)."""
+
+    model_id: str
+    version: PredictedVersion
+    classes: list[str]
+    labels: list[str]
+    probabilities: list[list[float]]

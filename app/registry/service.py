@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import re
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
@@ -17,11 +21,25 @@ from app.auth.service import Principal
 from app.config import get_settings
 from app.jobs.outbox import new_job
 from app.jobs.tables import Job
+from app.ml import export
 from app.ml.unlearning.base import UnknownMethodError, get_method
 from app.paging import keyset_page
 from app.problems import Problem
+from app.registry import identifier_guard
 from app.registry.caption_files import check_caption_files
-from app.registry.schemas import CaptionFilesFederationIn, ClipModelCreate, ModelCreate, ModelOut, VersionOut
+from app.registry.schemas import (
+    MAX_PREDICT_ROWS,
+    PREDICT_MAX_WORK,
+    CaptionFilesFederationIn,
+    ClipModelCreate,
+    ModelCreate,
+    ModelOut,
+    PredictedVersion,
+    PredictIn,
+    PredictOut,
+    VersionOut,
+    VersionQuality,
+)
 from app.registry.settings import TINY_ARCH
 from app.registry.tables import Dataset, DatasetRow, Model, ModelTag, ModelVersion, first_line
 from app.storage import get_store
@@ -63,7 +81,7 @@ def read_columns(data: bytes, fmt: str, from_path: bool = False) -> list[str]:
         columns = [h.strip() for h in header]
     if from_path and (len(columns) < 2 or any(not c or len(c) > 200 or _BAD_NAME.search(c) for c in columns)):
         raise not_a_table
-    return columns
+    return [c or f"Unnamed: {i}" for i, c in enumerate(columns)]  # a blank header cell: pandas' name for it
 
 
 def check_table_size(data: bytes, fmt: str, n_columns: int) -> None:
@@ -235,7 +253,29 @@ def register_model(
                 column=column,
                 columns=columns,
             )
+    roles = {body.dataset.row_id_column, body.dataset.label_column, body.dataset.subject_column}
+    for field in ("exclude_columns", "allow_identifier_columns"):
+        for column in getattr(body.dataset, field):
+            if column not in columns:
+                detail = None if from_path else f"{column!r} (in dataset.{field}) is not one of {columns}"
+                raise Problem(422, "unknown-column", "A listed column is not in the data set", detail, column=column)
+            if column in roles:
+                raise Problem(
+                    422,
+                    "validation-error",
+                    "The request is not valid",
+                    f"{column!r} is the row-id, label or subject column: it is never a feature",
+                    errors=[
+                        {"location": ["body", "dataset", field], "message": "a role column", "type": "value_error"}
+                    ],
+                )
+    excluded = set(body.dataset.exclude_columns)
+    features = [c for c in columns if c not in roles and c not in excluded]
+    if not features:
+        raise Problem(422, "validation-error", "The request is not valid", "no column is left to be a feature")
     check_table_size(data, fmt, len(columns))
+    allowed = set(body.dataset.allow_identifier_columns)
+    identifier_guard.check(data, fmt, [c for c in features if c not in allowed], from_path)
     check_methods(body.kind, body.unlearning)
     digest = get_store().put_bytes(data)
     dataset = Dataset(
@@ -259,6 +299,10 @@ def register_model(
     }
     if body.dataset.subject_column is not None:
         spec["subject_column"] = body.dataset.subject_column
+    if body.dataset.exclude_columns:
+        spec["exclude_columns"] = list(dict.fromkeys(body.dataset.exclude_columns))
+    # the worker checks the whole table again before version 1 (a registration from before the guard has no entry)
+    spec["identifier_guard"] = {"allow": sorted(allowed)}
     model = Model(
         name=body.name,
         kind=body.kind,
@@ -296,6 +340,35 @@ def spool_upload(stream, limit: int) -> bytes:
     return buffer.getvalue()
 
 
+def _accuracy(metrics: dict[str, Any], name: str) -> tuple[float | None, int]:
+    rows = int(metrics.get(f"rows_{name}") or 0)
+    value = metrics.get(f"accuracy_{name}")
+    return (float(value) if rows and value is not None else None), rows
+
+
+def version_quality(version: ModelVersion) -> VersionQuality | None:
+    """The accuracy summary of a tabular version's metrics: version 1's train/holdout figures, a deletion's
+    ``after`` (retained rows, erased rows, held-out rows). None for a version without them (federated)."""
+    metrics = version.metrics or {}
+    if "accuracy_train" in metrics or "accuracy_holdout" in metrics:  # version 1
+        holdout, trained = _accuracy(metrics, "holdout"), _accuracy(metrics, "train")
+        return VersionQuality(
+            holdout_accuracy=holdout[0], holdout_rows=holdout[1], trained_accuracy=trained[0], trained_rows=trained[1]
+        )
+    after = metrics.get("after")
+    if isinstance(after, dict) and any(k.startswith("accuracy_") for k in after):
+        holdout, trained, forget = (_accuracy(after, n) for n in ("holdout", "retain", "forget"))
+        return VersionQuality(
+            holdout_accuracy=holdout[0],
+            holdout_rows=holdout[1],
+            trained_accuracy=trained[0],
+            trained_rows=trained[1],
+            forget_accuracy=forget[0],
+            forget_rows=forget[1],
+        )
+    return None
+
+
 def version_out(version: ModelVersion | None) -> VersionOut | None:
     if version is None:
         return None
@@ -310,6 +383,7 @@ def version_out(version: ModelVersion | None) -> VersionOut | None:
         created_at=version.created_at,
         retired_at=version.retired_at,
         retired_by=version.retired_by,
+        quality=version_quality(version),
     )
 
 
@@ -367,7 +441,15 @@ def model_out(session: Session, model: Model, tags: list[str] | None = None) -> 
         subject_column=model.spec.get("subject_column"),
         batch=model.spec.get("batch"),
         tags=tags_of(session, [model.id]).get(model.id, []) if tags is None else tags,
+        inputs=_inputs(model),
     )
+
+
+def _inputs(model: Model) -> dict[str, str] | None:
+    encoder = (model.state or {}).get("encoder") if model.kind == "tabular" else None
+    if not encoder:
+        return None
+    return {c: "text" if c in encoder["categories"] else "number" for c in encoder["feature_columns"]}
 
 
 def list_models(
@@ -568,3 +650,154 @@ def set_requires_approval(session: Session, principal: Principal, model: Model, 
         return model
     model.requires_approval = required
     return _updated(session, principal, model, {"requires_approval": required})
+
+
+# ------------------------------------------------------------------------------------------------------ take-out
+def get_version_or_problem(session: Session, model: Model, number: int | None = None) -> ModelVersion:
+    """A version by number (the current one when ``number`` is None) that may still be used: 404 when there is
+    none, 410 when it is retired (trained on rows since erased), 409 while the model has no version yet."""
+    if number is None:
+        version = session.get(ModelVersion, model.current_version_id) if model.current_version_id else None
+        if version is None:
+            raise Problem(409, "model-not-ready", "The model is not ready", f"status is {model.status!r}")
+    else:
+        version = session.execute(
+            select(ModelVersion).where(ModelVersion.model_id == model.id, ModelVersion.number == number)
+        ).scalar_one_or_none()
+        if version is None:
+            raise Problem(404, "version-not-found", "No such version", f"model {model.id} has no version {number}")
+    if version.retired_at is not None:
+        raise Problem(
+            410,
+            "version-retired",
+            "This version was trained on erased rows and is retired",
+            f"retired at {version.retired_at.isoformat()} by deletion request {version.retired_by}; "
+            "its lineage stays listed under /versions",
+            retired_by=version.retired_by,
+        )
+    return version
+
+
+def _recipe(session: Session, model: Model) -> dict[str, Any]:
+    """The recipe as version 1 trained it (defaults resolved: its metrics keep it), else as registered."""
+    first = session.execute(
+        select(ModelVersion.metrics).where(ModelVersion.model_id == model.id, ModelVersion.number == 1)
+    ).scalar_one_or_none()
+    recipe = (first or {}).get("recipe") or {}
+    return dict(recipe) if recipe.get("family") else dict(model.spec.get("recipe") or {"family": model.spec["family"]})
+
+
+def export_card(session: Session, model: Model, version: ModelVersion, theta: np.ndarray) -> dict[str, Any]:
+    """The model card a tabular version's download carries (app/ml/export.py)."""
+    parent = session.get(ModelVersion, version.parent_id) if version.parent_id else None
+    quality = version_quality(version)
+    return export.make_card(
+        model={"id": model.id, "name": model.name, "kind": model.kind, "family": model.spec.get("family")},
+        version={
+            "id": version.id,
+            "number": version.number,
+            "parent_id": version.parent_id,
+            "parent_number": parent.number if parent is not None else None,
+            "method": version.method,
+            "request_id": version.request_id,
+            "created_at": version.created_at.isoformat(),
+            "digest": version.digest,
+        },
+        recipe=_recipe(session, model),
+        encoder=model.state["encoder"],
+        theta=theta,
+        quality=quality.model_dump() if quality is not None else None,
+    )
+
+
+def _theta(digest: str) -> np.ndarray:
+    from safetensors.numpy import load as load_arrays
+
+    return load_arrays(get_store().get_bytes(digest))[export.WEIGHTS_KEY]
+
+
+def weights_file(session: Session, model: Model, version: ModelVersion) -> bytes:
+    """What ``GET …/versions/{n}/weights`` sends: a tabular version as an exported file (theta and its card), a
+    federated one as stored (the LoRA vector its clients load each round)."""
+    if model.kind != "tabular" or not (model.state or {}).get("encoder"):
+        return get_store().get_bytes(version.digest)
+    theta = _theta(version.digest)
+    return export.export_bytes(theta, export_card(session, model, version, theta))
+
+
+class _Predictors:
+    """Predictors the API process keeps (a few, by version and encoder): a version's weights are read and unpacked
+    once, not per call. Content never goes stale: an erasure makes a new version (and may scrub the encoder)."""
+
+    def __init__(self, size: int = 16):
+        self.size, self._lock, self._entries = size, threading.Lock(), OrderedDict()
+
+    def get(self, session: Session, model: Model, version: ModelVersion) -> export.Predictor:
+        encoder = json.dumps(model.state["encoder"], sort_keys=True)
+        key = (version.id, version.digest, hashlib.sha256(encoder.encode()).hexdigest())
+        with self._lock:
+            found = self._entries.get(key)
+            if found is not None:
+                self._entries.move_to_end(key)
+                return found
+        theta = _theta(version.digest)
+        predictor = export.Predictor(export_card(session, model, version, theta), theta)
+        with self._lock:
+            self._entries[key] = predictor
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+        return predictor
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+PREDICTORS = _Predictors()
+
+
+def predict(session: Session, model: Model, body: PredictIn) -> PredictOut:
+    """Class probabilities for rows of a tabular model's version. Runs in the API process on purpose: a forward
+    pass of a logistic regression or small MLP in numpy (app/ml/export.py, no torch), bounded by MAX_PREDICT_ROWS
+    rows and PREDICT_MAX_WORK rows x parameters (milliseconds), is cheaper than queueing a job for it."""
+    if model.kind != "tabular":
+        raise Problem(
+            422,
+            "prediction-not-supported",
+            "This model kind has no predict endpoint",
+            f"{model.kind} models are not served for prediction here; download their weights instead",
+        )
+    if model.status != "ready" or not (model.state or {}).get("encoder"):
+        raise Problem(409, "model-not-ready", "The model is not ready", f"status is {model.status!r}")
+    version = get_version_or_problem(session, model, body.version)
+    predictor = PREDICTORS.get(session, model, version)
+    most = max(1, min(MAX_PREDICT_ROWS, PREDICT_MAX_WORK // max(1, predictor.n_params)))
+    if len(body.rows) > most:
+        raise Problem(
+            413,
+            "too-many-rows",
+            "Too many rows in one call",
+            f"{len(body.rows)} rows; this model ({predictor.n_params} parameters) takes at most {most} per call "
+            f"(at most {MAX_PREDICT_ROWS} rows and {PREDICT_MAX_WORK} rows x parameters)",
+            max_rows=most,
+        )
+    try:
+        probabilities = predictor.predict_proba(body.rows)
+    except export.RowsError as exc:
+        raise Problem(
+            422,
+            "invalid-rows",
+            "Some rows do not fit the model's feature columns",
+            str(exc),
+            unknown_columns=exc.unknown_columns,
+            missing_columns=exc.missing_columns,
+            row_errors=exc.errors,
+            feature_columns=predictor.feature_columns,
+        ) from None
+    return PredictOut(
+        model_id=model.id,
+        version=PredictedVersion(id=version.id, number=version.number, digest=version.digest),
+        classes=predictor.classes,
+        labels=[predictor.classes[int(k)] for k in probabilities.argmax(axis=1)],
+        probabilities=probabilities.tolist(),
+    )
