@@ -1,0 +1,69 @@
+"""A request naming many sample ids is validated apart from the intake's batches (issue 22: one request with 90,000
+unknown ids held the single intake thread, and every request behind it waited as long)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.requests import intake
+from tests.helpers import configure, make_key, wait_model, write_table
+
+
+@pytest.fixture
+def client(tmp_path):
+    configure(tmp_path, poll_seconds="0.05")
+    key = make_key()
+    with TestClient(create_app(run_background=True)) as test_client:
+        test_client.headers["authorization"] = f"Bearer {key}"
+        yield test_client
+
+
+def test_a_large_request_never_holds_the_batches_of_small_ones(client, tmp_path, monkeypatch):
+    path = tmp_path / "data" / "table.csv"
+    write_table(path)
+    metadata = {"name": "m", "dataset": {"row_id_column": "row_id", "label_column": "label"}}
+    with path.open("rb") as handle:
+        response = client.post(
+            "/v1/models", data={"metadata": json.dumps(metadata)}, files={"file": ("t.csv", handle, "text/csv")}
+        )
+    model_id = response.json()["id"]
+    assert wait_model(client, model_id, timeout=120)["status"] == "ready"
+
+    # the large request's row look-up waits until the small request has been answered (or 30 s: then it is red)
+    small_answered = threading.Event()
+    large_looking_up = threading.Event()
+    lookup_rows = intake.lookup_rows
+
+    def gated_lookup(session, dataset_id, ids):
+        if len(ids) > intake.LARGE_REQUEST_IDS:
+            large_looking_up.set()
+            small_answered.wait(timeout=30)
+        return lookup_rows(session, dataset_id, ids)
+
+    monkeypatch.setattr(intake, "lookup_rows", gated_lookup)
+    large_ids = [f"unknown-{i}" for i in range(intake.LARGE_REQUEST_IDS + 1)]
+    outcome: dict[str, int] = {}
+
+    def large() -> None:
+        body = {"subject_ref": "a", "model_id": model_id, "scope": {"kind": "samples", "sample_ids": large_ids}}
+        outcome["large"] = client.post("/v1/deletion-requests", json=body).status_code
+
+    thread = threading.Thread(target=large)
+    thread.start()
+    try:
+        assert large_looking_up.wait(timeout=30)
+        body = {"subject_ref": "b", "model_id": model_id, "scope": {"kind": "samples", "sample_ids": ["0"]}}
+        small = client.post("/v1/deletion-requests", json=body)
+        answered_first = not small_answered.is_set() and "large" not in outcome
+        small_answered.set()
+    finally:
+        small_answered.set()
+        thread.join(timeout=60)
+    assert small.status_code == 202, small.text
+    assert answered_first  # the small request was answered while the large one was still being looked up
+    assert outcome["large"] == 422  # and the large one still gets its own answer (unknown ids)
