@@ -1156,8 +1156,10 @@ def _exit_for_erasure(status: str) -> int:
 
 def _print_erasure(erasure, console) -> None:
     style = {"certified": "green", "failed": "red"}.get(erasure.status, "cyan")
+    found = "no data found: no model held rows of this subject" if erasure.no_data_found else ""
     console.print(
-        f"[bold]erasure {erasure.id}[/bold]  [{style}]{erasure.status}[/{style}]  {len(erasure.children)} request(s)",
+        f"[bold]erasure {erasure.id}[/bold]  [{style}]{erasure.status}[/{style}]  {len(erasure.children)} request(s)"
+        + (f"  {found}" if found else ""),
         markup=True,
     )
     rows = [
@@ -1218,7 +1220,8 @@ def subjects_erase(
     """Erase a data subject from every model whose subject_column holds rows of theirs.
 
     One deletion request per model, followed together; certified once every one is, with one combined certificate.
-    Exit 0 accepted or certified, 1 failed, 3 no model holds the subject's rows (404 subject-not-found)."""
+    A subject no model holds rows of is answered the same way: certified at once, with no requests and a certificate
+    that says no data was found. Exit 0 accepted or certified, 1 failed."""
     if certificate is not None and not wait:
         raise typer.BadParameter("--certificate needs --wait (or fetch it later: lethe subjects certificate ID)")
     _aware(received_at, "--received-at")

@@ -310,6 +310,8 @@ class Erasure(_Out):
     children_by_status: dict[str, int] = Field(default_factory=dict)
     children: list[ErasureChild] = Field(default_factory=list)
     certificate_digest: str | None = None
+    no_data_found: bool = False
+    """No model held rows of the subject: certified at once, with a certificate that says so."""
     created_at: datetime
     completed_at: datetime | None = None
     links: dict[str, str] = Field(default_factory=dict)
@@ -721,9 +723,9 @@ class LetheClient:
         self, subject_ref: str, *, method: str = "auto", received_at: datetime | str | None = None
     ) -> Erasure:
         """Erase one data subject from every model registered with a ``subject_column`` holding rows of theirs:
-        one deletion request per model, followed together (202). ``404 subject-not-found`` when no model holds
-        any. Not retried once sent (the API takes no Idempotency-Key here; a second erasure of the same subject
-        while the first runs is a 409)."""
+        one deletion request per model, followed together (202). A subject no model holds rows of is answered the
+        same way, certified at once with ``no_data_found`` and no children. Not retried once sent (the API takes no
+        Idempotency-Key here; a second erasure of the same subject while the first runs is a 409)."""
         body: dict[str, Any] = {"subject_ref": subject_ref, "method": method}
         if received_at is not None:
             body["received_at"] = received_at.isoformat() if isinstance(received_at, datetime) else received_at

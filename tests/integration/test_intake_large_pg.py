@@ -1,5 +1,7 @@
 """A request naming many sample ids is validated apart from the intake's batches (issue 22: one request with 90,000
-unknown ids held the single intake thread, and every request behind it waited as long)."""
+unknown ids held the single intake thread, and every request behind it waited as long). On PostgreSQL, where the
+intake is meant to carry load: the embedded SQLite default serialises every transaction (BEGIN IMMEDIATE), so there a
+large request still delays the others by its own duration."""
 
 from __future__ import annotations
 
@@ -12,11 +14,17 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.requests import intake
 from tests.helpers import configure, make_key, wait_model, write_table
+from tests.stack import fresh_database
 
 
 @pytest.fixture
 def client(tmp_path):
-    configure(tmp_path, poll_seconds="0.05")
+    with fresh_database() as url:
+        configure(tmp_path, database_url=url, poll_seconds="0.05")
+        yield from _client()
+
+
+def _client():
     key = make_key()
     with TestClient(create_app(run_background=True)) as test_client:
         test_client.headers["authorization"] = f"Bearer {key}"
@@ -57,7 +65,7 @@ def test_a_large_request_never_holds_the_batches_of_small_ones(client, tmp_path,
     thread.start()
     try:
         assert large_looking_up.wait(timeout=30)
-        body = {"subject_ref": "b", "model_id": model_id, "scope": {"kind": "samples", "sample_ids": ["0"]}}
+        body = {"subject_ref": "b", "model_id": model_id, "scope": {"kind": "samples", "sample_ids": ["r0"]}}
         small = client.post("/v1/deletion-requests", json=body)
         answered_first = not small_answered.is_set() and "large" not in outcome
         small_answered.set()
