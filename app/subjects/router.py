@@ -1,4 +1,5 @@
-"""Per-person erasure across models: ``POST /v1/subjects/erasures`` and the subject's requests by keyed hash."""
+"""Per-person erasure across models: ``POST /v1/subjects/erasures``, and a subject's requests by keyed hash or, through
+``POST /v1/subjects/lookup``, by their reference."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from app.problems import Problem
 from app.requests.router import json_caller
 from app.requests.service import to_out
 from app.subjects import service
-from app.subjects.schemas import ErasureCreate, ErasureOut, ErasureSummary, SubjectRequestsOut
+from app.subjects.schemas import ErasureCreate, ErasureOut, ErasureSummary, SubjectLookup, SubjectRequestsOut
 
 router = APIRouter(prefix="/v1/subjects", tags=["subjects"])
 
@@ -96,6 +97,21 @@ def subject_requests(
 ):
     """A data subject's deletion requests and erasures, by the keyed hash every request reports as
     ``subject_hash`` (the raw reference is never stored, so it cannot be searched for)."""
+    return _requests_out(session, subject_hash, limit)
+
+
+@router.post("/lookup", response_model=SubjectRequestsOut)
+def lookup_subject(
+    body: SubjectLookup,
+    _: Principal = Depends(json_caller("requests:read")),
+    session: Session = Depends(get_session),
+):
+    """A data subject's deletion requests and erasures by their reference: the server computes the keyed hash (only
+    it holds the key). A POST, so the reference stays out of URLs, access logs and proxies; nothing is written."""
+    return _requests_out(session, service.subject_hash(body.subject_ref), body.limit)
+
+
+def _requests_out(session: Session, subject_hash: str, limit: int) -> SubjectRequestsOut:
     found, erasures = service.requests_of(session, subject_hash, limit)
     return SubjectRequestsOut(
         subject_hash=subject_hash,

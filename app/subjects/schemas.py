@@ -66,6 +66,14 @@ class ErasureSummary(BaseModel):
     links: dict[str, str]
 
 
+class SubjectLookup(NoNulModel):
+    model_config = ConfigDict(extra="forbid")
+    subject_ref: str = Field(
+        ..., min_length=1, max_length=500, description="The data subject's reference; only its keyed hash is used."
+    )
+    limit: int = Field(100, ge=1, le=500)
+
+
 class SubjectRequestsOut(BaseModel):
     subject_hash: str
     requests: list[DeletionRequestOut]

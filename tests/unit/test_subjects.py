@@ -150,6 +150,13 @@ def test_an_erasure_across_two_models_ends_with_one_combined_certificate(two_mod
         assert {r["id"] for r in found["requests"]} == {ch["request_id"] for ch in erasure["children"]}
         assert [e["id"] for e in found["erasures"]] == [erasure["id"]]
         assert client.get("/v1/subjects/not-a-hash/requests").status_code == 422
+        # by the person's reference: the server computes the keyed hash (a POST keeps the reference out of URLs)
+        by_ref = client.post("/v1/subjects/lookup", json={"subject_ref": ALICE})
+        assert by_ref.status_code == 200 and by_ref.json() == found, by_ref.text
+        nobody = client.post("/v1/subjects/lookup", json={"subject_ref": "nobody at all"}).json()
+        assert nobody["requests"] == [] and nobody["subject_hash"] == subject_hash("nobody at all")
+        assert client.post("/v1/subjects/lookup", json={"subject_ref": ALICE, "x": 1}).status_code == 422
+        assert client.post("/v1/subjects/lookup", content=ALICE).status_code == 415
         events = [e["action"] for e in client.get("/v1/audit", params={"entity_id": erasure["id"]}).json()["items"]]
         assert events == ["subject_erasure.received", "subject_erasure.certified"]
 
