@@ -794,6 +794,21 @@ def evidence_ratio(check: dict) -> float | None:
     return None
 
 
+def _evidence_rows(evidence: list[dict]) -> list[dict]:
+    return [
+        {
+            "name": c["name"],
+            "ratio": evidence_ratio(c),
+            "power": c["power"],
+            "informative": c["informative"],
+            "passed": c["passed"],
+            "figure": c["figure"],
+            "threshold": c["threshold"],
+        }
+        for c in evidence
+    ]
+
+
 def _failed_checks(verdict: dict) -> list[str]:
     return [c["name"] for c in verdict["checks"] if c["passed"] is False]
 
@@ -853,18 +868,7 @@ def run_impostors(world: World, plan: Plan, setup: Setup, log) -> dict[str, Any]
                     "failed_checks": _failed_checks(verdict),
                     "supporting": verdict["evidence"],
                     "attack_informative": bool(report["informative"]),
-                    "evidence": [
-                        {
-                            "name": c["name"],
-                            "ratio": evidence_ratio(c),
-                            "power": c["power"],
-                            "informative": c["informative"],
-                            "passed": c["passed"],
-                            "figure": c["figure"],
-                            "threshold": c["threshold"],
-                        }
-                        for c in evidence
-                    ],
+                    "evidence": _evidence_rows(evidence),
                     "param_ratio": float((th - theta_r64).norm()) / base
                     if th.numel() == theta_r64.numel() and base > 0
                     else None,
@@ -1171,21 +1175,6 @@ CLIP_SCENARIOS = {"random_1": 1, "random_50": 50, "most_exposed": 50}
 CLIP_EXPOSED_POOL = 100
 """most_exposed draws its 50 pairs from the 100 pairs the original model's LiRA score ranks highest."""
 CLIP_GENUINE = ("retrain", "ease")
-
-
-def _evidence_rows(evidence: list[dict]) -> list[dict]:
-    return [
-        {
-            "name": c["name"],
-            "ratio": evidence_ratio(c),
-            "power": c["power"],
-            "informative": c["informative"],
-            "passed": c["passed"],
-            "figure": c["figure"],
-            "threshold": c["threshold"],
-        }
-        for c in evidence
-    ]
 
 
 def clip_impostors(plan: Plan, trials: int, ease_trials: int, log) -> dict[str, Any]:
