@@ -149,12 +149,19 @@ def test_audit_log_refuses_changes_and_names_a_tampered_row(stack, model, pg_url
             with pytest.raises(psycopg.errors.InsufficientPrivilege, match="append-only"):
                 conn.execute(statement)
         # as the table owner, with the triggers switched off: the chain still tells
+        (original,) = conn.execute("SELECT payload::text FROM audit_events WHERE seq = 3").fetchone()
         conn.execute("ALTER TABLE audit_events DISABLE TRIGGER USER")
         conn.execute("UPDATE audit_events SET payload = '{\"rewritten\": true}' WHERE seq = 3")
         conn.execute("ALTER TABLE audit_events ENABLE TRIGGER USER")
-    verdict = stack.client.get("/v1/audit/verify").json()
+        try:
+            verdict = stack.client.get("/v1/audit/verify").json()
+        finally:  # the session's database is shared with later modules: leave the chain as it was found
+            conn.execute("ALTER TABLE audit_events DISABLE TRIGGER USER")
+            conn.execute("UPDATE audit_events SET payload = %s::jsonb WHERE seq = 3", (original,))
+            conn.execute("ALTER TABLE audit_events ENABLE TRIGGER USER")
     assert verdict["ok"] is False
     assert verdict["first_broken_seq"] == 3
     assert "changed" in verdict["reason"]
+    assert stack.client.get("/v1/audit/verify").json()["ok"] is True  # restored
     with session_scope() as session:
         assert session.execute(text("SELECT count(*) FROM audit_events")).scalar_one() >= 3
