@@ -59,6 +59,8 @@ from app.problems import Problem
 from app.registry import service as registry
 from app.reports.service import get_report_or_404, plot_png, report_out, reports_for
 from app.requests import service as requests
+from app.requests.bulk import BulkFilter, BulkIn
+from app.requests.bulk import run as run_bulk
 from app.requests.service import APPROVAL_STATUS, CANCELLABLE_STATUSES, REQUEST_STATUSES, TERMINAL_STATUSES
 from app.subjects import service as subjects
 from app.subjects.schemas import ErasureCreate
@@ -86,6 +88,8 @@ DONE = {
     "reject": "The request was rejected; the reason is recorded and its callback told.",
     "erasure": "The erasure was received: one deletion request per model holding the person's rows.",
 }
+BULK_ACTIONS = ("approve", "reject", "cancel", "retry", "extend")
+"""What the list's bulk form offers, in the order an operator reaches for them (the API's ``BulkAction``)."""
 ERASURE_METHODS = ("auto", "retrain")
 """What the erasure form offers: ``auto`` (each model's best validated method, else exact retraining) or exact
 retraining everywhere; the API takes any method name, refused per model when that model cannot run it."""
@@ -226,6 +230,56 @@ def _day(text: str | None, field: str) -> datetime | None:
         raise Problem(422, "validation-error", "Not a date", f"{field}: write it as YYYY-MM-DD") from None
 
 
+def _filters(status: str, model_id: str, since: str, until: str, overdue: bool) -> dict[str, Any]:
+    """The list's filter as the form gave it, and as the requests service takes it (``query``)."""
+    if status and status not in STATUSES:
+        raise Problem(422, "validation-error", "The request is not valid", f"status: one of {list(STATUSES)}")
+    until_day = _day(until, "until")
+    query = {
+        "status": status or None,
+        "model_id": model_id or None,
+        "overdue": overdue,
+        "created_from": _day(since, "since"),
+        "created_before": until_day + timedelta(days=1) if until_day else None,
+    }
+    return {"status": status, "model_id": model_id, "since": since, "until": until, "overdue": overdue, "query": query}
+
+
+def _list_context(
+    session: Session, principal: Principal, filters: dict[str, Any], cursor: str | None = None
+) -> dict[str, Any]:
+    query = filters["query"]
+    rows, next_cursor = requests.list_requests(
+        session,
+        query["status"],
+        query["model_id"],
+        50,
+        cursor,
+        overdue=query["overdue"],
+        created_from=query["created_from"],
+        created_before=query["created_before"],
+    )
+    shown = {k: v for k, v in filters.items() if k != "query"}
+    next_link = None
+    if next_cursor:
+        link = {k: v for k, v in shown.items() if v} | {"cursor": next_cursor}
+        next_link = "/dashboard/requests?" + urlencode({k: ("1" if v is True else v) for k, v in link.items()})
+    admin = principal.has("admin")
+    return {
+        "principal": principal,
+        "rows": [requests.to_out(r) for r in rows],
+        "models": {m.id: m for m in registry.models_overview(session, limit=1000)},
+        "filters": shown,
+        "filtered": any(shown.values()),
+        "matching": requests.count_requests(session, **query) if admin else None,
+        "bulk_limit": get_settings().bulk_max_requests,
+        "bulk_actions": BULK_ACTIONS,
+        "admin": admin,
+        "next_link": next_link,
+        "page": "requests",
+    }
+
+
 @router.get("/requests")
 def request_list(
     request: Request,
@@ -238,37 +292,66 @@ def request_list(
     cursor: str | None = Query(None, max_length=500),
 ) -> HTMLResponse:
     principal = _gate(request)
-    if status and status not in STATUSES:
-        raise Problem(422, "validation-error", "The request is not valid", f"status: one of {list(STATUSES)}")
-    until_day = _day(until, "until")
-    rows, next_cursor = requests.list_requests(
-        session,
-        status or None,
-        model_id or None,
-        50,
-        cursor,
-        overdue=overdue,
-        created_from=_day(since, "since"),
-        created_before=until_day + timedelta(days=1) if until_day else None,
-    )
-    models = {m.id: m for m in registry.models_overview(session, limit=1000)}
-    filters = {"status": status, "model_id": model_id, "since": since, "until": until, "overdue": overdue}
-    next_link = None
-    if next_cursor:
-        query = {k: v for k, v in filters.items() if v} | {"cursor": next_cursor}
-        next_link = "/dashboard/requests?" + urlencode({k: ("1" if v is True else v) for k, v in query.items()})
-    return _render(
-        request,
-        "requests.html",
-        {
-            "principal": principal,
-            "rows": [requests.to_out(r) for r in rows],
-            "models": models,
-            "filters": filters,
-            "next_link": next_link,
-            "page": "requests",
-        },
-    )
+    filters = _filters(status, model_id, since, until, overdue)
+    return _render(request, "requests.html", _list_context(session, principal, filters, cursor))
+
+
+@router.post("/requests/bulk")
+def bulk_action(
+    request: Request,
+    session: Session = Depends(get_session),
+    csrf: str = Form("", max_length=500),
+    action: str = Form("", max_length=20),
+    selection: str = Form("ids", max_length=10),
+    ids: list[str] = Form([]),
+    months: int = Form(1, ge=1, le=2),
+    reason: str = Form("", max_length=2000),
+    status: str = Form("", max_length=20),
+    model_id: str = Form("", max_length=36),
+    since: str = Form("", max_length=10),
+    until: str = Form("", max_length=10),
+    overdue: bool = Form(False),
+) -> Response:
+    """``POST /v1/deletion-requests/bulk`` from the list: the requests ticked (``selection=ids``) or every request
+    matching the list's filter (``selection=filter``), through the same function (each request in its own savepoint,
+    audited on its own, four eyes kept: a request the approver submitted is skipped). Answers the list again, with
+    each request's outcome above it."""
+    principal = _gate(request, "admin")
+    if not cookies.csrf_ok(request, csrf):
+        return _render(request, "refused.html", {"principal": principal, "message": STALE_FORM}, 403)
+    filters = _filters(status, model_id, since, until, overdue)
+    outcome, error, status_code = None, None, 200
+    try:
+        if action not in BULK_ACTIONS:
+            raise Problem(422, "validation-error", "The request is not valid", f"action: one of {list(BULK_ACTIONS)}")
+        if selection not in ("ids", "filter"):
+            raise Problem(422, "validation-error", "The request is not valid", "selection: ids or filter")
+        if selection == "ids" and not ids:
+            raise Problem(422, "bulk-selection-empty", "Nothing is selected",
+                          "tick the requests to act on, or choose every request matching the filter")  # fmt: skip
+        query = filters["query"]
+        matching = BulkFilter(
+            status=query["status"],
+            model_id=query["model_id"],
+            overdue=query["overdue"],
+            created_after=query["created_from"],
+            created_before=query["created_before"],
+        )
+        body = BulkIn(
+            action=action,
+            ids=ids if selection == "ids" else None,
+            filter=matching if selection == "filter" else None,
+            months=months if action == "extend" else None,
+            reason=_reason(reason, "reason") if action in ("reject", "extend") else None,
+        )
+        outcome = run_bulk(session, principal, body)
+        session.commit()
+    except (Problem, ValidationError) as exc:
+        session.rollback()
+        error, status_code = _refusal(exc)
+    context = _list_context(session, principal, filters)
+    form = {"action": action, "selection": selection, "months": months, "reason": reason if error else ""}
+    return _render(request, "requests.html", {**context, "outcome": outcome, "error": error, "form": form}, status_code)
 
 
 @router.get("/api/requests")

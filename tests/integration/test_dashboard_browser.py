@@ -460,6 +460,84 @@ def test_per_person_erasure_followed_to_its_combined_certificate(stack, page, br
     reader.close()
 
 
+def _outcomes(page) -> dict[str, tuple[str, str, str]]:
+    """The bulk outcome's rows: request id -> (outcome, status now, why it was skipped)."""
+    return {
+        row.get_attribute("data-outcome-id"): tuple(row.locator("td").nth(i).inner_text().strip() for i in (1, 2, 3))
+        for row in page.locator("#bulk-outcome tr[data-outcome-id]").all()
+    }
+
+
+def test_bulk_approve_from_the_list_skips_the_approvers_own_and_a_cancelled_request(stack, page, browser):
+    """Tick four requests, approve them at once: the two another key submitted are approved (audited as the API's
+    approve, by the approver's key), the approver's own is skipped (four eyes) and a cancelled one is skipped (not
+    waiting); then every request matching the filter is rejected, a reason required."""
+    stack.serve(background=True)
+    gated = stack.register_model("bulk-lr", shadows=8, requires_approval=True)
+    base = stack.serve(background=False)  # nothing runs: an approved request stays `received`
+    approver_key = make_key(ADMIN_SCOPES, name="bulk-approver")
+    first, second, gone = (stack.delete(gated, [row])["id"] for row in ("r11", "r12", "r14"))  # the operator's
+    with stack.api(approver_key) as client:
+        scope = {"kind": "samples", "sample_ids": ["r13"]}
+        own = client.post("/v1/deletion-requests", json={"subject_ref": "own", "model_id": gated, "scope": scope})
+        own = own.json()["id"]
+        assert client.post(f"/v1/deletion-requests/{gone}/cancel").status_code == 200
+
+    log_in(page, base, approver_key)
+    page.goto(f"{base}/dashboard/requests?model_id={gated}")
+    assert _listed(page) == {first, second, own, gone}
+    for request_id in (first, second, own, gone):
+        page.check(f"input[name=ids][value='{request_id}']")
+    assert page.inner_text("#bulk-count") == "4" and page.is_checked("#pick-all")
+    page.select_option("#bulk-action", "approve")
+    page.click("#bulk-apply")
+    page.wait_for_selector("#bulk-outcome")
+    assert page.inner_text("#bulk-outcome h2") == "Approve: 2 done, 2 skipped of 4 selected"
+    outcomes = _outcomes(page)
+    assert outcomes[first] == outcomes[second] == ("done", "received", "")
+    assert outcomes[own][0] == "skipped" and outcomes[own][2].startswith("approval-by-submitter: ")
+    assert outcomes[gone][0] == "skipped" and outcomes[gone][2] == "not-awaiting-approval: status is 'cancelled'"
+    assert [_status(stack, r) for r in (first, second, own, gone)] == [
+        "received", "received", "pending-approval", "cancelled"
+    ]  # fmt: skip
+    me = page.get_attribute("header .who span", "title")  # the approver's key, as the audit log names it
+    for request_id in (first, second):
+        assert [actor for action, actor in _audit_actions(stack, request_id) if action.endswith(".approved")] == [me]
+    assert not [a for a, _ in _audit_actions(stack, own) if a.endswith(".approved")]
+    row = page.locator(f"#requests tr[data-request-id='{first}'] [data-field=status]")
+    assert row.inner_text() == "received"  # the list under the outcome is the list after the action
+
+    # every request matching the filter (only the approver's own is still waiting): reject needs a reason
+    page.goto(f"{base}/dashboard/requests?status=pending-approval&model_id={gated}")
+    assert page.inner_text("#bulk-matching-count") == "1" and "matching the filter" in page.inner_text("#bulk")
+    page.check("#bulk-matching")
+    page.select_option("#bulk-action", "reject")
+    page.click("#bulk-apply")
+    page.wait_for_selector("#action-error")
+    assert "say why" in page.inner_text("#action-error") and _status(stack, own) == "pending-approval"
+    assert page.is_checked("#bulk-matching")  # the form comes back as it was sent
+    page.fill("#bulk-reason", "submitted by mistake")
+    page.click("#bulk-apply")
+    page.wait_for_selector("#bulk-outcome")
+    assert page.inner_text("#bulk-outcome h2") == "Reject: 1 done, 0 skipped of 1 selected"
+    assert _outcomes(page)[own] == ("done", "rejected", "") and _status(stack, own) == "rejected"
+
+    # a forged form and a read-only key are refused; the reader sees no boxes to tick
+    forged = page.request.post(f"{base}/dashboard/requests/bulk",
+                               form={"csrf": "forged", "action": "cancel", "ids": first})  # fmt: skip
+    assert forged.status == 403 and _status(stack, first) == "received"
+    reader = browser.new_context()
+    reader_page = reader.new_page()
+    log_in(reader_page, base, stack.reader_key)
+    reader_page.goto(f"{base}/dashboard/requests?model_id={gated}")
+    assert reader_page.locator("input[name=ids]").count() == 0 and reader_page.locator("#bulk").count() == 0
+    refused = reader_page.request.post(
+        f"{base}/dashboard/requests/bulk", form={"csrf": _token(reader_page), "action": "cancel", "ids": first}
+    )
+    assert refused.status == 403 and _status(stack, first) == "received"
+    reader.close()
+
+
 def test_plain_http_on_a_non_localhost_host_name_with_the_setting(stack, playwright, monkeypatch):
     """``lethe.test`` is mapped to 127.0.0.1 inside Chromium (nothing is resolved for real, every other name fails):
     an origin that is not localhost over plain http, where a browser drops a Secure cookie. Every request to it goes
