@@ -2,11 +2,11 @@
 
 It reads through the domain services only and acts through the same service functions as the API (so an action
 is audited exactly as its API twin); it owns no table. Access: an API key with ``requests:read`` (given once in a
-login form, then kept in a signed HttpOnly, SameSite=Strict cookie, see ``session.py``); actions on a request need
-``admin`` (approval keeps the API's four eyes: never by the key that submitted the request), a per-person erasure
-``requests:write`` (its API twin's scope), and every form a CSRF token. No key, no data: every page and fragment
-checks the key again. A person's reference is only ever posted (never put in a URL): the server turns it into the
-keyed hash every request is known by.
+login form, then kept in a signed HttpOnly, SameSite=Strict cookie, see ``session.py``); actions on a request (one
+or in bulk) and a model's settings need ``admin`` (approval keeps the API's four eyes: never by the key that submitted
+the request), a per-person erasure ``requests:write`` (its API twin's scope), and every form a CSRF token. No key, no
+data: every page and fragment checks the key again. A person's reference is only ever posted (never put in a URL):
+the server turns it into the keyed hash every request is known by.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ from app.dashboard.views import (
 from app.db import get_session
 from app.problems import Problem
 from app.registry import service as registry
+from app.registry.schemas import ModelPatch
 from app.reports.service import get_report_or_404, plot_png, report_out, reports_for
 from app.requests import service as requests
 from app.requests.bulk import BulkFilter, BulkIn
@@ -86,6 +87,7 @@ DONE = {
     "redeliver": "The webhook event will be sent again.",
     "approve": "The request was approved: its job is created and a worker will take it.",
     "reject": "The request was rejected; the reason is recorded and its callback told.",
+    "settings": "The model's settings were saved (each change audited as model.updated).",
     "erasure": "The erasure was received: one deletion request per model holding the person's rows.",
 }
 BULK_ACTIONS = ("approve", "reject", "cancel", "retry", "extend")
@@ -598,24 +600,74 @@ def model_list(request: Request, session: Session = Depends(get_session)) -> HTM
     return _render(request, "models.html", {"principal": principal, "models": models, "page": "models"})
 
 
-@router.get("/models/{model_id}")
-def model_page(model_id: str, request: Request, session: Session = Depends(get_session)) -> HTMLResponse:
-    principal = _gate(request)
+def _model_context(session: Session, principal: Principal, model_id: str) -> dict[str, Any]:
     model = registry.get_model_or_404(session, model_id)
     versions = _version_dicts(session, model)
-    return _render(
-        request,
-        "model.html",
-        {
-            "principal": principal,
-            "m": registry.model_out(session, model),
-            "versions": versions,
-            "carried": carried_deletions(versions),
-            "lineage": lineage_svg(versions),
-            "lock": model.state.get("forget_lock"),
-            "page": "models",
-        },
-    )
+    return {
+        "principal": principal,
+        "m": registry.model_out(session, model),
+        "versions": versions,
+        "carried": carried_deletions(versions),
+        "lineage": lineage_svg(versions),
+        "lock": model.state.get("forget_lock"),
+        "admin": principal.has("admin"),
+        "page": "models",
+    }
+
+
+@router.get("/models/{model_id}")
+def model_page(
+    model_id: str, request: Request, session: Session = Depends(get_session), done: str = Query("", max_length=20)
+) -> HTMLResponse:
+    principal = _gate(request)
+    context = _model_context(session, principal, model_id)
+    return _render(request, "model.html", {**context, "notice": DONE.get(done)})
+
+
+def _tags(text: str) -> list[str]:
+    """Tags as typed in one field: separated by commas or spaces, duplicates dropped (the API checks each)."""
+    return list(dict.fromkeys(t for t in text.replace(",", " ").split() if t))
+
+
+@router.post("/models/{model_id}/settings")
+def model_settings(
+    model_id: str,
+    request: Request,
+    session: Session = Depends(get_session),
+    csrf: str = Form("", max_length=500),
+    requires_approval: bool = Form(False),
+    tags: str = Form("", max_length=2000),
+    batch_max_requests: str = Form("", max_length=12),
+    batch_max_rows: str = Form("", max_length=12),
+) -> Response:
+    """``PATCH /v1/models/{id}`` from the model page (admin): the same validation (``ModelPatch``) and the same service
+    function, so each change is audited as ``model.updated`` exactly as the API's, and a value left as it was changes
+    and records nothing. The batch bounds are sent only for a model that has them (a tabular one)."""
+    principal = _gate(request, "admin")
+    if not cookies.csrf_ok(request, csrf):
+        return _render(request, "refused.html", {"principal": principal, "message": STALE_FORM}, 403)
+    model = registry.get_model_or_404(session, model_id)
+    try:
+        change: dict[str, Any] = {"requires_approval": requires_approval, "tags": _tags(tags)}
+        if model.spec.get("batch") is not None:
+            change["batch"] = {"max_requests": batch_max_requests.strip(), "max_rows": batch_max_rows.strip()}
+        registry.update_model(session, principal, model, ModelPatch.model_validate(change))
+        session.commit()
+    except (Problem, ValidationError) as exc:
+        session.rollback()
+        message, status_code = _refusal(exc)
+        if isinstance(exc, ValidationError):  # a tag as the person typed it, not as the schema's pattern says
+            bad = [str(e["input"]) for e in exc.errors() if e["loc"][:1] == ("tags",) and len(e["loc"]) == 2]
+            if bad:
+                verb = "is not a tag" if len(bad) == 1 else "are not tags"
+                message = (f"Not valid: {', '.join(map(repr, bad))} {verb} (lower-case letters, digits and ._:- "
+                           "only, at most 64 characters, 16 tags)")  # fmt: skip
+        context = _model_context(session, principal, model_id)
+        form = {"requires_approval": requires_approval, "tags": tags, "batch_max_requests": batch_max_requests,
+                "batch_max_rows": batch_max_rows}  # fmt: skip
+        return _render(request, "model.html", {**context, "settings_error": message, "form": form}, status_code)
+    location = f"/dashboard/models/{model_id}?done=settings"
+    return RedirectResponse(location, status_code=303, headers=SECURITY_HEADERS)
 
 
 @router.get("/audit")

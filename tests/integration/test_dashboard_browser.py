@@ -538,6 +538,72 @@ def test_bulk_approve_from_the_list_skips_the_approvers_own_and_a_cancelled_requ
     reader.close()
 
 
+def test_model_settings_changed_on_the_model_page_as_the_api_would(stack, page, browser):
+    """Approval, tags and batch bounds changed from the model page: shown there, answered by GET /v1/models/{id},
+    audited as the API's PATCH (one model.updated per change, none for a form saved unchanged), and in force: the
+    next deletion request waits for approval."""
+    from app.requests.intake import MODEL_TTL
+
+    base = stack.serve(background=True)
+    model_id = stack.register_model("settings-lr", shadows=8, tags=["credit"])
+    log_in(page, base, stack.admin_key)
+    page.goto(f"{base}/dashboard/models/{model_id}")
+    assert not page.is_checked("#set-approval") and page.input_value("#set-tags") == "credit"
+    assert page.input_value("#set-max-requests") == "2000" and page.input_value("#set-max-rows") == "20000"
+    page.check("#set-approval")
+    page.fill("#set-tags", "prod, team:fraud")
+    page.fill("#set-max-requests", "7")
+    page.fill("#set-max-rows", "500")
+    page.click("#save-settings")
+    page.wait_for_selector("#notice")
+    assert "saved" in page.inner_text("#notice")
+    assert page.inner_text("#requires-approval") == "requires approval" and page.is_checked("#set-approval")
+    assert page.locator(".model-facts .tag").all_inner_texts() == ["prod", "team:fraud"]
+    assert page.inner_text("#batch-bounds") == "Batches: at most 7 requests and 500 rows per version."
+    with stack.api() as client:
+        model = client.get(f"/v1/models/{model_id}").json()
+        events = client.get("/v1/audit", params={"entity_id": model_id}).json()["items"]
+    assert model["requires_approval"] is True and model["tags"] == ["prod", "team:fraud"]
+    assert model["batch"] == {"max_requests": 7, "max_rows": 500}
+    updates = [e for e in events if e["action"] == "model.updated"]
+    assert len(updates) == 3 and {e["actor"] for e in updates} == {updates[0]["actor"]}
+    assert updates[0]["actor"].startswith("api-key:")
+    assert {k for e in updates for k in e["payload"]} >= {"requires_approval", "tags", "batch"}
+
+    page.click("#save-settings")  # saved unchanged: nothing changes, nothing is recorded
+    page.wait_for_selector("#notice")
+    with stack.api() as client:
+        again = client.get("/v1/audit", params={"entity_id": model_id}).json()["items"]
+    assert [e for e in again if e["action"] == "model.updated"] == updates
+
+    page.fill("#set-tags", "Not A Tag")
+    page.click("#save-settings")
+    page.wait_for_selector("#settings-error")
+    assert "'Not', 'A', 'Tag' are not tags" in page.inner_text("#settings-error")
+    assert page.input_value("#set-tags") == "Not A Tag"  # the form comes back as it was typed
+    with stack.api() as client:
+        assert client.get(f"/v1/models/{model_id}").json()["tags"] == ["prod", "team:fraud"]
+
+    time.sleep(MODEL_TTL + 0.1)  # the intake's snapshot of the model is at most MODEL_TTL old
+    assert stack.delete(model_id, ["r3"])["status"] == "pending-approval"
+
+    reader = browser.new_context()
+    reader_page = reader.new_page()
+    log_in(reader_page, base, stack.reader_key)
+    reader_page.goto(f"{base}/dashboard/models/{model_id}")
+    assert reader_page.locator("#model-settings").count() == 0 and "7 requests" in reader_page.inner_text(
+        "#batch-bounds"
+    )
+    refused = reader_page.request.post(f"{base}/dashboard/models/{model_id}/settings",
+                                       form={"csrf": _token(reader_page), "tags": "hacked"})  # fmt: skip
+    assert refused.status == 403
+    reader.close()
+    forged = page.request.post(f"{base}/dashboard/models/{model_id}/settings", form={"csrf": "forged", "tags": "x"})
+    assert forged.status == 403
+    with stack.api() as client:
+        assert client.get(f"/v1/models/{model_id}").json()["tags"] == ["prod", "team:fraud"]
+
+
 def test_plain_http_on_a_non_localhost_host_name_with_the_setting(stack, playwright, monkeypatch):
     """``lethe.test`` is mapped to 127.0.0.1 inside Chromium (nothing is resolved for real, every other name fails):
     an origin that is not localhost over plain http, where a browser drops a Secure cookie. Every request to it goes
