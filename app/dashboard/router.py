@@ -351,9 +351,17 @@ def bulk_action(
     except (Problem, ValidationError) as exc:
         session.rollback()
         error, status_code = _refusal(exc)
+    status_now = {}  # a skipped request's status, which the bulk answer leaves out (it did not change)
+    for result in outcome.results if outcome else []:
+        if result.outcome == "skipped":
+            try:
+                status_now[result.id] = requests.get_request_or_404(session, result.id).status
+            except Problem:
+                continue  # no such request
     context = _list_context(session, principal, filters)
     form = {"action": action, "selection": selection, "months": months, "reason": reason if error else ""}
-    return _render(request, "requests.html", {**context, "outcome": outcome, "error": error, "form": form}, status_code)
+    extra = {"outcome": outcome, "status_now": status_now, "error": error, "form": form}
+    return _render(request, "requests.html", {**context, **extra}, status_code)
 
 
 @router.get("/api/requests")
