@@ -5,7 +5,9 @@ see tests/dashboard_stack.py).
 Log in; watch a request go from waiting through running to certified without a reload; its report's plots load;
 its certificate verifies against the published keys; an overdue request is flagged (a failed one too); a waiting
 request is cancelled (audited as the API's cancel is); a pending-approval request is approved by a second admin
-(never by the key that submitted it) or rejected with a reason; a person is erased from every model holding their
+(never by the key that submitted it) or rejected with a reason; requests ticked on the list are approved at once
+(the approver's own and a cancelled one skipped, with why) and every request matching a filter rejected; a model's
+settings are changed on its page as the API's PATCH changes them; a person is erased from every model holding their
 rows and the page follows the erasure to its combined certificate; a person's requests are found by their reference;
 the dashboard works over plain http on a non-localhost host name (mapped to 127.0.0.1 inside Chromium) once
 LETHE_DASHBOARD_INSECURE_COOKIES allows it; no key, a wrong or revoked key, a read-only key and a forged form are
