@@ -266,15 +266,15 @@ def _list_context(
     if next_cursor:
         link = {k: v for k, v in shown.items() if v} | {"cursor": next_cursor}
         next_link = "/dashboard/requests?" + urlencode({k: ("1" if v is True else v) for k, v in link.items()})
-    admin = principal.has("admin")
+    admin, limit = principal.has("admin"), get_settings().bulk_max_requests
     return {
         "principal": principal,
         "rows": [requests.to_out(r) for r in rows],
         "models": {m.id: m for m in registry.models_overview(session, limit=1000)},
         "filters": shown,
         "filtered": any(shown.values()),
-        "matching": requests.count_requests(session, **query) if admin else None,
-        "bulk_limit": get_settings().bulk_max_requests,
+        "matching": requests.count_requests(session, limit + 1, **query) if admin else None,
+        "bulk_limit": limit,
         "bulk_actions": BULK_ACTIONS,
         "admin": admin,
         "next_link": next_link,

@@ -476,9 +476,13 @@ def filter_requests(
     return query
 
 
-def count_requests(session: Session, **filters: Any) -> int:
-    """How many requests the list's filter (:func:`filter_requests`) matches."""
-    return session.execute(filter_requests(select(func.count(DeletionRequest.id)), **filters)).scalar_one()
+def count_requests(session: Session, at_most: int | None = None, **filters: Any) -> int:
+    """How many requests the list's filter (:func:`filter_requests`) matches; counted no further than ``at_most``
+    (a page that only needs to know "more than the bulk limit" does not count a large table whole)."""
+    matching = filter_requests(select(DeletionRequest.id), **filters)
+    if at_most is not None:
+        matching = matching.limit(at_most)
+    return session.execute(select(func.count()).select_from(matching.subquery())).scalar_one()
 
 
 def list_requests(

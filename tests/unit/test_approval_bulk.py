@@ -213,3 +213,10 @@ def test_a_bulk_filter_selects_what_the_list_shows_a_failed_overdue_request_too(
         )
         assert retried.status_code == 200, retried.text
         assert [(r["id"], r["outcome"]) for r in retried.json()["results"]] == [(request_id, "done")]
+        for row in ("r21", "r22"):
+            _ask(client, model_id, [row])
+    with session_scope() as session:  # what the dashboard's "all N requests matching the filter" says
+        assert requests_service.count_requests(session, model_id=model_id) == 3
+        assert requests_service.count_requests(session, model_id=model_id, status="pending-approval") == 2
+        assert requests_service.count_requests(session, 2, model_id=model_id) == 2  # counted no further
+        assert requests_service.count_requests(session, overdue=True) == 1
