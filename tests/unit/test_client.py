@@ -295,29 +295,6 @@ def test_model_settings_and_bulk_actions_return_typed_answers(api):
         time.sleep(MODEL_TTL + 0.1)
 
 
-def test_a_person_is_erased_followed_and_certified_through_the_client(api, tmp_path):
-    client: LetheClient = api["client"]
-    erasure = client.erase_subject(ALICE, method="retrain")
-    assert isinstance(erasure, Erasure) and erasure.location == f"/v1/subjects/erasures/{erasure.id}"
-    assert [c.model_id for c in erasure.children] == [api["model"].id] and erasure.children[0].n_samples == 3
-    seen: list[str] = []
-    done = client.wait_erasure(erasure.id, timeout=120, interval=0.1, on_progress=lambda e: seen.append(e.status))
-    assert done.status == "certified" and done.done and done.progress == 1.0 and seen[-1] == "certified"
-    assert isinstance(done.children[0], ErasureChild) and done.children[0].certificate_id
-    envelope = client.erasure_certificate(erasure.id)
-    cert, keys = tmp_path / "combined.json", tmp_path / "keys.json"
-    cert.write_text(json.dumps(envelope))
-    keys.write_text(json.dumps(client.signing_keys()))
-    assert verify_file(cert, str(keys))[0]
-    found = client.subject_requests(done.subject_hash)
-    assert isinstance(found, SubjectRequests)
-    assert [r.id for r in found.requests] == [done.children[0].request_id]
-    assert [e.id for e in found.erasures] == [erasure.id] and found.erasures[0].certificate_digest
-    with pytest.raises(LetheProblem) as again:  # every row of theirs is gone
-        client.erase_subject(ALICE)
-    assert again.value.slug == "subject-not-found" and again.value.status == 404
-
-
 def test_predict_splits_rows_by_the_servers_bound_and_export_writes_the_card(api, tmp_path, monkeypatch):
     """``predict`` sends more rows than the API takes in parts of its ``max_rows`` (413 too-many-rows), every part to
     the version the first was answered by; ``export_version`` writes the weights whole with the model card that
@@ -363,3 +340,26 @@ def test_predict_splits_rows_by_the_servers_bound_and_export_writes_the_card(api
         client.export_version(model.id, 999, tmp_path / "none.safetensors")
     assert unknown.value.slug == "version-not-found" and unknown.value.status == 404
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "rows.csv"]  # no partial file left
+
+
+def test_a_person_is_erased_followed_and_certified_through_the_client(api, tmp_path):
+    client: LetheClient = api["client"]
+    erasure = client.erase_subject(ALICE, method="retrain")
+    assert isinstance(erasure, Erasure) and erasure.location == f"/v1/subjects/erasures/{erasure.id}"
+    assert [c.model_id for c in erasure.children] == [api["model"].id] and erasure.children[0].n_samples == 3
+    seen: list[str] = []
+    done = client.wait_erasure(erasure.id, timeout=120, interval=0.1, on_progress=lambda e: seen.append(e.status))
+    assert done.status == "certified" and done.done and done.progress == 1.0 and seen[-1] == "certified"
+    assert isinstance(done.children[0], ErasureChild) and done.children[0].certificate_id
+    envelope = client.erasure_certificate(erasure.id)
+    cert, keys = tmp_path / "combined.json", tmp_path / "keys.json"
+    cert.write_text(json.dumps(envelope))
+    keys.write_text(json.dumps(client.signing_keys()))
+    assert verify_file(cert, str(keys))[0]
+    found = client.subject_requests(done.subject_hash)
+    assert isinstance(found, SubjectRequests)
+    assert [r.id for r in found.requests] == [done.children[0].request_id]
+    assert [e.id for e in found.erasures] == [erasure.id] and found.erasures[0].certificate_digest
+    with pytest.raises(LetheProblem) as again:  # every row of theirs is gone
+        client.erase_subject(ALICE)
+    assert again.value.slug == "subject-not-found" and again.value.status == 404
