@@ -2,8 +2,8 @@
 
 Server side: serve, worker, dispatcher, webhook-sender, migrate, keys (create, list, revoke: straight on the
 database), signing-keys, demo. Client side, over the API (app/client.py): submit, status [--watch], list, models,
-model-settings, report, cancel, approve, reject, retry, extend, bulk, subjects (erase, status, certificate, requests),
-export, audit-verify; and verify-certificate (offline). Exit codes: see ``EXIT_*`` below.
+model-settings, model-export, predict, report, cancel, approve, reject, retry, extend, bulk, subjects (erase, status,
+certificate, requests), export, audit-verify; and verify-certificate (offline). Exit codes: see ``EXIT_*`` below.
 
 Output: tables fit the terminal's width (short ids and dates, then fewer columns; ids and statuses never cut) and
 take their natural width in a pipe; no line is broken by the program. Commands take a request's or a model's id
@@ -561,7 +561,7 @@ def _api(ctx: typer.Context):
         with _client(ctx) as client:
             yield client
     except LetheProblem as problem:
-        extra = {k: v for k, v in problem.extensions.items() if k != "errors"}
+        extra = {k: _few(v) for k, v in problem.extensions.items() if k != "errors"}
         _console(stderr=True).print(
             f"[red]error:[/red] {problem.status} {problem.slug}: {problem.detail or problem.title}"
             + (f" {json.dumps(extra)}" if extra else ""),
@@ -583,6 +583,13 @@ def _api(ctx: typer.Context):
             f"error: the answer from {_client_url(ctx)} is not Lethe's API: {str(exc)[:300]}", markup=False
         )
         raise typer.Exit(EXIT_FAILED) from None
+
+
+def _few(value, most: int = 5):
+    """A problem's list extension (a prediction's ``row_errors``: up to 100) cut to its first few, saying how many."""
+    if isinstance(value, list) and len(value) > most:
+        return [*value[:most], f"... {len(value) - most} more"]
+    return value
 
 
 def _exit_for_problem(status: int) -> int:
@@ -1141,6 +1148,223 @@ def model_settings(
         typer.echo(model.model_dump_json(indent=2))
     else:
         _print_settings(model, console)
+
+
+# ------------------------------------------------------------------------------------- a model taken out, and asked
+def _card_lines(card: dict, path: Path, size: int) -> list[tuple[str, str]]:
+    """A model card (app/ml/export.py) in a few lines an operator reads: what the file is and what it answers."""
+    model, version, recipe = card.get("model") or {}, card.get("version") or {}, card.get("recipe") or {}
+    encoder, layout, quality = card.get("encoder") or {}, card.get("layout") or {}, card.get("quality") or {}
+    parent = f", child of v{version['parent_number']}" if version.get("parent_number") else ""
+    made = version.get("method") or "—"
+    if version.get("request_id"):
+        made += f", for deletion request {version['request_id']}"
+    family = str(recipe.get("family") or model.get("family") or "—")
+    if family == "mlp":
+        family += f", {recipe.get('hidden_units')} hidden units"
+    columns = list(encoder.get("feature_columns") or [])
+    text = [c for c in columns if c in (encoder.get("categories") or {})]
+    accuracy = ", ".join(
+        f"{name} {quality[key]:.3f} ({quality.get(rows, 0):,} rows)"
+        for name, key, rows in (
+            ("held out", "holdout_accuracy", "holdout_rows"),
+            ("trained on", "trained_accuracy", "trained_rows"),
+        )  # fmt: skip
+        if isinstance(quality.get(key), int | float)
+    )
+    lines = [
+        ("model", f"{model.get('name')}  {model.get('id')}"),
+        ("version", f"v{version.get('number')}  {version.get('id')}{parent}"),
+        ("made by", made),
+        ("created", str(version.get("created_at") or "—")[:19].replace("T", " ")),
+        ("family", family),
+        ("classes", ", ".join(map(str, encoder.get("classes") or [])) or "—"),
+        (
+            "inputs",
+            f"{len(columns)} columns ({len(columns) - len(text)} numbers, {len(text)} text), "
+            f"{len(card.get('features') or [])} encoded features",
+        ),  # fmt: skip
+    ]
+    if int(layout.get("members") or 1) > 1:
+        lines.append(("members", f"{layout['members']} (SISA: their class probabilities averaged)"))
+    lines += [
+        ("accuracy", accuracy or "—"),
+        ("digest", str(version.get("digest") or "—")),
+        ("file", f"{path} ({size:,} bytes; theta checked against the card)"),
+    ]
+    return lines
+
+
+@app.command("model-export")
+def model_export(
+    ctx: typer.Context,
+    model_id: Annotated[str, typer.Argument(help="The model (whole or short id).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The file to write (safetensors).")],
+    version: Annotated[
+        int | None, typer.Option("--version", min=1, help="A version number (default: current).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the whole model card as JSON.")] = False,
+) -> None:
+    """Take a model version out: its weights to a file, with its model card, summed up here.
+
+    A tabular version's file is safetensors with the card in its header (README "Taking a model out"); it is read
+    back here with app/ml/export.py, which checks the parameters against the card (copy that module next to the file
+    to use it without Lethe). Exit 0 written, 1 the model has no version yet or the file does not hold together,
+    3 no such model or version, or a retired one (410)."""
+    if output.is_dir():
+        raise typer.BadParameter(f"{output} is a folder: name the file", param_hint="--output")
+    console = _console()
+    with _api(ctx) as client:
+        model_id = _resolve_model(client, model_id)
+        if version is None:
+            model = client.get_model(model_id)
+            if model.current_version is None:
+                _console(stderr=True).print(f"error: model {model_id} has no version yet (status {model.status})")
+                raise typer.Exit(EXIT_FAILED)
+            version = model.current_version.number
+        exported = client.export_version(model_id, version, output)
+    if exported.card is None:
+        console.print(f"wrote {output} ({exported.size:,} bytes, sha256 {exported.sha256}): version {version} of "
+                      f"{model_id}, no model card (a federated version's LoRA vector)", markup=False)  # fmt: skip
+        return
+    from app.ml.export import ExportError, load
+
+    try:
+        load(output)  # the parameters against the card's theta_sha256, the layout against the recipe
+    except (ExportError, KeyError, ValueError) as exc:
+        _console(stderr=True).print(f"error: {output} does not hold together: {exc}", markup=False)
+        raise typer.Exit(EXIT_FAILED) from None
+    if as_json:
+        typer.echo(json.dumps(exported.card, indent=2))
+        return
+    console.print(f"[bold]wrote {output}[/bold]: the model card of {exported.card['model'].get('name')} "
+                  f"v{exported.card['version'].get('number')}", markup=True)  # fmt: skip
+    for label, value in _card_lines(exported.card, output, exported.size):
+        console.print(f"  {label:<9} {value}", markup=False)
+
+
+MISSING_TEXTS = ("", "na", "n/a", "nan", "null", "none")
+"""A number cell that means "no value" (sent as null: the encoder's rule for a missing value)."""
+
+
+def _csv_rows(source: str) -> tuple[list[str], list[dict[str, str]]]:
+    import csv
+    import io
+    import sys
+
+    if source == "-":
+        text = sys.stdin.read()
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise typer.BadParameter(f"{source}: no such file", param_hint="--csv")
+        text = path.read_text(encoding="utf-8-sig")
+    reader = csv.DictReader(io.StringIO(text))
+    rows = list(reader)
+    if not reader.fieldnames or not rows:
+        raise typer.BadParameter(f"{source}: no rows under a header", param_hint="--csv")
+    return list(reader.fieldnames), rows
+
+
+def _typed_rows(source: str, rows: list[dict[str, str]], inputs: dict[str, str] | None) -> list[dict]:
+    """The CSV's cells as the API takes them: a number column's cells as numbers (missing: null), a text column's as
+    text (empty: null); columns the model does not take are left out (all kept when its inputs are not known)."""
+    import math
+
+    if inputs is None:
+        return [dict(row) for row in rows]
+    out = []
+    for n, row in enumerate(rows, start=1):
+        typed: dict = {}
+        for column, value in row.items():
+            if column not in inputs:
+                continue
+            value = (value or "").strip()
+            if inputs[column] != "number":
+                typed[column] = value or None
+            elif value.lower() in MISSING_TEXTS:
+                typed[column] = None
+            else:
+                try:
+                    number: float | None = float(value)
+                except ValueError:
+                    number = None
+                if number is None or not math.isfinite(number):
+                    why = "not a number" if number is None else "not a finite number"
+                    _console(stderr=True).print(f"error: {source} row {n}: {column} is {value!r}, {why}", markup=False)
+                    raise typer.Exit(EXIT_FAILED)
+                typed[column] = number
+        out.append(typed)
+    return out
+
+
+def _looks_like_ids(values: list[str]) -> bool:
+    return bool(values) and all(len(v) == 36 and v.count("-") == 4 for v in values)
+
+
+@app.command()
+def predict(
+    ctx: typer.Context,
+    model_id: Annotated[str, typer.Argument(help="The model (whole or short id).")],
+    csv_file: Annotated[
+        str,
+        typer.Option("--csv", help="Rows: a CSV with a header naming the model's input columns (- reads stdin)."),
+    ],
+    version: Annotated[
+        int | None, typer.Option("--version", min=1, help="A version number (default: current).")
+    ] = None,
+    id_column: Annotated[
+        str | None, typer.Option("--id-column", help="A CSV column to name each row by (default: its number).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per row.")] = False,
+) -> None:
+    """Predict labels for the rows of a CSV with a tabular model (its current version, or --version).
+
+    Each row names the model's input columns (`inputs` in `lethe models --json` and `GET /v1/models/{id}`); other
+    columns (a row id, the label) are left out, and an empty or NA cell is a missing value. Sent in
+    parts the API takes, all to one version. Prints each row's label and class probabilities. Exit 0 answered, 1 the
+    rows or the model were refused (not ready, a column missing, a cell of the wrong kind), 2 no such file or no
+    rows, 3 no such model or version, or a retired one (410)."""
+    header, raw = _csv_rows(csv_file)
+    if id_column is not None and id_column not in header:
+        raise typer.BadParameter(f"{id_column!r} is not a column of {csv_file} ({', '.join(header)})")
+    with _api(ctx) as client:
+        model_id = _resolve_model(client, model_id)
+        model = client.get_model(model_id)
+        inputs = model.inputs
+        if inputs is not None:
+            left_out = [c for c in header if c not in inputs]
+            if left_out:
+                _console(stderr=True).print(f"left out (not the model's inputs): {', '.join(left_out)}", markup=False)
+        rows = _typed_rows(csv_file, raw, inputs)
+        answer = client.predict(model_id, rows, version=version)
+    names = [row.get(id_column) or "" for row in raw] if id_column else [str(i) for i in range(1, len(raw) + 1)]
+    if as_json:
+        for i, (name, label, probabilities) in enumerate(zip(names, answer.labels, answer.probabilities, strict=True)):
+            entry = {"row": i + 1} | ({"id": name} if id_column else {})
+            entry |= {"label": label, "probabilities": dict(zip(answer.classes, probabilities, strict=True)),
+                      "version": answer.version.number}  # fmt: skip
+            typer.echo(json.dumps(entry))
+        return
+    best = [max(p) for p in answer.probabilities]
+    columns = [
+        _Column(
+            id_column or "row",
+            names,
+            [_short_id(n) for n in names] if _looks_like_ids(names) else None,
+            justify="left" if id_column else "right",
+        ),  # fmt: skip
+        _Column("label", answer.labels),
+        _Column("p(label)", [f"{p:.3f}" for p in best], justify="right"),
+        *(
+            _Column(f"p({name})", [f"{p[k]:.3f}" for p in answer.probabilities], justify="right")
+            for k, name in enumerate(answer.classes)
+        ),
+    ]
+    steps = [("short", id_column or "row")] + [("drop", f"p({name})") for name in reversed(answer.classes)]
+    console = _console()
+    title = f"{model.name} v{answer.version.number}: {len(names)} row(s)"
+    console.print(_fit_table(title, columns, steps, console.width))
 
 
 # --------------------------------------------------------------------------------------------- per-person erasure

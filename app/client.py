@@ -21,6 +21,7 @@ up an ``Idempotency-Key`` when none is given, so its retry is answered with the 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import random
@@ -118,6 +119,9 @@ class Model(_Out):
     batch: dict[str, int] | None = None
     """The batch bounds (``max_requests``, ``max_rows``) of a tabular model; None for one registered before batches."""
     tags: list[str] = Field(default_factory=list)
+    inputs: dict[str, str] | None = None
+    """A trained tabular model's feature columns in order, each ``number`` or ``text``: what a row given to
+    :meth:`LetheClient.predict` names."""
 
 
 class ModelPage(_Out):
@@ -289,6 +293,52 @@ class BulkOutcome(_Out):
     results: list[BulkResult] = Field(default_factory=list)
 
 
+class PredictedVersion(_Out):
+    id: str
+    number: int
+    digest: str
+
+
+class Prediction(_Out):
+    """``POST /v1/models/{id}/predict``'s answer: each row's label and its class probabilities (in ``classes``
+    order), and the version that answered (every row of one call, split or not, by the same version)."""
+
+    model_id: str
+    version: PredictedVersion
+    classes: list[str]
+    labels: list[str]
+    probabilities: list[list[float]]
+
+
+@dataclass
+class ExportedVersion:
+    """A version's weights written to ``path`` by :meth:`LetheClient.export_version`: its size and sha256, and the
+    model card its safetensors header carries (``format`` ``lethe.tabular/1`` and ``card``, a tabular version's; both
+    None for a federated CLIP version's LoRA vector). ``app/ml/export.py``'s ``load`` reads the file back."""
+
+    path: Path
+    size: int
+    sha256: str
+    format: str | None
+    card: dict[str, Any] | None
+
+
+def safetensors_metadata(data: bytes) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors file's header (its first 8 bytes give the header's length, then JSON),
+    read without loading a tensor; ``{}`` when there is none. ValueError for bytes that are not safetensors."""
+    if len(data) < 8:
+        raise ValueError("not a safetensors file: too short")
+    size = int.from_bytes(data[:8], "little")
+    if size <= 0 or 8 + size > len(data):
+        raise ValueError("not a safetensors file: bad header length")
+    try:
+        header = json.loads(data[8 : 8 + size])
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError("not a safetensors file: the header is not JSON") from None
+    metadata = header.get("__metadata__") if isinstance(header, dict) else None
+    return dict(metadata) if isinstance(metadata, dict) else {}
+
+
 class ErasureChild(_Out):
     request_id: str
     model_id: str
@@ -411,12 +461,13 @@ class LetheClient:
             self.http.close()
 
     # ------------------------------------------------------------------------------------------------ plumbing
-    def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+    def request(self, method: str, url: str, *, repeatable: bool = False, **kwargs: Any) -> httpx.Response:
         """Any call; an answer of 400 or more raises :class:`LetheProblem` (304 is not an error). Retried as the
-        class says: a safe method or an ``Idempotency-Key`` makes a call repeatable."""
+        class says: a safe method or an ``Idempotency-Key`` makes a call repeatable, as does ``repeatable`` (a POST
+        that changes nothing, such as a prediction)."""
         method = method.upper()
         headers = kwargs.get("headers") or {}
-        repeatable = method in SAFE_METHODS or any(k.lower() == "idempotency-key" for k in headers)
+        repeatable = repeatable or method in SAFE_METHODS or any(k.lower() == "idempotency-key" for k in headers)
         attempt = 0
         while True:
             try:
@@ -559,6 +610,68 @@ class LetheClient:
     def version_weights(self, model_id: str, number: int) -> bytes:
         """A version's parameters (safetensors, key ``theta``; needs ``models:read``)."""
         return self.request("GET", f"/v1/models/{model_id}/versions/{number}/weights").content
+
+    def export_version(self, model_id: str, number: int, path: str | Path) -> ExportedVersion:
+        """Download a version's weights to ``path`` (``models:read``): a tabular version's is a safetensors file
+        carrying its model card (README "Taking a model out"). Written whole or not at all (a partial download
+        never takes the name), checked against the ``ETag`` (its sha256) when the API gives one. A retired version is
+        ``410 version-retired``, an unknown one ``404``."""
+        response = self.request("GET", f"/v1/models/{model_id}/versions/{number}/weights")
+        data = response.content
+        digest = hashlib.sha256(data).hexdigest()
+        etag = response.headers.get("etag", "").strip('"')
+        if len(etag) == 64 and all(c in "0123456789abcdef" for c in etag) and etag != digest:
+            raise LetheProblem(502, "about:blank", "The download does not match its ETag",
+                               f"sha256 {digest}, ETag {etag}: try again")  # fmt: skip
+        try:
+            metadata = safetensors_metadata(data)
+        except ValueError:
+            metadata = {}
+        card = json.loads(metadata["lethe.card"]) if "lethe.card" in metadata else None
+        target = Path(path)
+        partial = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.part")
+        try:
+            partial.write_bytes(data)
+            partial.replace(target)
+        finally:
+            partial.unlink(missing_ok=True)
+        return ExportedVersion(target, len(data), digest, metadata.get("format"), card)
+
+    def predict(self, model_id: str, rows: list[dict[str, Any]], *, version: int | None = None) -> Prediction:
+        """Labels and class probabilities for ``rows`` (dicts naming every feature column: the model's ``inputs``;
+        ``None`` is a missing value) from ``version`` or the current one (``models:read``). More rows than the API
+        takes in one call (``413 too-many-rows`` says its ``max_rows``) are sent in parts of that size, every part to
+        the version the first one was answered by, and the answers joined in order; a part's ``invalid-rows``
+        problem counts its ``row_errors`` from the first row given. Repeated like a GET (a prediction changes
+        nothing)."""
+        rows = list(rows)
+        if not rows:
+            raise ValueError("give at least one row")
+        size, start, parts = len(rows), 0, []
+        while start < len(rows):
+            part = rows[start : start + size]
+            body: dict[str, Any] = {"rows": part} | ({"version": version} if version is not None else {})
+            try:
+                answer = Prediction.model_validate(
+                    self._json("POST", f"/v1/models/{model_id}/predict", json=body, repeatable=True)
+                )
+            except LetheProblem as problem:
+                most = problem.extensions.get("max_rows")
+                if problem.slug == "too-many-rows" and isinstance(most, int) and 0 < most < len(part):
+                    size = most
+                    continue
+                for error in problem.extensions.get("row_errors") or []:
+                    if isinstance(error, dict) and isinstance(error.get("row"), int):
+                        error["row"] += start
+                raise
+            version = answer.version.number
+            parts.append(answer)
+            start += len(part)
+        first = parts[0]
+        return first.model_copy(update={
+            "labels": [label for p in parts for label in p.labels],
+            "probabilities": [row for p in parts for row in p.probabilities],
+        })  # fmt: skip
 
     def forget_lock(self, model_id: str) -> ForgetLock | None:
         """A federated model's forget lock after an EASE unlearning, or None when it has none."""

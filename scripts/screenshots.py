@@ -5,8 +5,9 @@
 Starts a throwaway embedded Lethe on a loopback port (a temporary home), registers a small tabular model with a
 prepared fast method, a model whose deletions need approval and two models with a subject column; certifies two
 deletions and one person's erasure across two models, leaves one request overdue, one waiting, one failed past its
-deadline and one waiting for approval, then drives Debian's Chromium (/usr/bin/chromium; `apt-get install
-chromium`) with Playwright. Nothing leaves the machine.
+deadline and five waiting for approval, four of which a second admin ticks on the list and approves at once (its own
+among them: skipped, four eyes), then drives Debian's Chromium (/usr/bin/chromium; `apt-get install chromium`) with
+Playwright. Nothing leaves the machine.
 """
 
 from __future__ import annotations
@@ -74,6 +75,11 @@ def main() -> None:
             fail(failed["id"], "the worker ran out of memory")
             pending = stack.delete(gated, ["r5", "r6"])
             second_admin = make_key(ADMIN_SCOPES, name="dpo-office")
+            ticked = [stack.delete(gated, [row])["id"] for row in ("r7", "r8", "r9")]
+            with stack.api(second_admin) as client:  # one the approver submitted itself: four eyes skip it
+                scope = {"kind": "samples", "sample_ids": ["r11"]}
+                body = {"subject_ref": "walk-in", "model_id": gated, "scope": scope}
+                ticked.append(client.post("/v1/deletion-requests", json=body).json()["id"])
             base = stack.base_url
             with sync_playwright() as playwright:
                 browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -99,6 +105,18 @@ def main() -> None:
                 page.wait_for_load_state("networkidle")
                 page.screenshot(path=str(args.out / "approval.png"), full_page=True)
                 print(f"wrote {args.out / 'approval.png'}")
+                # bulk: waiting requests ticked to be approved at once, then each one's outcome (the approver's own
+                # skipped: four eyes)
+                page.goto(f"{base}/dashboard/requests?status=pending-approval")
+                for request_id in ticked:
+                    page.check(f"input[name=ids][value='{request_id}']")
+                page.select_option("#bulk-action", "approve")
+                page.screenshot(path=str(args.out / "bulk.png"), full_page=True)
+                print(f"wrote {args.out / 'bulk.png'}")
+                page.click("#bulk-apply")
+                page.wait_for_selector("#bulk-outcome")
+                page.screenshot(path=str(args.out / "bulk-outcome.png"), full_page=True)
+                print(f"wrote {args.out / 'bulk-outcome.png'}")
                 browser.close()
         finally:
             stack.stop()

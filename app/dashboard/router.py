@@ -2,11 +2,11 @@
 
 It reads through the domain services only and acts through the same service functions as the API (so an action
 is audited exactly as its API twin); it owns no table. Access: an API key with ``requests:read`` (given once in a
-login form, then kept in a signed HttpOnly, SameSite=Strict cookie, see ``session.py``); actions on a request need
-``admin`` (approval keeps the API's four eyes: never by the key that submitted the request), a per-person erasure
-``requests:write`` (its API twin's scope), and every form a CSRF token. No key, no data: every page and fragment
-checks the key again. A person's reference is only ever posted (never put in a URL): the server turns it into the
-keyed hash every request is known by.
+login form, then kept in a signed HttpOnly, SameSite=Strict cookie, see ``session.py``); actions on a request (one
+or in bulk) and a model's settings need ``admin`` (approval keeps the API's four eyes: never by the key that submitted
+the request), a per-person erasure ``requests:write`` (its API twin's scope), and every form a CSRF token. No key, no
+data: every page and fragment checks the key again. A person's reference is only ever posted (never put in a URL):
+the server turns it into the keyed hash every request is known by.
 """
 
 from __future__ import annotations
@@ -57,8 +57,11 @@ from app.dashboard.views import (
 from app.db import get_session
 from app.problems import Problem
 from app.registry import service as registry
+from app.registry.schemas import ModelPatch
 from app.reports.service import get_report_or_404, plot_png, report_out, reports_for
 from app.requests import service as requests
+from app.requests.bulk import BulkFilter, BulkIn
+from app.requests.bulk import run as run_bulk
 from app.requests.service import APPROVAL_STATUS, CANCELLABLE_STATUSES, REQUEST_STATUSES, TERMINAL_STATUSES
 from app.subjects import service as subjects
 from app.subjects.schemas import ErasureCreate
@@ -84,8 +87,11 @@ DONE = {
     "redeliver": "The webhook event will be sent again.",
     "approve": "The request was approved: its job is created and a worker will take it.",
     "reject": "The request was rejected; the reason is recorded and its callback told.",
+    "settings": "The model's settings were saved (each change audited as model.updated).",
     "erasure": "The erasure was received: one deletion request per model holding the person's rows.",
 }
+BULK_ACTIONS = ("approve", "reject", "cancel", "retry", "extend")
+"""What the list's bulk form offers, in the order an operator reaches for them (the API's ``BulkAction``)."""
 ERASURE_METHODS = ("auto", "retrain")
 """What the erasure form offers: ``auto`` (each model's best validated method, else exact retraining) or exact
 retraining everywhere; the API takes any method name, refused per model when that model cannot run it."""
@@ -226,6 +232,56 @@ def _day(text: str | None, field: str) -> datetime | None:
         raise Problem(422, "validation-error", "Not a date", f"{field}: write it as YYYY-MM-DD") from None
 
 
+def _filters(status: str, model_id: str, since: str, until: str, overdue: bool) -> dict[str, Any]:
+    """The list's filter as the form gave it, and as the requests service takes it (``query``)."""
+    if status and status not in STATUSES:
+        raise Problem(422, "validation-error", "The request is not valid", f"status: one of {list(STATUSES)}")
+    until_day = _day(until, "until")
+    query = {
+        "status": status or None,
+        "model_id": model_id or None,
+        "overdue": overdue,
+        "created_from": _day(since, "since"),
+        "created_before": until_day + timedelta(days=1) if until_day else None,
+    }
+    return {"status": status, "model_id": model_id, "since": since, "until": until, "overdue": overdue, "query": query}
+
+
+def _list_context(
+    session: Session, principal: Principal, filters: dict[str, Any], cursor: str | None = None
+) -> dict[str, Any]:
+    query = filters["query"]
+    rows, next_cursor = requests.list_requests(
+        session,
+        query["status"],
+        query["model_id"],
+        50,
+        cursor,
+        overdue=query["overdue"],
+        created_from=query["created_from"],
+        created_before=query["created_before"],
+    )
+    shown = {k: v for k, v in filters.items() if k != "query"}
+    next_link = None
+    if next_cursor:
+        link = {k: v for k, v in shown.items() if v} | {"cursor": next_cursor}
+        next_link = "/dashboard/requests?" + urlencode({k: ("1" if v is True else v) for k, v in link.items()})
+    admin, limit = principal.has("admin"), get_settings().bulk_max_requests
+    return {
+        "principal": principal,
+        "rows": [requests.to_out(r) for r in rows],
+        "models": {m.id: m for m in registry.models_overview(session, limit=1000)},
+        "filters": shown,
+        "filtered": any(shown.values()),
+        "matching": requests.count_requests(session, limit + 1, **query) if admin else None,
+        "bulk_limit": limit,
+        "bulk_actions": BULK_ACTIONS,
+        "admin": admin,
+        "next_link": next_link,
+        "page": "requests",
+    }
+
+
 @router.get("/requests")
 def request_list(
     request: Request,
@@ -238,37 +294,74 @@ def request_list(
     cursor: str | None = Query(None, max_length=500),
 ) -> HTMLResponse:
     principal = _gate(request)
-    if status and status not in STATUSES:
-        raise Problem(422, "validation-error", "The request is not valid", f"status: one of {list(STATUSES)}")
-    until_day = _day(until, "until")
-    rows, next_cursor = requests.list_requests(
-        session,
-        status or None,
-        model_id or None,
-        50,
-        cursor,
-        overdue=overdue,
-        created_from=_day(since, "since"),
-        created_before=until_day + timedelta(days=1) if until_day else None,
-    )
-    models = {m.id: m for m in registry.models_overview(session, limit=1000)}
-    filters = {"status": status, "model_id": model_id, "since": since, "until": until, "overdue": overdue}
-    next_link = None
-    if next_cursor:
-        query = {k: v for k, v in filters.items() if v} | {"cursor": next_cursor}
-        next_link = "/dashboard/requests?" + urlencode({k: ("1" if v is True else v) for k, v in query.items()})
-    return _render(
-        request,
-        "requests.html",
-        {
-            "principal": principal,
-            "rows": [requests.to_out(r) for r in rows],
-            "models": models,
-            "filters": filters,
-            "next_link": next_link,
-            "page": "requests",
-        },
-    )
+    filters = _filters(status, model_id, since, until, overdue)
+    return _render(request, "requests.html", _list_context(session, principal, filters, cursor))
+
+
+@router.post("/requests/bulk")
+def bulk_action(
+    request: Request,
+    session: Session = Depends(get_session),
+    csrf: str = Form("", max_length=500),
+    action: str = Form("", max_length=20),
+    selection: str = Form("ids", max_length=10),
+    ids: list[str] = Form([]),
+    months: int = Form(1, ge=1, le=2),
+    reason: str = Form("", max_length=2000),
+    status: str = Form("", max_length=20),
+    model_id: str = Form("", max_length=36),
+    since: str = Form("", max_length=10),
+    until: str = Form("", max_length=10),
+    overdue: bool = Form(False),
+) -> Response:
+    """``POST /v1/deletion-requests/bulk`` from the list: the requests ticked (``selection=ids``) or every request
+    matching the list's filter (``selection=filter``), through the same function (each request in its own savepoint,
+    audited on its own, four eyes kept: a request the approver submitted is skipped). Answers the list again, with
+    each request's outcome above it."""
+    principal = _gate(request, "admin")
+    if not cookies.csrf_ok(request, csrf):
+        return _render(request, "refused.html", {"principal": principal, "message": STALE_FORM}, 403)
+    filters = _filters(status, model_id, since, until, overdue)
+    outcome, error, status_code = None, None, 200
+    try:
+        if action not in BULK_ACTIONS:
+            raise Problem(422, "validation-error", "The request is not valid", f"action: one of {list(BULK_ACTIONS)}")
+        if selection not in ("ids", "filter"):
+            raise Problem(422, "validation-error", "The request is not valid", "selection: ids or filter")
+        if selection == "ids" and not ids:
+            raise Problem(422, "bulk-selection-empty", "Nothing is selected",
+                          "tick the requests to act on, or choose every request matching the filter")  # fmt: skip
+        query = filters["query"]
+        matching = BulkFilter(
+            status=query["status"],
+            model_id=query["model_id"],
+            overdue=query["overdue"],
+            created_after=query["created_from"],
+            created_before=query["created_before"],
+        )
+        body = BulkIn(
+            action=action,
+            ids=ids if selection == "ids" else None,
+            filter=matching if selection == "filter" else None,
+            months=months if action == "extend" else None,
+            reason=_reason(reason, "reason") if action in ("reject", "extend") else None,
+        )
+        outcome = run_bulk(session, principal, body)
+        session.commit()
+    except (Problem, ValidationError) as exc:
+        session.rollback()
+        error, status_code = _refusal(exc)
+    status_now = {}  # a skipped request's status, which the bulk answer leaves out (it did not change)
+    for result in outcome.results if outcome else []:
+        if result.outcome == "skipped":
+            try:
+                status_now[result.id] = requests.get_request_or_404(session, result.id).status
+            except Problem:
+                continue  # no such request
+    context = _list_context(session, principal, filters)
+    form = {"action": action, "selection": selection, "months": months, "reason": reason if error else ""}
+    extra = {"outcome": outcome, "status_now": status_now, "error": error, "form": form}
+    return _render(request, "requests.html", {**context, **extra}, status_code)
 
 
 @router.get("/api/requests")
@@ -515,24 +608,74 @@ def model_list(request: Request, session: Session = Depends(get_session)) -> HTM
     return _render(request, "models.html", {"principal": principal, "models": models, "page": "models"})
 
 
-@router.get("/models/{model_id}")
-def model_page(model_id: str, request: Request, session: Session = Depends(get_session)) -> HTMLResponse:
-    principal = _gate(request)
+def _model_context(session: Session, principal: Principal, model_id: str) -> dict[str, Any]:
     model = registry.get_model_or_404(session, model_id)
     versions = _version_dicts(session, model)
-    return _render(
-        request,
-        "model.html",
-        {
-            "principal": principal,
-            "m": registry.model_out(session, model),
-            "versions": versions,
-            "carried": carried_deletions(versions),
-            "lineage": lineage_svg(versions),
-            "lock": model.state.get("forget_lock"),
-            "page": "models",
-        },
-    )
+    return {
+        "principal": principal,
+        "m": registry.model_out(session, model),
+        "versions": versions,
+        "carried": carried_deletions(versions),
+        "lineage": lineage_svg(versions),
+        "lock": model.state.get("forget_lock"),
+        "admin": principal.has("admin"),
+        "page": "models",
+    }
+
+
+@router.get("/models/{model_id}")
+def model_page(
+    model_id: str, request: Request, session: Session = Depends(get_session), done: str = Query("", max_length=20)
+) -> HTMLResponse:
+    principal = _gate(request)
+    context = _model_context(session, principal, model_id)
+    return _render(request, "model.html", {**context, "notice": DONE.get(done)})
+
+
+def _tags(text: str) -> list[str]:
+    """Tags as typed in one field: separated by commas or spaces, duplicates dropped (the API checks each)."""
+    return list(dict.fromkeys(t for t in text.replace(",", " ").split() if t))
+
+
+@router.post("/models/{model_id}/settings")
+def model_settings(
+    model_id: str,
+    request: Request,
+    session: Session = Depends(get_session),
+    csrf: str = Form("", max_length=500),
+    requires_approval: bool = Form(False),
+    tags: str = Form("", max_length=2000),
+    batch_max_requests: str = Form("", max_length=12),
+    batch_max_rows: str = Form("", max_length=12),
+) -> Response:
+    """``PATCH /v1/models/{id}`` from the model page (admin): the same validation (``ModelPatch``) and the same service
+    function, so each change is audited as ``model.updated`` exactly as the API's, and a value left as it was changes
+    and records nothing. The batch bounds are sent only for a model that has them (a tabular one)."""
+    principal = _gate(request, "admin")
+    if not cookies.csrf_ok(request, csrf):
+        return _render(request, "refused.html", {"principal": principal, "message": STALE_FORM}, 403)
+    model = registry.get_model_or_404(session, model_id)
+    try:
+        change: dict[str, Any] = {"requires_approval": requires_approval, "tags": _tags(tags)}
+        if model.spec.get("batch") is not None:
+            change["batch"] = {"max_requests": batch_max_requests.strip(), "max_rows": batch_max_rows.strip()}
+        registry.update_model(session, principal, model, ModelPatch.model_validate(change))
+        session.commit()
+    except (Problem, ValidationError) as exc:
+        session.rollback()
+        message, status_code = _refusal(exc)
+        if isinstance(exc, ValidationError):  # a tag as the person typed it, not as the schema's pattern says
+            bad = [str(e["input"]) for e in exc.errors() if e["loc"][:1] == ("tags",) and len(e["loc"]) == 2]
+            if bad:
+                verb = "is not a tag" if len(bad) == 1 else "are not tags"
+                message = (f"Not valid: {', '.join(map(repr, bad))} {verb} (lower-case letters, digits and ._:- "
+                           "only, at most 64 characters, 16 tags)")  # fmt: skip
+        context = _model_context(session, principal, model_id)
+        form = {"requires_approval": requires_approval, "tags": tags, "batch_max_requests": batch_max_requests,
+                "batch_max_rows": batch_max_rows}  # fmt: skip
+        return _render(request, "model.html", {**context, "settings_error": message, "form": form}, status_code)
+    location = f"/dashboard/models/{model_id}?done=settings"
+    return RedirectResponse(location, status_code=303, headers=SECURITY_HEADERS)
 
 
 @router.get("/audit")

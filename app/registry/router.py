@@ -189,15 +189,7 @@ def patch_model(
 ):
     """Change a model's settings an admin owns: ``requires_approval``, ``tags`` and ``batch`` (each change
     audited)."""
-    model = service.get_model_or_404(session, model_id)
-    if body.requires_approval is None and body.tags is None and body.batch is None:
-        raise Problem(422, "validation-error", "The request is not valid", "Give requires_approval, tags or batch.")
-    if body.batch is not None:
-        service.set_batch(session, principal, model, body.batch.model_dump())
-    if body.requires_approval is not None:
-        service.set_requires_approval(session, principal, model, body.requires_approval)
-    if body.tags is not None:
-        service.set_tags(session, principal, model, body.tags)
+    model = service.update_model(session, principal, service.get_model_or_404(session, model_id), body)
     session.commit()
     return service.model_out(session, model)
 

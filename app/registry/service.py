@@ -34,6 +34,7 @@ from app.registry.schemas import (
     ClipModelCreate,
     ModelCreate,
     ModelOut,
+    ModelPatch,
     PredictedVersion,
     PredictIn,
     PredictOut,
@@ -632,6 +633,20 @@ def _updated(session: Session, principal: Principal, model: Model, change: dict[
     append_event(
         session, actor=principal.actor, action="model.updated", entity_type="model", entity_id=model.id, payload=change
     )
+    return model
+
+
+def update_model(session: Session, principal: Principal, model: Model, body: ModelPatch) -> Model:
+    """``PATCH /v1/models/{id}`` (and the dashboard's settings form): the settings given, each change audited as
+    ``model.updated`` (a value equal to the current one changes and records nothing); at least one is needed."""
+    if body.requires_approval is None and body.tags is None and body.batch is None:
+        raise Problem(422, "validation-error", "The request is not valid", "Give requires_approval, tags or batch.")
+    if body.batch is not None:
+        set_batch(session, principal, model, body.batch.model_dump())
+    if body.requires_approval is not None:
+        set_requires_approval(session, principal, model, body.requires_approval)
+    if body.tags is not None:
+        set_tags(session, principal, model, body.tags)
     return model
 
 

@@ -8,7 +8,6 @@ or larger than ``LETHE_BULK_MAX_REQUESTS`` (problem+json): a bulk action never t
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
@@ -19,10 +18,9 @@ from sqlalchemy.orm import Session
 from app.audit.service import forget_head
 from app.auth.service import Principal
 from app.config import get_settings
-from app.db import utcnow
 from app.problems import PROBLEM_BASE, Problem
 from app.requests import service
-from app.requests.tables import REQUEST_STATUSES, TERMINAL_STATUSES, DeletionRequest
+from app.requests.tables import REQUEST_STATUSES, DeletionRequest
 from app.validation import NoNulModel
 
 BulkAction = Literal["cancel", "retry", "approve", "reject", "extend"]
@@ -96,22 +94,15 @@ def select_ids(session: Session, body: BulkIn) -> list[str]:
             raise _too_many(str(len(ids)), limit)
     else:
         f = body.filter
-        query = select(DeletionRequest.id)
-        if f.status:
-            query = query.where(DeletionRequest.status == f.status)
-        if f.model_id:
-            query = query.where(DeletionRequest.model_id == f.model_id)
-        if f.overdue:
-            query = query.where(DeletionRequest.status.notin_(TERMINAL_STATUSES), DeletionRequest.due_at < utcnow())
-        if f.stuck:
-            before = utcnow() - timedelta(seconds=get_settings().stuck_after_seconds)
-            query = query.where(
-                DeletionRequest.status.in_(service.WAITING_STATUSES), DeletionRequest.created_at < before
-            )
-        if f.created_after:
-            query = query.where(DeletionRequest.created_at >= f.created_after)
-        if f.created_before:
-            query = query.where(DeletionRequest.created_at < f.created_before)
+        query = service.filter_requests(
+            select(DeletionRequest.id),
+            status=f.status,
+            model_id=f.model_id,
+            overdue=f.overdue,
+            stuck=f.stuck,
+            created_from=f.created_after,
+            created_before=f.created_before,
+        )
         ids = list(
             session.execute(query.order_by(DeletionRequest.created_at, DeletionRequest.id).limit(limit + 1)).scalars()
         )

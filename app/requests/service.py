@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import and_, delete, or_, select, update
+from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -447,19 +447,19 @@ def is_stuck(request: DeletionRequest) -> bool:
     return request.status in WAITING_STATUSES and age > get_settings().stuck_after_seconds
 
 
-def list_requests(
-    session: Session,
-    status: str | None,
-    model_id: str | None,
-    limit: int,
-    cursor: str | None,
-    stuck: bool = False,
+def filter_requests(
+    query,
+    *,
+    status: str | None = None,
+    model_id: str | None = None,
     overdue: bool = False,
+    stuck: bool = False,
     created_from: datetime | None = None,
     created_before: datetime | None = None,
-) -> tuple[list[DeletionRequest], str | None]:
-    """Newest first, keyset-paged on (created_at, id) so pages stay stable while requests arrive."""
-    query = select(DeletionRequest)
+):
+    """The list's filter on a query of deletion requests: the one the list endpoint, the dashboard's list and the
+    bulk action's ``filter`` all apply, so "every request matching this filter" is what the list showed. Overdue:
+    past its deadline and not answered (a failed request still owes the erasure)."""
     if created_from is not None:
         query = query.where(DeletionRequest.created_at >= created_from)
     if created_before is not None:
@@ -473,6 +473,39 @@ def list_requests(
         query = query.where(DeletionRequest.status.in_(WAITING_STATUSES), DeletionRequest.created_at < before)
     if model_id:
         query = query.where(DeletionRequest.model_id == model_id)
+    return query
+
+
+def count_requests(session: Session, at_most: int | None = None, **filters: Any) -> int:
+    """How many requests the list's filter (:func:`filter_requests`) matches; counted no further than ``at_most``
+    (a page that only needs to know "more than the bulk limit" does not count a large table whole)."""
+    matching = filter_requests(select(DeletionRequest.id), **filters)
+    if at_most is not None:
+        matching = matching.limit(at_most)
+    return session.execute(select(func.count()).select_from(matching.subquery())).scalar_one()
+
+
+def list_requests(
+    session: Session,
+    status: str | None,
+    model_id: str | None,
+    limit: int,
+    cursor: str | None,
+    stuck: bool = False,
+    overdue: bool = False,
+    created_from: datetime | None = None,
+    created_before: datetime | None = None,
+) -> tuple[list[DeletionRequest], str | None]:
+    """Newest first, keyset-paged on (created_at, id) so pages stay stable while requests arrive."""
+    query = filter_requests(
+        select(DeletionRequest),
+        status=status,
+        model_id=model_id,
+        overdue=overdue,
+        stuck=stuck,
+        created_from=created_from,
+        created_before=created_before,
+    )
     if cursor:
         created, request_id = decode_cursor(cursor)
         query = query.where(

@@ -5,7 +5,9 @@ see tests/dashboard_stack.py).
 Log in; watch a request go from waiting through running to certified without a reload; its report's plots load;
 its certificate verifies against the published keys; an overdue request is flagged (a failed one too); a waiting
 request is cancelled (audited as the API's cancel is); a pending-approval request is approved by a second admin
-(never by the key that submitted it) or rejected with a reason; a person is erased from every model holding their
+(never by the key that submitted it) or rejected with a reason; requests ticked on the list are approved at once
+(the approver's own and a cancelled one skipped, with why) and every request matching a filter rejected; a model's
+settings are changed on its page as the API's PATCH changes them; a person is erased from every model holding their
 rows and the page follows the erasure to its combined certificate; a person's requests are found by their reference;
 the dashboard works over plain http on a non-localhost host name (mapped to 127.0.0.1 inside Chromium) once
 LETHE_DASHBOARD_INSECURE_COOKIES allows it; no key, a wrong or revoked key, a read-only key and a forged form are
@@ -460,6 +462,152 @@ def test_per_person_erasure_followed_to_its_combined_certificate(stack, page, br
     )
     assert refused.status == 403
     reader.close()
+
+
+def _outcomes(page) -> dict[str, tuple[str, str, str]]:
+    """The bulk outcome's rows: request id -> (outcome, status now, why it was skipped)."""
+    return {
+        row.get_attribute("data-outcome-id"): tuple(row.locator("td").nth(i).inner_text().strip() for i in (1, 2, 3))
+        for row in page.locator("#bulk-outcome tr[data-outcome-id]").all()
+    }
+
+
+def test_bulk_approve_from_the_list_skips_the_approvers_own_and_a_cancelled_request(stack, page, browser):
+    """Tick four requests, approve them at once: the two another key submitted are approved (audited as the API's
+    approve, by the approver's key), the approver's own is skipped (four eyes) and a cancelled one is skipped (not
+    waiting); then every request matching the filter is rejected, a reason required."""
+    stack.serve(background=True)
+    gated = stack.register_model("bulk-lr", shadows=8, requires_approval=True)
+    base = stack.serve(background=False)  # nothing runs: an approved request stays `received`
+    approver_key = make_key(ADMIN_SCOPES, name="bulk-approver")
+    first, second, gone = (stack.delete(gated, [row])["id"] for row in ("r11", "r12", "r14"))  # the operator's
+    with stack.api(approver_key) as client:
+        scope = {"kind": "samples", "sample_ids": ["r13"]}
+        own = client.post("/v1/deletion-requests", json={"subject_ref": "own", "model_id": gated, "scope": scope})
+        own = own.json()["id"]
+        assert client.post(f"/v1/deletion-requests/{gone}/cancel").status_code == 200
+
+    log_in(page, base, approver_key)
+    page.goto(f"{base}/dashboard/requests?model_id={gated}")
+    assert _listed(page) == {first, second, own, gone}
+    for request_id in (first, second, own, gone):
+        page.check(f"input[name=ids][value='{request_id}']")
+    assert page.inner_text("#bulk-count") == "4" and page.is_checked("#pick-all")
+    page.select_option("#bulk-action", "approve")
+    page.click("#bulk-apply")
+    page.wait_for_selector("#bulk-outcome")
+    assert page.inner_text("#bulk-outcome h2") == "Approve: 2 done, 2 skipped of 4 selected"
+    outcomes = _outcomes(page)
+    assert outcomes[first] == outcomes[second] == ("done", "received", "")
+    assert outcomes[own][:2] == ("skipped", "pending-approval") and outcomes[own][2].startswith(
+        "approval-by-submitter: "
+    )
+    assert outcomes[gone] == ("skipped", "cancelled", "not-awaiting-approval: status is 'cancelled'")
+    assert [_status(stack, r) for r in (first, second, own, gone)] == [
+        "received", "received", "pending-approval", "cancelled"
+    ]  # fmt: skip
+    me = page.get_attribute("header .who span", "title")  # the approver's key, as the audit log names it
+    for request_id in (first, second):
+        assert [actor for action, actor in _audit_actions(stack, request_id) if action.endswith(".approved")] == [me]
+    assert not [a for a, _ in _audit_actions(stack, own) if a.endswith(".approved")]
+    row = page.locator(f"#requests tr[data-request-id='{first}'] [data-field=status]")
+    assert row.inner_text() == "received"  # the list under the outcome is the list after the action
+
+    # every request matching the filter (only the approver's own is still waiting): reject needs a reason
+    page.goto(f"{base}/dashboard/requests?status=pending-approval&model_id={gated}")
+    assert page.inner_text("#bulk-matching-count") == "1" and "matching the filter" in page.inner_text("#bulk")
+    page.check("#bulk-matching")
+    page.select_option("#bulk-action", "reject")
+    page.click("#bulk-apply")
+    page.wait_for_selector("#action-error")
+    assert "say why" in page.inner_text("#action-error") and _status(stack, own) == "pending-approval"
+    assert page.is_checked("#bulk-matching")  # the form comes back as it was sent
+    page.fill("#bulk-reason", "submitted by mistake")
+    page.click("#bulk-apply")
+    page.wait_for_selector("#bulk-outcome")
+    assert page.inner_text("#bulk-outcome h2") == "Reject: 1 done, 0 skipped of 1 selected"
+    assert _outcomes(page)[own] == ("done", "rejected", "") and _status(stack, own) == "rejected"
+
+    # a forged form and a read-only key are refused; the reader sees no boxes to tick
+    forged = page.request.post(f"{base}/dashboard/requests/bulk",
+                               form={"csrf": "forged", "action": "cancel", "ids": first})  # fmt: skip
+    assert forged.status == 403 and _status(stack, first) == "received"
+    reader = browser.new_context()
+    reader_page = reader.new_page()
+    log_in(reader_page, base, stack.reader_key)
+    reader_page.goto(f"{base}/dashboard/requests?model_id={gated}")
+    assert reader_page.locator("input[name=ids]").count() == 0 and reader_page.locator("#bulk").count() == 0
+    refused = reader_page.request.post(
+        f"{base}/dashboard/requests/bulk", form={"csrf": _token(reader_page), "action": "cancel", "ids": first}
+    )
+    assert refused.status == 403 and _status(stack, first) == "received"
+    reader.close()
+
+
+def test_model_settings_changed_on_the_model_page_as_the_api_would(stack, page, browser):
+    """Approval, tags and batch bounds changed from the model page: shown there, answered by GET /v1/models/{id},
+    audited as the API's PATCH (one model.updated per change, none for a form saved unchanged), and in force: the
+    next deletion request waits for approval."""
+    from app.requests.intake import MODEL_TTL
+
+    base = stack.serve(background=True)
+    model_id = stack.register_model("settings-lr", shadows=8, tags=["credit"])
+    log_in(page, base, stack.admin_key)
+    page.goto(f"{base}/dashboard/models/{model_id}")
+    assert not page.is_checked("#set-approval") and page.input_value("#set-tags") == "credit"
+    assert page.input_value("#set-max-requests") == "2000" and page.input_value("#set-max-rows") == "20000"
+    page.check("#set-approval")
+    page.fill("#set-tags", "prod, team:fraud")
+    page.fill("#set-max-requests", "7")
+    page.fill("#set-max-rows", "500")
+    page.click("#save-settings")
+    page.wait_for_selector("#notice")
+    assert "saved" in page.inner_text("#notice")
+    assert page.inner_text("#requires-approval") == "requires approval" and page.is_checked("#set-approval")
+    assert page.locator(".model-facts .tag").all_inner_texts() == ["prod", "team:fraud"]
+    assert page.inner_text("#batch-bounds") == "Batches: at most 7 requests and 500 rows per version."
+    with stack.api() as client:
+        model = client.get(f"/v1/models/{model_id}").json()
+        events = client.get("/v1/audit", params={"entity_id": model_id}).json()["items"]
+    assert model["requires_approval"] is True and model["tags"] == ["prod", "team:fraud"]
+    assert model["batch"] == {"max_requests": 7, "max_rows": 500}
+    updates = [e for e in events if e["action"] == "model.updated"]
+    assert len(updates) == 3 and {e["actor"] for e in updates} == {updates[0]["actor"]}
+    assert updates[0]["actor"].startswith("api-key:")
+    assert {k for e in updates for k in e["payload"]} >= {"requires_approval", "tags", "batch"}
+
+    page.click("#save-settings")  # saved unchanged: nothing changes, nothing is recorded
+    page.wait_for_selector("#notice")
+    with stack.api() as client:
+        again = client.get("/v1/audit", params={"entity_id": model_id}).json()["items"]
+    assert [e for e in again if e["action"] == "model.updated"] == updates
+
+    page.fill("#set-tags", "Not A Tag")
+    page.click("#save-settings")
+    page.wait_for_selector("#settings-error")
+    assert "'Not', 'A', 'Tag' are not tags" in page.inner_text("#settings-error")
+    assert page.input_value("#set-tags") == "Not A Tag"  # the form comes back as it was typed
+    with stack.api() as client:
+        assert client.get(f"/v1/models/{model_id}").json()["tags"] == ["prod", "team:fraud"]
+
+    time.sleep(MODEL_TTL + 0.1)  # the intake's snapshot of the model is at most MODEL_TTL old
+    assert stack.delete(model_id, ["r3"])["status"] == "pending-approval"
+
+    reader = browser.new_context()
+    reader_page = reader.new_page()
+    log_in(reader_page, base, stack.reader_key)
+    reader_page.goto(f"{base}/dashboard/models/{model_id}")
+    assert reader_page.locator("#model-settings").count() == 0 and "7 requests" in reader_page.inner_text(
+        "#batch-bounds"
+    )
+    refused = reader_page.request.post(f"{base}/dashboard/models/{model_id}/settings",
+                                       form={"csrf": _token(reader_page), "tags": "hacked"})  # fmt: skip
+    assert refused.status == 403
+    reader.close()
+    forged = page.request.post(f"{base}/dashboard/models/{model_id}/settings", form={"csrf": "forged", "tags": "x"})
+    assert forged.status == 403
+    with stack.api() as client:
+        assert client.get(f"/v1/models/{model_id}").json()["tags"] == ["prod", "team:fraud"]
 
 
 def test_plain_http_on_a_non_localhost_host_name_with_the_setting(stack, playwright, monkeypatch):

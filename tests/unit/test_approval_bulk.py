@@ -188,3 +188,35 @@ def test_bulk_actions_over_ids_and_filters(setup):
         }
         retry = client.post(bulk, json={"action": "retry", "ids": ids[:2]}).json()
         assert retry["done"] == 0 and all(r["problem_type"].endswith("/not-failed") for r in retry["results"])
+
+
+def test_a_bulk_filter_selects_what_the_list_shows_a_failed_overdue_request_too(setup):
+    """The bulk filter is the list's filter (one function): `overdue` counts a failed request past its deadline (it
+    still owes the erasure), so `retry` over the overdue filter reaches the request the list flagged."""
+    from app.jobs import outbox
+    from app.requests import service as requests_service
+
+    headers, model_id = setup
+    approver = {"authorization": f"Bearer {make_key(['admin'], name='approver')}"}
+    late = (datetime.now(UTC) - timedelta(days=45)).isoformat()
+    with TestClient(create_app(run_background=False), headers=headers) as client:
+        request_id = _ask(client, model_id, ["r20"], received_at=late).json()["id"]
+        assert client.post(f"/v1/deletion-requests/{request_id}/approve", json={}, headers=approver).status_code == 202
+        with session_scope() as session:  # failed as a worker fails it: the job for good, then the request
+            job_id = requests_service.get_request_or_404(session, request_id).job_id
+            assert outbox.fail(session, job_id, None, "simulated failure", permanent=True) is not None
+            requests_service.mark_failed(session, request_id, job_id, 1, "simulated failure", "failed", "job-failed")
+        listed = client.get("/v1/deletion-requests", params={"overdue": "true"}).json()["items"]
+        assert [(r["id"], r["status"]) for r in listed] == [(request_id, "failed")]
+        retried = client.post(
+            "/v1/deletion-requests/bulk", json={"action": "retry", "filter": {"overdue": True, "model_id": model_id}}
+        )
+        assert retried.status_code == 200, retried.text
+        assert [(r["id"], r["outcome"]) for r in retried.json()["results"]] == [(request_id, "done")]
+        for row in ("r21", "r22"):
+            _ask(client, model_id, [row])
+    with session_scope() as session:  # what the dashboard's "all N requests matching the filter" says
+        assert requests_service.count_requests(session, model_id=model_id) == 3
+        assert requests_service.count_requests(session, model_id=model_id, status="pending-approval") == 2
+        assert requests_service.count_requests(session, 2, model_id=model_id) == 2  # counted no further
+        assert requests_service.count_requests(session, overdue=True) == 1

@@ -22,13 +22,14 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 import typer
 import uvicorn
 from rich.cells import cell_len
 from typer.testing import CliRunner
 
-from app.cli import _resolve
+from app.cli import _few, _resolve
 from app.cli import app as cli
 from app.client import LetheClient
 from app.jobs.tabular import holdout_mask
@@ -681,6 +682,90 @@ def test_a_person_is_erased_followed_and_certified_from_the_cli(service, tmp_pat
         _approval(client, model_id, False)
 
 
+def _rows_csv(path: Path, n: int = 12, **cells) -> Path:
+    """The first ``n`` rows of the service's table as a CSV, with its row id, label and subject columns (which
+    `lethe predict` leaves out); ``cells``: ``{"x0": (row, value)}`` overrides one cell."""
+    frame = write_table(path, n=200, seed=5).head(n)
+    frame["person"] = "someone"
+    for column, (row, value) in cells.items():
+        frame[column] = frame[column].astype(object)
+        frame.loc[row, column] = value
+    frame.to_csv(path, index=False)
+    return path
+
+
+def test_model_export_writes_the_card_and_predict_answers_as_the_exported_model(service, tmp_path, monkeypatch):
+    from app.ml.export import load
+    from app.registry import service as registry_service
+
+    client: LetheClient = service["client"]
+    model = client.get_model(service["model"].id)
+    current = model.current_version
+    out = tmp_path / "model.safetensors"
+    written = run(service, "model-export", model.id[:8], "-o", str(out))
+    assert written.exit_code == 0, written.output
+    predictor = load(out)  # the exported file's card, read back (theta checked against it)
+    card = predictor.card
+    assert card["model"]["id"] == model.id and card["version"]["number"] == current.number
+    lines = written.output.splitlines()
+    assert lines[0] == f"wrote {out}: the model card of {model.name} v{current.number}"
+    assert f"  version   v{current.number}  {current.id}" in lines and f"  digest    {current.digest}" in lines
+    assert "  classes   " + ", ".join(card["encoder"]["classes"]) in lines
+    assert any(line.startswith("  accuracy  held out 0.") for line in lines)
+    assert json.loads(run(service, "model-export", model.id, "-o", str(out), "--json").output) == card
+    assert run(service, "model-export", model.id, "-o", str(out), "--version", "999").exit_code == 3
+    assert run(service, "model-export", "00000000-0000-0000-0000-000000000000", "-o", str(out)).exit_code == 3
+    assert run(service, "model-export", model.id, "-o", str(tmp_path)).exit_code == 2  # a folder
+    assert run(service, "model-export", model.id, "-o", str(out), key=service["reader"]).exit_code == 4
+
+    rows = _rows_csv(tmp_path / "rows.csv")
+    frame = write_table(tmp_path / "same.csv", n=200, seed=5).head(12)[predictor.feature_columns]
+    expected = predictor.predict(frame.to_dict("records"))
+    answered = run(service, "predict", model.id[:8], "--csv", str(rows), "--id-column", "row_id")
+    assert answered.exit_code == 0, answered.output
+    assert "left out (not the model's inputs): row_id, label, person" in answered.output
+    table = {line.split()[0]: line.split() for line in answered.output.splitlines() if line.startswith("r")}
+    assert [table[f"r{i}"][1] for i in range(12)] == expected  # each row's label, as the exported model says
+    monkeypatch.setattr(registry_service, "MAX_PREDICT_ROWS", 5)  # the API takes 5 a call: sent in parts
+    as_json = run(service, "predict", model.id, "--csv", str(rows), "--json")
+    monkeypatch.undo()
+    objects = [json.loads(line) for line in as_json.output.splitlines() if line.startswith("{")]
+    assert (
+        as_json.exit_code == 0
+        and [o["label"] for o in objects] == expected
+        and [o["row"] for o in objects] == list(range(1, 13))
+    )
+    probabilities = predictor.predict_proba(frame.to_dict("records"))
+    for entry, expected_row in zip(objects, probabilities, strict=True):
+        assert entry["version"] == current.number
+        assert [entry["probabilities"][c] for c in predictor.classes] == pytest.approx(list(expected_row), abs=1e-12)
+
+    code, screen = in_terminal(service, "predict", model.id[:8], "--csv", str(rows), "--id-column", "row_id")
+    assert code == 0 and all(cell_len(line.rstrip()) <= 80 for line in screen.splitlines()), screen
+    assert [_row(screen, f"r{i}")[1] for i in range(12)] == expected
+
+    not_a_number = _rows_csv(tmp_path / "bad.csv", x0=(2, "abc"))
+    refused = run(service, "predict", model.id, "--csv", str(not_a_number))
+    assert refused.exit_code == 1 and "row 3: x0 is 'abc', not a number" in refused.output
+    missing = tmp_path / "missing.csv"
+    pd.read_csv(rows).drop(columns=["x1"]).to_csv(missing, index=False)
+    short = run(service, "predict", model.id, "--csv", str(missing))
+    assert short.exit_code == 1 and "invalid-rows" in short.output and "x1" in short.output  # the API's 422
+    (tmp_path / "empty.csv").write_text("x0,x1\n")
+    assert run(service, "predict", model.id, "--csv", str(tmp_path / "empty.csv")).exit_code == 2
+    assert run(service, "predict", model.id, "--csv", str(tmp_path / "nowhere.csv")).exit_code == 2
+    assert run(service, "predict", model.id, "--csv", str(rows), "--id-column", "nope").exit_code == 2
+    assert run(service, "predict", model.id, "--csv", str(rows), "--version", "999").exit_code == 3
+    assert _few([{"row": i} for i in range(8)]) == [
+        {"row": 0},
+        {"row": 1},
+        {"row": 2},
+        {"row": 3},
+        {"row": 4},
+        "... 3 more",
+    ]  # a problem's 100 row errors, shown in short
+
+
 def test_the_readme_cli_section_names_real_commands_and_every_exit_code():
     """The README's CLI examples run commands `lethe` has, with options it takes; its exit-code table lists 0 to 5."""
     readme = (REPO / "README.md").read_text()
@@ -697,8 +782,8 @@ def test_the_readme_cli_section_names_real_commands_and_every_exit_code():
         for option in options:
             assert option in result.output, (command, option)
         seen.add(" ".join(command))
-    assert {"bulk", "model-settings", "subjects erase", "subjects status", "subjects certificate",
-            "subjects requests", "approve", "reject"} <= seen  # fmt: skip
+    assert {"bulk", "model-settings", "model-export", "predict", "subjects erase", "subjects status",
+            "subjects certificate", "subjects requests", "approve", "reject"} <= seen  # fmt: skip
     table = dict(re.findall(r"^\| (\d) \| (.+) \|$", section, flags=re.MULTILINE))
     assert sorted(table) == ["0", "1", "2", "3", "4", "5"], table
     assert "503" in table["5"] and "401" in table["4"] and "404" in table["3"] and "usage" in table["2"]

@@ -7,6 +7,7 @@ tests/integration/test_ease_service.py (the federation)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import threading
@@ -15,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import httpx
+import numpy as np
 import pytest
 import uvicorn
 
@@ -25,9 +27,11 @@ from app.client import (
     DeletionRequest,
     Erasure,
     ErasureChild,
+    ExportedVersion,
     LetheClient,
     LetheProblem,
     Model,
+    Prediction,
     RetryNotice,
     SubjectRequests,
     retry_after_seconds,
@@ -175,6 +179,15 @@ def test_wait_rides_out_an_outage_after_its_first_answer_but_not_before():
         pytest.raises(LetheProblem, client.wait, "r1", interval=0.01)  # never answered: the caller hears at once
 
 
+def test_a_prediction_is_repeated_after_a_503_like_a_get_it_changes_nothing():
+    answer = {"model_id": "m1", "version": {"id": "v", "number": 2, "digest": "d"}, "classes": ["no", "yes"],
+              "labels": ["yes"], "probabilities": [[0.25, 0.75]]}  # fmt: skip
+    answers = _sequence(problem(503, "unavailable", **{"Retry-After": "0"}), json_answer(200, answer))
+    with ScriptedServer(answers) as server, LetheClient(server.url, "k", backoff=0.01) as client:
+        prediction = client.predict("m1", [{"x": 1.0}])
+    assert isinstance(prediction, Prediction) and prediction.labels == ["yes"] and len(server.arrivals) == 2
+
+
 # ------------------------------------------------------------------------------------------ against the service
 # The embedded service (SQLite, in-process executor) in a uvicorn thread on 127.0.0.1.
 
@@ -280,6 +293,53 @@ def test_model_settings_and_bulk_actions_return_typed_answers(api):
         cleared = client.update_model(model_id, requires_approval=False, tags=[])
         assert not cleared.requires_approval and cleared.tags == []
         time.sleep(MODEL_TTL + 0.1)
+
+
+def test_predict_splits_rows_by_the_servers_bound_and_export_writes_the_card(api, tmp_path, monkeypatch):
+    """``predict`` sends more rows than the API takes in parts of its ``max_rows`` (413 too-many-rows), every part to
+    the version the first was answered by; ``export_version`` writes the weights whole with the model card that
+    app/ml/export.py reads back, and that predictor answers as the API did."""
+    from app.ml.export import load
+    from app.registry import service as registry_service
+
+    client: LetheClient = api["client"]
+    model = client.get_model(api["model"].id)
+    assert model.inputs == {**{f"x{i}": "number" for i in range(6)}, "colour": "text"}
+    frame = write_table(tmp_path / "rows.csv", n=160, seed=11)
+    rows = [{column: record[column] for column in model.inputs} for record in frame.head(20).to_dict("records")]
+    whole = client.predict(model.id, rows)
+    assert isinstance(whole, Prediction) and len(whole.labels) == len(whole.probabilities) == 20
+    assert whole.version.number == model.current_version.number
+
+    bodies: list[dict] = []
+    hook = {"request": [lambda request: request.method == "POST" and bodies.append(json.loads(request.content))]}
+    monkeypatch.setattr(registry_service, "MAX_PREDICT_ROWS", 7)  # the API (in this process) now takes 7 a call
+    with httpx.Client(base_url=api["url"], event_hooks=hook) as http:
+        parted = LetheClient(http=http, api_key=api["key"]).predict(model.id, rows)
+        assert [len(b["rows"]) for b in bodies] == [20, 7, 7, 6]  # refused whole (413 max_rows 7), then in parts
+        assert [b.get("version") for b in bodies] == [None, None, whole.version.number, whole.version.number]
+        assert parted.labels == whole.labels and parted.probabilities == whole.probabilities
+        wrong = [dict(row) for row in rows]
+        wrong[15]["x0"] = "not a number"
+        with pytest.raises(LetheProblem) as refused:  # the third part's problem names the row as given
+            LetheClient(http=http, api_key=api["key"]).predict(model.id, wrong)
+    assert refused.value.slug == "invalid-rows" and refused.value.extensions["row_errors"][0]["row"] == 15
+    monkeypatch.undo()
+
+    number = model.current_version.number
+    exported = client.export_version(model.id, number, tmp_path / "model.safetensors")
+    assert isinstance(exported, ExportedVersion) and exported.format == "lethe.tabular/1"
+    data = exported.path.read_bytes()
+    assert exported.size == len(data) and exported.sha256 == hashlib.sha256(data).hexdigest()
+    assert exported.card["model"]["id"] == model.id and exported.card["version"]["number"] == number
+    assert exported.card["version"]["digest"] == model.current_version.digest
+    predictor = load(exported.path)  # checks theta against the card
+    assert predictor.card == exported.card and predictor.predict(rows) == whole.labels
+    assert np.allclose(predictor.predict_proba(rows), whole.probabilities, atol=1e-12)
+    with pytest.raises(LetheProblem) as unknown:
+        client.export_version(model.id, 999, tmp_path / "none.safetensors")
+    assert unknown.value.slug == "version-not-found" and unknown.value.status == 404
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "rows.csv"]  # no partial file left
 
 
 def test_a_person_is_erased_followed_and_certified_through_the_client(api, tmp_path):

@@ -113,6 +113,36 @@ def test_actions_need_admin_a_session_bound_token_and_this_origin(app):
         assert a.get("/dashboard/requests", follow_redirects=False).status_code == 303
 
 
+def test_bulk_and_model_settings_forms_need_admin_a_session_bound_token_and_this_origin(app):
+    """The list's bulk form and the model page's settings form: shown to an admin only, and each POST refused
+    without admin, with another session's token or from another origin, before anything is read or done."""
+    admin, reader = make_key(["admin", "requests:read"]), make_key(["requests:read"])
+    with TestClient(app, base_url=BASE) as a, TestClient(app, base_url=BASE) as b:
+        _login(a, admin)
+        _login(b, reader)
+        listing_a, listing_b = a.get("/dashboard/requests").text, b.get("/dashboard/requests").text
+        assert 'id="bulk"' in listing_a and 'id="pick-all"' in listing_a
+        assert 'id="bulk"' not in listing_b and 'id="pick-all"' not in listing_b
+        token_a, token_b = _csrf(listing_a), _csrf(listing_b)
+        bulk = {"action": "cancel", "selection": "ids", "ids": ["no-such-request"]}
+        settings = {"tags": "prod", "requires_approval": "true"}
+        for target, form in (
+            ("/dashboard/requests/bulk", bulk),
+            ("/dashboard/models/no-such-model/settings", settings),
+        ):
+            assert b.post(target, data={**form, "csrf": token_b}).status_code == 403  # no admin scope
+            assert a.post(target, data={**form, "csrf": token_b}).status_code == 403  # another session's token
+            evil = {"origin": "https://evil.example"}
+            assert a.post(target, data={**form, "csrf": token_a}, headers=evil).status_code == 403
+        done = a.post("/dashboard/requests/bulk", data={**bulk, "csrf": token_a}, headers={"origin": BASE})
+        assert done.status_code == 200 and 'data-outcome="skipped"' in done.text  # past the guards: request-not-found
+        assert "request-not-found" in done.text
+        nothing = a.post("/dashboard/requests/bulk", data={"action": "cancel", "csrf": token_a})
+        assert nothing.status_code == 422 and "Nothing is selected" in nothing.text
+        missing = a.post("/dashboard/models/no-such-model/settings", data={**settings, "csrf": token_a})
+        assert missing.status_code == 404 and "text/html" in missing.headers["content-type"]
+
+
 def test_views_wording_and_lineage():
     assert time_left(-2.5, True, "queued") == "OVERDUE by 2.5 d"
     assert time_left(12.0, False, "running") == "12 d left"

@@ -1,4 +1,5 @@
-// Lethe dashboard: refresh unfinished requests in place (no full reload) and verify certificates on demand.
+// Lethe dashboard: refresh unfinished requests in place (no full reload), verify certificates on demand, and count
+// the requests ticked for a bulk action.
 // Polls /dashboard/api/requests for the rows still active; on the request page, a change of status re-fetches the
 // page body (report, certificate, timeline) from /dashboard/requests/<id>/live. A body marked data-follow (the
 // per-person erasure) is fetched again from its URL while it says it is still following (data-following="true").
@@ -88,6 +89,27 @@
       button.disabled = false;
     }
   });
+
+  // the list's bulk form: "tick every request on this page", and how many are ticked
+  function ticked() {
+    const boxes = Array.from(document.querySelectorAll('input[type=checkbox][name=ids][form=bulk]'));
+    const count = document.getElementById("bulk-count");
+    if (count) count.textContent = String(boxes.filter((b) => b.checked).length);
+    const all = document.getElementById("pick-all");
+    if (all) all.checked = boxes.length > 0 && boxes.every((b) => b.checked);
+  }
+  document.addEventListener("change", (event) => {
+    const target = event.target;
+    if (target.id === "pick-all") {
+      document.querySelectorAll('input[type=checkbox][name=ids][form=bulk]').forEach((b) => { b.checked = target.checked; });
+    }
+    if (target.id === "pick-all" || (target.name === "ids" && target.getAttribute("form") === "bulk")) {
+      ticked();
+      const mode = document.getElementById("bulk-ticked");
+      if (mode) mode.checked = true;  // ticking a request means acting on the ticked ones
+    }
+  });
+  ticked();
 
   window.setTimeout(poll, interval);
   document.querySelectorAll("[data-follow]").forEach(follow);
