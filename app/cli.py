@@ -1523,18 +1523,22 @@ def subjects_certificate(
 @subjects_app.command("requests")
 def subjects_requests(
     ctx: typer.Context,
-    subject_hash: Annotated[
-        str, typer.Argument(help="The subject's keyed hash (a request's or an erasure's subject_hash).")
+    subject: Annotated[
+        str,
+        typer.Argument(help="The subject's keyed hash (a request's subject_hash), or with --ref their reference."),
     ],
+    by_ref: Annotated[
+        bool, typer.Option("--ref", help="SUBJECT is the person's reference: the server computes its keyed hash.")
+    ] = False,
     limit: Annotated[int, typer.Option(min=1, max=500, help="At most this many, newest first.")] = 100,
     as_json: Annotated[bool, typer.Option("--json", help="Print them as JSON.")] = False,
 ) -> None:
-    """A data subject's deletion requests and erasures, by their keyed hash (subject_hash).
-
-    The raw reference is never stored, so the API cannot search for it."""
+    """A data subject's deletion requests and erasures, by their keyed hash (subject_hash) or, with --ref, by their
+    reference (the raw reference is never stored: the server hashes it with its key and searches for the hash)."""
     console = _console()
     with _api(ctx) as client:
-        found = client.subject_requests(subject_hash, limit=limit)
+        found = client.lookup_subject(subject, limit=limit) if by_ref else client.subject_requests(subject, limit=limit)
+    subject_hash = found.subject_hash
     if as_json:
         typer.echo(found.model_dump_json(indent=2))
         return

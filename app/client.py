@@ -876,6 +876,12 @@ class LetheClient:
             self._json("GET", f"/v1/subjects/{subject_hash}/requests", params={"limit": limit})
         )
 
+    def lookup_subject(self, subject_ref: str, *, limit: int = 100) -> SubjectRequests:
+        """The same, by the person's reference: the server computes the keyed hash (POST /v1/subjects/lookup, so
+        the reference stays out of URLs and logs). Writes nothing, so it is repeated like a GET."""
+        body = {"subject_ref": subject_ref, "limit": limit}
+        return SubjectRequests.model_validate(self._json("POST", "/v1/subjects/lookup", json=body, repeatable=True))
+
     # ------------------------------------------------------------------------------------------------ evidence
     def reports(self, request_id: str) -> list[Report]:
         """A request's verification reports, in order (``auto`` may have escalated: two)."""

@@ -656,6 +656,8 @@ def test_a_person_is_erased_followed_and_certified_from_the_cli(service, tmp_pat
     assert printed.exit_code == 0 and json.loads(printed.output) == json.loads(certificate.read_text())
     found = run(service, "subjects", "requests", erasure.subject_hash)
     assert found.exit_code == 0 and erasure.children[0].request_id in found.output and erasure_id in found.output
+    by_ref = run(service, "subjects", "requests", "--ref", CAROL, "--json")  # the server hashes the reference
+    assert by_ref.exit_code == 0 and json.loads(by_ref.output)["subject_hash"] == erasure.subject_hash
 
     nothing = run(service, "subjects", "erase", CAROL)  # nothing left of hers: answered, certified, says so
     assert nothing.exit_code == 0 and "no data found" in nothing.output, nothing.output

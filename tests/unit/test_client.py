@@ -357,6 +357,7 @@ def test_a_person_is_erased_followed_and_certified_through_the_client(api, tmp_p
     keys.write_text(json.dumps(client.signing_keys()))
     assert verify_file(cert, str(keys))[0]
     found = client.subject_requests(done.subject_hash)
+    assert client.lookup_subject(ALICE) == found  # by the reference: the server computes the keyed hash
     assert isinstance(found, SubjectRequests)
     assert [r.id for r in found.requests] == [done.children[0].request_id]
     assert [e.id for e in found.erasures] == [erasure.id] and found.erasures[0].certificate_digest
