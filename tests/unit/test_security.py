@@ -705,6 +705,27 @@ def test_item15_raw_rounds_have_their_own_size_limit(tmp_path):
         _problem(client.post(f"/v1/models/{model_id}/rounds", content=huge, headers=headers), 413, "payload-too-large")
 
 
+def test_large_body_limits_follow_the_route_and_come_after_the_key(tmp_path):
+    """Issue 22: the 512 MB upload limit went to any multipart body before authentication, so a caller with no key
+    could make the API read 300 MB into memory (a JSON route reads its body before the batched key check). Now only
+    the upload route gets it, and only once the key holds models:write; rounds need rounds:write."""
+    configure(tmp_path)
+    reader = make_key(["requests:read"])
+    multipart = {"content-type": "multipart/form-data; boundary=x"}
+    two_mb = b"\0" * (2 * 1024 * 1024)  # over the 1 MB JSON limit, far under the upload limit
+    with TestClient(create_app(run_background=False)) as client:
+        # a JSON route with a multipart content type: the JSON limit, key or not
+        _problem(client.post("/v1/deletion-requests", content=two_mb, headers=multipart), 413, "payload-too-large")
+        # the upload route: no key, or a key without models:write, is refused before the body is read
+        _problem(client.post("/v1/models", content=two_mb, headers=multipart), 401, "unauthorized")
+        bad = {**multipart, "authorization": "Bearer lethe_not_a_key"}
+        _problem(client.post("/v1/models", content=two_mb, headers=bad), 401, "unauthorized")
+        weak = {**multipart, "authorization": f"Bearer {reader}"}
+        _problem(client.post("/v1/models", content=two_mb, headers=weak), 403, "forbidden")
+        rounds = {"authorization": f"Bearer {reader}", "content-type": "application/octet-stream"}
+        _problem(client.post("/v1/models/m/rounds", content=two_mb, headers=rounds), 403, "forbidden")
+
+
 def test_item15_non_file_multipart_fields_have_a_small_limit(api, tmp_path):
     path = tmp_path / "t.csv"
     write_table(path, n=30)
