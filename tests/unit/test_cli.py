@@ -711,7 +711,9 @@ def test_model_export_writes_the_card_and_predict_answers_as_the_exported_model(
     assert card["model"]["id"] == model.id and card["version"]["number"] == current.number
     lines = written.output.splitlines()
     assert lines[0] == f"wrote {out}: the model card of {model.name} v{current.number}"
-    assert f"  version   v{current.number}  {current.id}" in lines and f"  digest    {current.digest}" in lines
+    # "v7  <id>, child of v6" once deletions made the current version (other tests of this module do)
+    assert any(line.startswith(f"  version   v{current.number}  {current.id}") for line in lines), lines
+    assert f"  digest    {current.digest}" in lines
     assert "  classes   " + ", ".join(card["encoder"]["classes"]) in lines
     assert any(line.startswith("  accuracy  held out 0.") for line in lines)
     assert json.loads(run(service, "model-export", model.id, "-o", str(out), "--json").output) == card
