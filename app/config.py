@@ -66,6 +66,12 @@ class Settings(BaseSettings):
     max_table_cells: int = Field(
         200_000_000, ge=1, description="Most rows x columns of an uploaded or registered table (Parquet and CSV)."
     )
+    max_table_bytes: int = Field(
+        1024**3,
+        ge=1024,
+        description="Most bytes a registered table may hold once decoded (Parquet: decompressed and its dictionaries "
+        "expanded; CSV: the file).",
+    )
     max_sample_ids: int = Field(100_000, description="Most sample ids in one deletion request.")
     batch_max_requests: int = Field(
         10_000, ge=1, description="The operator's cap on a model's batch.max_requests (its registration sets its own)."

@@ -726,6 +726,28 @@ def test_large_body_limits_follow_the_route_and_come_after_the_key(tmp_path):
         _problem(client.post("/v1/models/m/rounds", content=two_mb, headers=rounds), 403, "forbidden")
 
 
+def test_a_parquet_bomb_is_refused_from_its_decoded_size_before_it_is_expanded(api, tmp_path):
+    """Issue 22: a few kB of Parquet (one 1 MB string, dictionary-encoded 2,500 times, zstd) decode to 2.6 GB and
+    passed every limit. The decoded size is computed from the dictionary's lengths over its indices, never built."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = 2_500
+    text = pa.DictionaryArray.from_arrays(pa.array([0] * n, pa.int32()), pa.array(["x" * 1_048_576]))
+    table = pa.table({"row_id": [f"r{i}" for i in range(n)], "label": [i % 2 for i in range(n)], "note": text})
+    path = tmp_path / "bomb.parquet"
+    pq.write_table(table, path, compression="zstd")
+    assert path.stat().st_size < 100_000  # small on the wire
+    metadata = {"name": "b", "dataset": {"row_id_column": "row_id", "label_column": "label"}}
+    response = api.post(
+        "/v1/models",
+        data={"metadata": json.dumps(metadata)},
+        files={"file": ("bomb.parquet", path.read_bytes(), "application/octet-stream")},
+    )
+    body = _problem(response, 413, "table-too-large")
+    assert "decoded" in body["title"] and body["limit_bytes"] == 1024**3
+
+
 def test_item15_non_file_multipart_fields_have_a_small_limit(api, tmp_path):
     path = tmp_path / "t.csv"
     write_table(path, n=30)
