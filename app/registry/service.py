@@ -638,6 +638,46 @@ def parse_safetensors_header(data: bytes) -> dict[str, Any]:
     return header
 
 
+def check_round_values(data: bytes, model: Model, principal: Principal) -> None:
+    """A round's values, not only its shapes (issue 22: a client key could upload other clients' rows and any
+    ``weights`` — NaN, negative, 1e30 — so the aggregate became NaN or one client's): every update finite; a key bound
+    to a client may send only its own row (every other row zero) and its own weight; a weight is finite, >= 0 and at
+    most the client's registered pair count (its FedAvg weight at registration)."""
+    from safetensors.numpy import load as load_numpy
+
+    try:
+        tensors = load_numpy(data)
+    except Exception:
+        raise Problem(422, "invalid-round", "Not a safetensors file", "the tensors cannot be read") from None
+    updates, weights = tensors["updates"], tensors.get("weights")
+    if not np.isfinite(updates).all():
+        raise Problem(422, "invalid-round", "`updates` must be finite", "NaN or infinity in the updates")
+    clients = model.state["clients"]
+    own = None
+    if principal.client_id is not None:
+        if principal.client_id not in clients:
+            raise Problem(403, "forbidden", "The key's client is not in this federation", principal.client_id)
+        own = clients.index(principal.client_id)
+        if np.any(np.delete(updates, own, axis=0) != 0):
+            raise Problem(
+                403,
+                "forbidden",
+                "A client's key may send only its own row",
+                f"client {principal.client_id} is row {own}: every other row of `updates` must be zero",
+            )
+    if weights is None:
+        return
+    sizes = model.state.get("client_sizes")
+    if not np.isfinite(weights).all() or (weights < 0).any():
+        raise Problem(422, "invalid-round", "`weights` must be finite and non-negative")
+    if sizes is not None and (weights > np.asarray(sizes, dtype=np.float64)).any():
+        raise Problem(
+            422, "invalid-round", "A client's weight exceeds its pair count", f"at most {list(sizes)} (per client)"
+        )
+    if own is not None and np.any(np.delete(weights, own) != 0):
+        raise Problem(403, "forbidden", "A client's key may set only its own weight", f"client row {own}")
+
+
 def submit_round(session: Session, principal: Principal, model: Model, data: bytes) -> Job:
     """Validate one round of client updates (shapes only) and queue its aggregation as a job."""
     if model.kind != "clip_federated":
@@ -657,6 +697,7 @@ def submit_round(session: Session, principal: Principal, model: Model, data: byt
     weights = header.get("weights")
     if weights is not None and (weights.get("dtype") != "F32" or weights.get("shape") != [n_clients]):
         raise Problem(422, "invalid-round", "`weights` must be float32 [clients]")
+    check_round_values(data, model, principal)
     digest = get_store().put_bytes(data)
     job = new_job(
         session, kind="aggregate_round", model_id=model.id, model_kind=model.kind, payload={"updates_digest": digest}

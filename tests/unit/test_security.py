@@ -378,6 +378,40 @@ def test_item10_a_forgotten_clients_key_may_not_send_rounds(api):
     _problem(response, 403, "client-removed")
 
 
+def test_a_round_is_checked_for_its_values_and_a_client_key_sends_only_its_own_row(api):
+    """Issue 22: a federated client's key could upload other clients' rows and any weights (NaN, negative, 1e30: the
+    aggregate became NaN, or one client's). Before the values reach a job: updates finite; a client key's round holds
+    only its own row and weight; a weight finite, >= 0 and at most the client's registered pair count."""
+    import numpy as np
+    from safetensors.numpy import save
+
+    from app.auth.service import create_key
+
+    model_id = _fake_federated_model(client_sizes=[10, 20, 30])
+    with session_scope() as session:
+        key = create_key(session, "c1", ["rounds:write"], model_id=model_id, client_id="c1")[1]
+    headers = {"authorization": f"Bearer {key}", "content-type": "application/octet-stream"}
+
+    def send(updates, weights=None):
+        tensors = {"updates": np.asarray(updates, np.float32)}
+        if weights is not None:
+            tensors["weights"] = np.asarray(weights, np.float32)
+        return api.post(f"/v1/models/{model_id}/rounds", content=save(tensors), headers=headers)
+
+    own = np.zeros((3, 4))
+    own[1] = 0.01
+    assert send(own, [0, 20, 0]).status_code == 202  # its own row, its own weight: accepted
+    other = own.copy()
+    other[2] = 0.01
+    assert "only its own row" in _problem(send(other), 403, "forbidden")["title"]
+    assert "only its own weight" in _problem(send(own, [10, 20, 0]), 403, "forbidden")["title"]
+    nan = own.copy()
+    nan[1, 0] = np.nan
+    _problem(send(nan), 422, "invalid-round")
+    for weights in ([0, np.nan, 0], [0, -1, 0], [0, 1e30, 0]):
+        _problem(send(own, weights), 422, "invalid-round")
+
+
 def test_item10_revoked_and_expired_keys_are_refused_at_once(api):
     from typer.testing import CliRunner
 
