@@ -194,6 +194,14 @@ def utc_timestamp(value: datetime | str | None = None) -> str:
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
+def parse_timestamp(text: str) -> datetime:
+    """An RFC 3339 time as written by utc_timestamp (a ``Z`` or an offset; a naive time is refused)."""
+    moment = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        raise ValueError(f"{text!r} has no time zone")
+    return moment
+
+
 def _check_digest(value: Any, what: str) -> str:
     if not isinstance(value, str) or not SHA256_HEX.fullmatch(value):
         raise ValueError(f"{what} must be a lowercase hex sha256 digest (64 characters), got {value!r}")
@@ -250,15 +258,18 @@ class KeyStore:
         raise KeyStoreError("the keyring kept changing while loading the active key")
 
     def rotate_key(self) -> str:
-        """Make a new active key; keep every older public key (old certificates stay verifiable).
-
-        The retired private key is deleted: it will never sign again, and a key that no longer exists cannot leak.
+        """Make a new active key; keep every older public key (old certificates stay verifiable), marked ``retired``
+        from now: a certificate it signs that says it was issued later does not verify (issue 22: one forged with the
+        old key and dated 2030 verified). The retired private key is deleted: it will never sign again, and a key
+        that no longer exists cannot leak.
         Concurrent rotations each take effect, one after the other.
         """
         for _ in range(PUBLISH_ATTEMPTS):
             current = self._keyring()
             kid, entry = self._new_key()
-            ring = _Keyring(current.generation + 1, kid, (*current.keys, entry))
+            retired = entry["created"]  # the old key signs nothing issued from the moment the new one exists
+            kept = tuple(k if k["kid"] != current.active else {**k, "retired": retired} for k in current.keys)
+            ring = _Keyring(current.generation + 1, kid, (*kept, entry))
             if self._publish(ring):
                 self._private.pop(current.active, None)
                 with contextlib.suppress(FileNotFoundError):
@@ -272,7 +283,8 @@ class KeyStore:
         """The keys document served at ``/.well-known/lethe-keys.json`` (JWK-shaped, RFC 8037 / RFC 9864).
 
         ``{"keys": [{"kid", "kty": "OKP", "crv": "Ed25519", "alg": "Ed25519", "use": "sig",
-        "x": base64url(raw public key, no padding), "created", "active"}]}``, oldest first.
+        "x": base64url(raw public key, no padding), "created", "retired" (null while it signs), "active"}]}``,
+        oldest first. A key's certificates are valid when issued before it was retired.
         """
         ring = self._keyring()
         return {
@@ -285,6 +297,7 @@ class KeyStore:
                     "use": "sig",
                     "x": _b64url_nopad(_b64decode(entry["public_key"])),
                     "created": entry["created"],
+                    "retired": entry.get("retired"),
                     "active": entry["kid"] == ring.active,
                 }
                 for entry in ring.keys
@@ -347,6 +360,7 @@ class KeyStore:
             active = document["active"]
             keys = tuple(
                 {"kid": str(k["kid"]), "public_key": str(k["public_key"]), "created": str(k["created"])}
+                | ({"retired": str(k["retired"])} if k.get("retired") else {})
                 for k in document["keys"]
             )
         except (ValueError, KeyError, TypeError) as exc:
@@ -479,6 +493,36 @@ def load_public_keys(document: Mapping[str, Any]) -> dict[str, Ed25519PublicKey]
         except ValueError as exc:
             raise InvalidKeys(f"key {kid!r} is not a valid Ed25519 public key: {exc}") from exc
     return keys
+
+
+def _key_windows(keys: Mapping[str, Any]) -> dict[str, datetime | None]:
+    """``{kid: retired or None}`` from a keys document (a bare ``{kid: key}`` mapping states none)."""
+    if not (isinstance(keys, Mapping) and isinstance(keys.get("keys"), list)):
+        return {}
+    windows = {}
+    for entry in keys["keys"]:
+        try:
+            retired = parse_timestamp(entry["retired"]) if entry.get("retired") else None
+        except (TypeError, ValueError) as exc:
+            raise InvalidKeys(f"key {entry.get('kid')!r}: bad retired time ({exc})") from exc
+        windows[str(entry.get("kid"))] = retired
+    return windows
+
+
+def _check_key_window(predicate: Mapping[str, Any], kid: str, retired: datetime | None) -> None:
+    """A certificate is valid only when its key could still sign: issued before the key was retired. (No lower
+    bound: the first certificate's predicate is built, with its issued_at, just before the key store makes its
+    first key.)"""
+    issued_text = (predicate.get("timestamps") or {}).get("issued_at") if isinstance(predicate, Mapping) else None
+    try:
+        issued = parse_timestamp(issued_text)
+    except (TypeError, ValueError):
+        raise InvalidCertificate("malformed", "the certificate states no valid timestamps.issued_at") from None
+    if retired is not None and issued >= retired:
+        raise InvalidCertificate(
+            "outside-key-window",
+            f"issued {issued_text}, after key {kid} was retired ({utc_timestamp(retired)}): it signed nothing then",
+        )
 
 
 def _public_key_map(keys: Mapping[str, Any]) -> dict[str, Ed25519PublicKey]:
@@ -853,6 +897,7 @@ def verify_envelope(
     :class:`InvalidKeys`.
     """
     public = _public_key_map(keys)
+    windows = _key_windows(keys)
     payload_type, payload_b64, signatures = _parse_envelope(envelope)
     if payload_type != PAYLOAD_TYPE:
         raise InvalidCertificate(
@@ -870,6 +915,8 @@ def verify_envelope(
         raise InvalidCertificate(
             "inconsistent", f"the predicate names key {predicate['key_id']!r} but key {signed_by} signed it"
         )
+    if signed_by in windows:
+        _check_key_window(predicate, signed_by, windows[signed_by])
     if statement["predicateType"] == SUBJECT_ERASURE_PREDICATE_TYPE:
         _check_children(statement)
     elif "new_version_digest" in predicate and predicate["new_version_digest"] != subject["digest"]["sha256"]:

@@ -41,7 +41,7 @@ NEW_DIGEST = "ab" * 32
 PARENT_DIGEST = "cd" * 32
 
 
-def predicate() -> dict:
+def predicate(**extra) -> dict:
     return build_deletion_predicate(
         request_id="req-1",
         subject_hash="f" * 64,
@@ -56,6 +56,7 @@ def predicate() -> dict:
         audit_chain_head={"seq": 7, "hash": "0" * 64},
         requested_at=datetime(2026, 1, 1, tzinfo=UTC),
         completed_at=datetime(2026, 1, 1, 0, 5, tzinfo=UTC),
+        **extra,
     )
 
 
@@ -229,6 +230,24 @@ def test_rotation_keeps_old_certificates_verifiable(store):
     assert (store.folder / f"{new_kid}.key").exists()
     # another process's store sees the rotation
     assert KeyStore(store.folder).active_signer().key_id == new_kid
+
+
+def test_a_retired_key_signs_nothing_issued_after_its_retirement(store):
+    """Issue 22: a certificate forged with a rotated key and dated 2030 verified VALID. The keys document marks a
+    rotated key ``retired``; the verifier refuses its certificates issued from then on, and keeps the older ones."""
+    old_signer = store.active_signer()  # what a leaked copy of the old private key could still sign with
+    before = issue_certificate(NEW_DIGEST, predicate(), keystore=store)
+    store.rotate_key()
+    document = store.public_keys()
+    old = next(k for k in document["keys"] if k["kid"] == old_signer.key_id)
+    assert old["retired"] and not old["active"]
+    assert [k["retired"] for k in document["keys"] if k["active"]] == [None]
+    assert verify_envelope(before, document).key_id == old_signer.key_id
+    late = predicate(issued_at="2030-01-01T00:00:00Z")
+    forged = sign_envelope(build_statement(NEW_DIGEST, {**late, "key_id": old_signer.key_id}), signer=old_signer)
+    with pytest.raises(InvalidCertificate) as refused:
+        verify_envelope(forged, document)
+    assert refused.value.code == "outside-key-window" and "retired" in refused.value.reason
 
 
 def test_key_files_are_private(store):
