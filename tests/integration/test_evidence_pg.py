@@ -78,6 +78,7 @@ def test_deletion_to_certificate_and_a_webhook_that_arrives_late(stack, tmp_path
         lambda: (
             (items := stack.client.get(done["links"]["webhooks"]).json()["items"])
             and items[0]["attempts"] >= 1
+            and items[0]["last_error"]  # the attempt is counted when claimed, its error recorded when it ends
             and items
         ),
         timeout=30,
