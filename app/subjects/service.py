@@ -230,15 +230,7 @@ def _certify_no_data(
         requested_at=erasure.created_at,
         completed_at=now,
     )
-    erasure.certificate, erasure.certificate_digest, erasure.completed_at = envelope, digest, now
-    append_event(
-        session,
-        actor="lethe",
-        action="subject_erasure.certified",
-        entity_type="subject_erasure",
-        entity_id=erasure.id,
-        payload={"certificate_digest": digest, "children": [], "no_data_found": True},
-    )
+    _certified(session, erasure, envelope, digest, now, {"children": [], "no_data_found": True})
 
 
 def get_erasure_or_404(session: Session, erasure_id: str) -> SubjectErasure:
@@ -357,6 +349,13 @@ def settle(session: Session, erasure_id: str) -> bool:
         requested_at=erasure.created_at,
         completed_at=max(c.completed_at or now for c in children),
     )
+    children_out = [{"request_id": c.id, "certificate_digest": certs[c.certificate_id].digest} for c in children]
+    _certified(session, erasure, envelope, digest, now, {"children": children_out})
+    return True
+
+
+def _certified(session: Session, erasure: SubjectErasure, envelope: dict, digest: str, now, payload: dict) -> None:
+    """The parent's combined certificate recorded, and audited as ``subject_erasure.certified``."""
     erasure.certificate, erasure.certificate_digest, erasure.completed_at = envelope, digest, now
     append_event(
         session,
@@ -364,12 +363,8 @@ def settle(session: Session, erasure_id: str) -> bool:
         action="subject_erasure.certified",
         entity_type="subject_erasure",
         entity_id=erasure.id,
-        payload={
-            "certificate_digest": digest,
-            "children": [{"request_id": c.id, "certificate_digest": certs[c.certificate_id].digest} for c in children],
-        },
+        payload={"certificate_digest": digest, **payload},
     )
-    return True
 
 
 def on_requests_certified(session: Session, request_ids: list[str]) -> None:
