@@ -159,7 +159,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _safe_data_roots(self) -> Settings:
-        """A data root that holds the service's own files would let a registration read them back."""
+        """A data root that holds the service's own files, or lies among them, would let a registration read them
+        back (the signing keys and the master secret live in the home): refused both ways, on resolved paths."""
         protected = {"the service's home (LETHE_HOME)": self.home.expanduser().resolve()}
         artifacts = self.local_artifact_path
         if artifacts is not None:
@@ -175,6 +176,11 @@ class Settings(BaseSettings):
                     raise ValueError(
                         f"LETHE_DATA_ROOTS: {str(root)!r} contains {what} ({path}); choose a folder "
                         "that holds only data sets"
+                    )
+                if root.is_relative_to(path):
+                    raise ValueError(
+                        f"LETHE_DATA_ROOTS: {str(root)!r} lies inside {what} ({path}); choose a folder "
+                        "outside it that holds only data sets"
                     )
             if (env_file.exists() and env_file.is_relative_to(root)) or (root / ".env").exists():
                 raise ValueError(

@@ -165,10 +165,10 @@ def main() -> None:
     os.environ.update(
         {
             "LETHE_DATABASE_URL": url,
-            "LETHE_HOME": str(home),
+            "LETHE_HOME": str(home / "lethe"),  # beside the data root: neither may hold the other (app/config.py)
             "LETHE_SECRET_KEY": "bench-secret-0123456789abcdef-0123456789",  # >= 32 bytes
             "LETHE_RUN_DISPATCHER": "false",  # intake only: no worker competes during the load
-            "LETHE_DATA_ROOTS": json.dumps([str(home / "data")]),  # a data root may not contain the home
+            "LETHE_DATA_ROOTS": json.dumps([str(home / "data")]),
             "LETHE_LOG_LEVEL": args.log_level,
         }
     )

@@ -545,7 +545,7 @@ def main() -> None:
     with fresh_database("lethe_stream") as url:
         os.environ.update(
             {
-                "LETHE_HOME": str(home),
+                "LETHE_HOME": str(home / "lethe"),  # beside the data root: neither may hold the other
                 "LETHE_DATABASE_URL": url,
                 "LETHE_BROKER_URL": REDIS_URL,
                 "LETHE_SECRET_KEY": "bench-secret-0123456789abcdef-0123456789",

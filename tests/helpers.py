@@ -21,19 +21,34 @@ TEST_SECRET = "test-secret-key-0123456789abcdef-0123456789"  # >= 32 bytes, as t
 
 def configure(home: Path, **env: str) -> None:
     """Set LETHE_* for this process and forget every cached settings/engine/store. Data-set paths may lie under
-    ``home/data`` (a data root may not contain the service's home; one inside it is fine)."""
+    ``home/data``: a link to the sibling folder ``<home>.data``, the data root (a root may neither contain the
+    service's home nor lie inside it; roots are checked on resolved paths)."""
     for key in [k for k in os.environ if k.startswith("LETHE_")]:
         del os.environ[key]
     os.environ["LETHE_HOME"] = str(home)
     os.environ["LETHE_SECRET_KEY"] = TEST_SECRET
-    (home / "data").mkdir(parents=True, exist_ok=True)
-    os.environ["LETHE_DATA_ROOTS"] = f'["{home / "data"}"]'
+    os.environ["LETHE_DATA_ROOTS"] = f'["{data_root(home)}"]'
     for key, value in env.items():
         os.environ[f"LETHE_{key.upper()}"] = value
     get_settings.cache_clear()
     get_store.cache_clear()
     reset_engine_cache()
     migrate()
+
+
+def data_root(home: Path) -> Path:
+    """The data root beside ``home`` (created), reachable as ``home/data`` through a symbolic link."""
+    root = home.parent / f"{home.name}.data"
+    root.mkdir(parents=True, exist_ok=True)
+    home.mkdir(parents=True, exist_ok=True)
+    link = home / "data"
+    if not link.is_symlink():
+        if link.is_dir():  # a folder made before configure(): its files move to the root
+            for item in link.iterdir():
+                item.rename(root / item.name)
+            link.rmdir()
+        link.symlink_to(root, target_is_directory=True)
+    return root
 
 
 def make_key(scopes: list[str] | None = None, name: str = "test") -> str:

@@ -128,7 +128,7 @@ def test_item8_no_data_roots_by_default_so_paths_are_refused(tmp_path, monkeypat
     _problem(response, 422, "dataset-path-not-allowed")
 
 
-@pytest.mark.parametrize("what", ["home", "artifacts", "env"])
+@pytest.mark.parametrize("what", ["home", "artifacts", "env", "inside-home", "inside-artifacts"])
 def test_item8_a_data_root_holding_the_services_files_is_refused_at_start(tmp_path, what):
     root = tmp_path / "root"
     root.mkdir()
@@ -137,11 +137,37 @@ def test_item8_a_data_root_holding_the_services_files_is_refused_at_start(tmp_pa
         kwargs["home"] = root / "var"
     elif what == "artifacts":
         kwargs["artifact_url"] = f"file://{root / 'store'}"
+    elif what == "inside-home":  # e.g. the home's signing-key folder: a registration could read the private key
+        kwargs["home"], kwargs["data_roots"] = root, [root / "keys"]
+    elif what == "inside-artifacts":
+        kwargs["artifact_url"], kwargs["data_roots"] = f"file://{root}", [root / "ab"]
     else:
         (root / ".env").write_text("LETHE_SECRET_KEY=x\n")
     with pytest.raises(ValidationError, match="LETHE_DATA_ROOTS") as info:
         Settings(_env_file=None, **kwargs)
-    assert {"home": "home", "artifacts": "artifact store", "env": ".env"}[what] in str(info.value)
+    expected = {"home": "contains the service's home", "artifacts": "contains the artifact store", "env": ".env"}
+    expected |= {"inside-home": "inside the service's home", "inside-artifacts": "inside the artifact store"}
+    assert expected[what] in str(info.value)
+
+
+def test_item8_a_data_root_is_judged_by_where_it_leads(tmp_path):
+    """Roots and paths are compared resolved: ``home/data`` linked to a folder beside the home is that folder (the
+    tests' own layout, tests/helpers.py) and is accepted; a link in it that leads back into the home is refused."""
+    home = tmp_path / "home"
+    configure(home)
+    assert get_settings().data_roots == [(tmp_path / "home.data").resolve()]
+    key = make_key()
+    table = home / "data" / "t.csv"  # through the link
+    write_table(table, n=40)
+    (home / "private.csv").write_text((home / "data" / "t.csv").read_text())  # a file of the home's own
+    (home / "data" / "back.csv").symlink_to(home / "private.csv")
+    with TestClient(create_app(run_background=False)) as client:
+        client.headers["authorization"] = f"Bearer {key}"
+        spec = {"row_id_column": "row_id", "label_column": "label"}
+        fine = client.post("/v1/models", json={"name": "x", "dataset": {"path": str(table), **spec}})
+        assert fine.status_code == 202, fine.text
+        back = client.post("/v1/models", json={"name": "y", "dataset": {"path": str(home / "data" / "back.csv"), **spec}})
+        _problem(back, 422, "dataset-path-not-allowed")
 
 
 def test_item8_problems_never_echo_a_server_files_content(tmp_path):
