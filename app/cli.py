@@ -213,12 +213,23 @@ def signing_keys_rotate() -> None:
 
 
 @keys_app.command("webhook-secret")
-def keys_webhook_secret(url: str) -> None:
-    """Print the `whsec_` secret Lethe signs this callback URL's webhooks with (Standard Webhooks; derived, never
-    stored): configure the receiver with it."""
+def keys_webhook_secret(
+    url: str,
+    key: Annotated[str, typer.Option("--key", help="The requesting API key's id or prefix (`lethe keys list`).")],
+) -> None:
+    """Print the `whsec_` secret Lethe signs one key's webhooks to this callback URL with (Standard Webhooks;
+    derived, never stored): configure the receiver with it. Another key's events to the URL carry another secret."""
+    from app.auth.service import find_key
+    from app.db import session_scope
     from app.webhooks.service import endpoint_secret
 
-    typer.echo(endpoint_secret(url))
+    with session_scope() as session:
+        row = find_key(session, key)
+        key_id = row.id if row is not None else None
+    if key_id is None:
+        typer.echo(f"no API key {key!r}", err=True)
+        raise typer.Exit(3)
+    typer.echo(endpoint_secret(url, key_id))
 
 
 @app.command()

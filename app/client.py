@@ -925,9 +925,15 @@ class LetheClient:
         """Recompute the audit log's hash chain on the server."""
         return ChainVerdict.model_validate(self._json("GET", "/v1/audit/verify"))
 
-    def webhook_secret(self, url: str) -> str:
-        """The ``whsec_`` secret this callback URL's events are signed with (admin)."""
-        return self._json("POST", "/v1/webhooks/secret", json={"url": url})["secret"]
+    def webhook_secret(self, url: str, key: str | None = None) -> str:
+        """The ``whsec_`` secret one requesting key's events to this callback URL are signed with (admin). ``key``:
+        that key's id or prefix; default this client's own key."""
+        if key is None:
+            parts = (self.api_key or "").split("_")
+            if len(parts) < 3 or parts[0] != "lethe":
+                raise ValueError("give key= (an API key's id or prefix): this client's own key is not known")
+            key = parts[1]
+        return self._json("POST", "/v1/webhooks/secret", json={"url": url, "key": key})["secret"]
 
 
 def retry_after_seconds(value: str | None) -> float | None:

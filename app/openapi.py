@@ -100,6 +100,7 @@ PROBLEM_TYPES: dict[str, tuple[int, str]] = {
     "client-removed": (403, "The client was forgotten and may not send updates"),
     "model-not-found": (404, "No such model (or not one this key may reach)"),
     "request-not-found": (404, "No such deletion request"),
+    "api-key-not-found": (404, "No API key has this id or prefix"),
     "report-not-found": (404, "No such report"),
     "job-not-found": (404, "No such job"),
     "certificate-not-found": (404, "No such certificate"),
@@ -209,6 +210,7 @@ OPERATION_PROBLEMS: dict[tuple[str, str], list[str]] = {
     ("get", "/v1/models/{model_id}/forget-lock"): ["no-forget-lock"],
     ("get", "/v1/models/{model_id}/forget-lock.safetensors"): ["no-forget-lock"],
     ("get", "/v1/models/{model_id}/pairs"): ["not-federated"],
+    ("post", "/v1/webhooks/secret"): ["api-key-not-found"],
     ("get", "/v1/models/{model_id}/versions/{number}/weights"): ["version-not-found", "version-retired"],
     ("post", "/v1/models/{model_id}/predict"): [
         "model-not-ready", "version-not-found", "version-retired", "prediction-not-supported", "invalid-rows",
@@ -321,7 +323,7 @@ REQUEST_EXAMPLES: dict[tuple[str, str], dict[str, Any]] = {
         }
     },
     ("post", "/v1/webhooks/secret"): {
-        "receiver": {"value": {"url": "https://compliance.example.org/lethe-events"}},
+        "receiver": {"value": {"url": "https://compliance.example.org/lethe-events", "key": "3f9c2a1b"}},
     },
 }
 

@@ -127,11 +127,17 @@ def list_keys(session: Session) -> list[ApiKey]:
     return list(session.execute(select(ApiKey).order_by(ApiKey.created_at)).scalars())
 
 
-def revoke_key(session: Session, key_id: str, actor: str = "operator (cli)") -> ApiKey:
-    """Revoke by id (or by the key's prefix); refused on the key's next request in every API process; audited."""
+def find_key(session: Session, key_id: str) -> ApiKey | None:
+    """A key by its id or by its prefix (the ``<prefix>`` of ``lethe_<prefix>_...``, shown by ``lethe keys list``)."""
     row = session.get(ApiKey, key_id)
     if row is None:
         row = session.execute(select(ApiKey).where(ApiKey.prefix == key_id)).scalar_one_or_none()
+    return row
+
+
+def revoke_key(session: Session, key_id: str, actor: str = "operator (cli)") -> ApiKey:
+    """Revoke by id (or by the key's prefix); refused on the key's next request in every API process; audited."""
+    row = find_key(session, key_id)
     if row is None:
         raise ValueError(f"no API key {key_id!r}")
     if row.revoked_at is None:

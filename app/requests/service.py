@@ -726,7 +726,7 @@ def _queue_callback(session: Session, request: DeletionRequest, event: str) -> N
         data["links"]["certificate"] = f"/v1/certificates/{request.certificate_id}"
     if request.error:
         data["error"] = request.error
-    webhooks.enqueue(session, request.id, request.callback_url, event, data)
+    webhooks.enqueue(session, request.id, request.callback_url, event, data, request.api_key_id)
 
 
 # ------------------------------------------------------------------------------------ deadlines and operator controls

@@ -4,8 +4,9 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 
-from app.auth.service import Principal, require_scope
+from app.auth.service import Principal, find_key, require_scope
 from app.db import get_session
+from app.problems import Problem
 from app.webhooks.schemas import DeliveryOut, DeliveryPage, SecretIn, SecretOut
 from app.webhooks.service import deliveries_for, delivery_out, endpoint_secret, redeliver
 
@@ -28,17 +29,23 @@ def list_deliveries(
 def redeliver_event(
     request_id: str,
     delivery_id: str,
-    _: Principal = Depends(require_scope("requests:write")),
+    _: Principal = Depends(require_scope("admin")),
     session: Session = Depends(get_session),
 ):
-    """Send an event again (same ``webhook-id``, a fresh retry window)."""
+    """Send an event again (same ``webhook-id``, a fresh retry window). Admin only: a redelivery reaches a receiver
+    on the requester's behalf, so a key that may submit requests may not replay another requester's events."""
     delivery = redeliver(session, request_id, delivery_id)
     session.commit()
     return JSONResponse(delivery_out(delivery), status_code=202)
 
 
 @router.post("/v1/webhooks/secret", response_model=SecretOut)
-def webhook_secret(body: SecretIn, _: Principal = Depends(require_scope("admin"))):
-    """The ``whsec_`` secret Lethe signs this callback URL's events with (Standard Webhooks); configure the receiver
-    with it. Derived from the master secret for this URL alone, never stored."""
-    return {"url": body.url, "secret": endpoint_secret(body.url)}
+def webhook_secret(
+    body: SecretIn, _: Principal = Depends(require_scope("admin")), session: Session = Depends(get_session)
+):
+    """The ``whsec_`` secret Lethe signs one key's events to this callback URL with (Standard Webhooks); configure
+    the receiver with it. Derived from the master secret for this key and URL, never stored."""
+    key = find_key(session, body.key)
+    if key is None:
+        raise Problem(404, "api-key-not-found", "No API key has this id or prefix", body.key)
+    return {"url": body.url, "key_id": key.id, "secret": endpoint_secret(body.url, key.id)}

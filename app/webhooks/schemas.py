@@ -13,10 +13,18 @@ DELIVERY_STATUSES = ("pending", "delivered", "dead")
 
 class SecretIn(BaseModel):
     url: str = Field(max_length=2000, pattern=r"^https?://")
+    key: str = Field(
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="The requesting API key (its id, or its prefix from `lethe keys list`): events of its requests "
+        "to this URL are signed with this secret, and only they.",
+    )
 
 
 class SecretOut(BaseModel):
     url: str
+    key_id: str
     secret: str = Field(..., description="``whsec_`` + base64: configure the receiver with it (Standard Webhooks).")
 
 

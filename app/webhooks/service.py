@@ -6,9 +6,12 @@ addresses (guard.py), signs with the endpoint's own ``whsec_`` secret (not the m
 vetted address without following redirects, and retries with exponential backoff until ``give_up_at``; then the
 row is ``dead`` and an operator can redeliver it. A slow or dead receiver never blocks a job.
 
-Per-endpoint secrets are derived, not stored: HMAC-SHA256 of the normalised URL under the webhook-signing key (HKDF
-from the master secret, ``settings.derived_key("webhook-signing")``), so the database never holds them;
-``POST /v1/webhooks/secret`` or ``lethe keys webhook-secret URL`` tells an admin the secret to configure a receiver.
+Per-endpoint secrets are derived, not stored: HMAC-SHA256 of the requesting API key's id and the normalised URL
+under the webhook-signing key (HKDF from the master secret, ``settings.derived_key("webhook-signing")``), so the
+database never holds them. Bound to the requester, not to the URL alone: a requester who names another receiver's URL
+gets its events signed with a secret that receiver does not hold, so they fail its verification.
+``POST /v1/webhooks/secret`` or ``lethe keys webhook-secret URL --key ID`` tells an admin the secret to configure a
+receiver with for one key's requests.
 """
 
 from __future__ import annotations
@@ -46,22 +49,28 @@ CLAIM_MARGIN_SECONDS = 30.0
 """A claim outlives its attempt's deadline by this much before another sender may take the row again."""
 
 
-def endpoint_secret(url: str) -> str:
-    """The ``whsec_`` secret of one callback URL (scheme, host and port normalised; path kept)."""
+def endpoint_secret(url: str, requester_key_id: str | None) -> str:
+    """The ``whsec_`` secret of one requester's events to one callback URL (scheme, host and port normalised; path
+    kept). ``None``: a delivery written before deliveries named their requester (revision 0011), signed as then."""
     parts = urlsplit(url)
     normal = f"{parts.scheme.lower()}://{(parts.hostname or '').lower()}:{parts.port or ''}{parts.path or '/'}"
-    raw = hmac.new(get_settings().derived_key("webhook-signing"), normal.encode(), hashlib.sha256).digest()
+    message = normal if requester_key_id is None else f"{requester_key_id}\n{normal}"
+    raw = hmac.new(get_settings().derived_key("webhook-signing"), message.encode(), hashlib.sha256).digest()
     return SECRET_PREFIX + base64.b64encode(raw).decode()
 
 
-def enqueue(session: Session, request_id: str, url: str, event: str, data: dict[str, Any]) -> WebhookDelivery:
-    """Write one event for delivery (inside the transaction that ends the request)."""
+def enqueue(
+    session: Session, request_id: str, url: str, event: str, data: dict[str, Any], requester_key_id: str | None
+) -> WebhookDelivery:
+    """Write one event for delivery (inside the transaction that ends the request), signed later with the
+    requester's secret for this URL."""
     now = utcnow()
     message_id = new_message_id()
     delivery = WebhookDelivery(
         request_id=request_id,
         event=event,
         url=url,
+        requester_key_id=requester_key_id,
         message_id=message_id,
         payload={"type": event, "timestamp": now.isoformat(), "data": data},
         status="pending",
@@ -141,7 +150,9 @@ def _claim(limit: int, lease_seconds: float) -> list[_Claimed]:
             body = json.dumps(delivery.payload, sort_keys=True, separators=(",", ":")).encode()
             headers = {
                 "content-type": "application/json",
-                **sign_headers(endpoint_secret(delivery.url), body, message_id=delivery.message_id),
+                **sign_headers(
+                    endpoint_secret(delivery.url, delivery.requester_key_id), body, message_id=delivery.message_id
+                ),
             }
             delivery.attempts += 1
             delivery.next_attempt_at = now + timedelta(seconds=lease_seconds)

@@ -20,6 +20,7 @@ class WebhookDelivery(Base):
     request_id: Mapped[str] = mapped_column(String(36), index=True)
     event: Mapped[str] = mapped_column(String(64))  # deletion.certified | deletion.failed | deletion.rejected
     url: Mapped[str] = mapped_column(String(2000))
+    requester_key_id: Mapped[str | None] = mapped_column(String(36), nullable=True)  # the secret is bound to it
     message_id: Mapped[str] = mapped_column(String(64))  # Standard Webhooks webhook-id: the same on every retry
     payload: Mapped[dict[str, Any]] = mapped_column(JSONType)
     status: Mapped[str] = mapped_column(String(16), default="pending")  # pending | delivered | dead

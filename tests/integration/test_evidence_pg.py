@@ -56,7 +56,9 @@ def test_deletion_to_certificate_and_a_webhook_that_arrives_late(stack, tmp_path
     url = f"http://127.0.0.1:{port}/hooks/lethe"
     admin = make_key(["admin"], name="admin")
     secret = stack.client.post(
-        "/v1/webhooks/secret", json={"url": url}, headers={"authorization": f"Bearer {admin}"}
+        "/v1/webhooks/secret",
+        json={"url": url, "key": stack.key.split("_")[1]},  # the requester's prefix: its events, its secret
+        headers={"authorization": f"Bearer {admin}"},
     ).json()["secret"]
     response = stack.client.post(
         "/v1/deletion-requests",

@@ -166,7 +166,8 @@ def test_item8_a_data_root_is_judged_by_where_it_leads(tmp_path):
         spec = {"row_id_column": "row_id", "label_column": "label"}
         fine = client.post("/v1/models", json={"name": "x", "dataset": {"path": str(table), **spec}})
         assert fine.status_code == 202, fine.text
-        back = client.post("/v1/models", json={"name": "y", "dataset": {"path": str(home / "data" / "back.csv"), **spec}})
+        link = str(home / "data" / "back.csv")
+        back = client.post("/v1/models", json={"name": "y", "dataset": {"path": link, **spec}})
         _problem(back, 422, "dataset-path-not-allowed")
 
 
@@ -309,11 +310,25 @@ def test_item9_stored_hashes_are_keyed_with_their_purpose_keys(live):
 
     # per-endpoint Standard Webhooks secrets come from the webhook-signing key, never from the master secret
     url = "https://hooks.example.com/lethe"
-    raw = hmac.new(settings.derived_key("webhook-signing"), b"https://hooks.example.com:/lethe", "sha256").digest()
-    assert endpoint_secret(url) == "whsec_" + base64.b64encode(raw).decode()
+    message = f"{api_key.id}\nhttps://hooks.example.com:/lethe".encode()  # bound to the requesting key
+    raw = hmac.new(settings.derived_key("webhook-signing"), message, "sha256").digest()
+    assert endpoint_secret(url, api_key.id) == "whsec_" + base64.b64encode(raw).decode()
 
 
 # ---------------------------------------------------------------- item 10: scopes, bound keys, expiry, revocation
+
+
+def test_redelivery_and_webhook_secrets_are_admin_only(api):
+    """A webhook redelivery reaches a receiver on the requester's behalf; a key that may submit requests may not
+    replay events (its own or another requester's), nor read a receiver's secret."""
+    writer = {"authorization": f"Bearer {make_key(['requests:write', 'requests:read'], name='writer')}"}
+    admin = {"authorization": f"Bearer {make_key(['admin'], name='admin')}"}
+    path = "/v1/deletion-requests/some-request/webhooks/some-delivery/redeliver"
+    assert _problem(api.post(path, headers=writer), 403, "forbidden")["required_scope"] == "admin"
+    assert api.post(path, headers=admin).status_code == 404  # past the scope check: no such delivery
+    body = {"url": "https://hooks.example.com/lethe", "key": "nosuchkey"}
+    assert _problem(api.post("/v1/webhooks/secret", json=body, headers=writer), 403, "forbidden")
+    _problem(api.post("/v1/webhooks/secret", json=body, headers=admin), 404, "api-key-not-found")
 
 
 def test_item10_weights_and_lock_need_models_read(live):

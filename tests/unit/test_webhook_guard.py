@@ -373,8 +373,8 @@ def test_the_sender_claims_then_attempts_every_due_delivery_at_once_without_hold
         with loopback_server({"/hook": (204, {}, b"")}) as quick:
             with session_scope() as session:
                 for i in range(3):
-                    enqueue(session, f"r{i}", slow.url(), "deletion.certified", {"i": i})
-                enqueue(session, "r-quick", quick.url("/hook"), "deletion.certified", {})
+                    enqueue(session, f"r{i}", slow.url(), "deletion.certified", {"i": i}, "k1")
+                enqueue(session, "r-quick", quick.url("/hook"), "deletion.certified", {}, "k1")
 
             def watch() -> None:  # reads the rows while the attempts are in flight (never, if they run one by one)
                 give_up = time.monotonic() + 10
@@ -399,3 +399,27 @@ def test_the_sender_claims_then_attempts_every_due_delivery_at_once_without_hold
         assert len(errors) == 3 and all("AttemptDeadlineExceeded" in e for e in errors), errors
     finally:
         slow.close()
+
+
+def test_a_callback_secret_is_bound_to_the_requesting_key_not_to_the_url_alone(tmp_path):
+    """Two keys' requests name the same receiver: each event verifies with its own requester's secret only, so a
+    requester who names another receiver's URL cannot get events that receiver accepts as its own."""
+    from app.db import session_scope
+    from app.webhooks.service import endpoint_secret, enqueue, send_due
+    from tests.helpers import configure
+
+    configure(tmp_path, webhook_allowed_hosts="127.0.0.1")
+    with loopback_server({"/hook": (204, {}, b"")}) as receiver:
+        url = receiver.url("/hook")
+        with session_scope() as session:
+            enqueue(session, "ra", url, "deletion.certified", {"request": "ra"}, "key-a")
+            enqueue(session, "rb", url, "deletion.certified", {"request": "rb"}, "key-b")
+        assert send_due() == {"delivered": 2, "retrying": 0, "dead": 0}
+        received = {json.loads(r.body)["data"]["request"]: r for r in receiver.received}
+    secrets = {"ra": endpoint_secret(url, "key-a"), "rb": endpoint_secret(url, "key-b")}
+    assert secrets["ra"] != secrets["rb"]
+    for request, delivery in received.items():
+        standardwebhooks.Webhook(secrets[request]).verify(delivery.body, delivery.headers)
+        other = secrets["rb" if request == "ra" else "ra"]
+        with pytest.raises(standardwebhooks.WebhookVerificationError):
+            standardwebhooks.Webhook(other).verify(delivery.body, delivery.headers)
