@@ -307,6 +307,18 @@ def hash_row_id(row_id: str) -> str:
     return hash_subject(get_settings().derived_key("subject-hash"), str(row_id))
 
 
+def rows_with_hashes(session: Session, dataset_id: str, hashes: set[str]) -> dict[str, str]:
+    """Keyed hash → row id for the data set's live rows whose hash is in ``hashes`` (hashes every row id once)."""
+    query = select(DatasetRow.row_id).where(DatasetRow.dataset_id == dataset_id, DatasetRow.deleted_by.is_(None))
+    found: dict[str, str] = {}
+    key = get_settings().derived_key("subject-hash")  # hash_row_id's key, derived once for the pass
+    for row_id in session.execute(query.execution_options(yield_per=10_000)).scalars():
+        digest = hash_subject(key, str(row_id))
+        if digest in hashes:
+            found[digest] = row_id
+    return found
+
+
 def present_row_ids(session: Session, dataset_id: str) -> set[str]:
     return set(session.execute(select(DatasetRow.row_id).where(DatasetRow.dataset_id == dataset_id)).scalars())
 

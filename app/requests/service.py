@@ -28,7 +28,7 @@ from app.paging import decode_cursor, encode_cursor
 from app.problems import Problem
 from app.registry.schemas import SCOPES_BY_KIND
 from app.registry.tables import DatasetRow, Model, ModelVersion
-from app.registry.versions import ID_QUERY_CHUNK, erased_hashes, hash_row_id
+from app.registry.versions import ID_QUERY_CHUNK, erased_hashes, hash_row_id, rows_with_hashes
 from app.requests.schemas import DeletionRequestCreate, DeletionRequestOut
 from app.requests.tables import ANSWERED_STATUSES, TERMINAL_STATUSES, DeletionRequest, InflightRow
 from app.requests.tables import REQUEST_STATUSES as REQUEST_STATUSES  # re-exported: the dashboard reads no tables
@@ -628,8 +628,7 @@ def mark_failed(
     if request.status in TERMINAL_STATUSES:  # a certified request's job may fail only in its upkeep: it stays so
         return
     request.status, request.updated_at, request.completed_at = status, now, now
-    if status == "rejected":  # a failed request keeps its ids until retried: the erasure is still owed
-        _hash_sample_ids(request)
+    _hash_sample_ids(request)  # a failed request too: its rows stay held by keyed hash, a retry finds them by it
     request.error = {
         "type": f"https://lethe.dev/problems/{problem_type}",
         "detail": error.split("\n", 1)[0][:2000],
@@ -643,7 +642,8 @@ def mark_failed(
         entity_id=request_id,
         payload={"job_id": job_id, "error": error.split("\n", 1)[0][:500], "attempts": attempts},
     )
-    release_rows(session, request_id)
+    if status != "failed":  # a failed request still owes the erasure: its rows stay held until retried or cancelled
+        release_rows(session, request_id)
     _queue_callback(session, request, f"deletion.{status}")
 
 
@@ -824,11 +824,16 @@ def _leave_approval(session: Session, request: DeletionRequest, status: str) -> 
 
 
 def cancel_request(session: Session, principal: Principal, request_id: str):
-    """Cancel a request no worker has started (or one still waiting for approval); its rows are released."""
+    """Cancel a request no worker has started, one still waiting for approval, or a failed one (withdrawn instead of
+    retried); its rows are released."""
     request = get_request_or_404(session, request_id)
-    if request.status == APPROVAL_STATUS and _leave_approval(session, request, "cancelled"):
-        pass
-    elif request.status not in WAITING_STATUSES or not request.job_id or not cancel_job(session, request.job_id):
+    ended = request.status == "failed"  # its job has ended: nothing to stop
+    waiting = not ended and request.status == APPROVAL_STATUS and _leave_approval(session, request, "cancelled")
+    if (
+        not ended
+        and not waiting
+        and (request.status not in WAITING_STATUSES or not request.job_id or not cancel_job(session, request.job_id))
+    ):
         raise Problem(
             409, "request-started", "Only a request no worker has started can be cancelled",
             f"status is {request.status!r}",
@@ -852,10 +857,14 @@ def retry_request(session: Session, principal: Principal, request_id: str):
     request = get_request_or_404(session, request_id)
     if request.status != "failed":
         raise Problem(409, "not-failed", "Only a failed request can be retried", f"status is {request.status!r}")
-    if "sample_ids" in request.scope:
-        for h in dict.fromkeys(hash_row_id(s) for s in request.scope["sample_ids"]):
-            session.add(InflightRow(model_id=request.model_id, id_hash=h, request_id=request.id))
     model = session.get(Model, request.model_id)
+    if "sample_id_hashes" in request.scope and "sample_ids" not in request.scope:
+        request.scope = _ids_from_hashes(session, model, request.scope)
+    if "sample_ids" in request.scope:
+        held = set(session.execute(select(InflightRow.id_hash).where(InflightRow.request_id == request.id)).scalars())
+        for h in dict.fromkeys(hash_row_id(s) for s in request.scope["sample_ids"]):
+            if h not in held:  # a request that failed before failed requests kept their holds
+                session.add(InflightRow(model_id=request.model_id, id_hash=h, request_id=request.id))
     job = new_job(session, kind="deletion", model_id=model.id, model_kind=model.kind, request_id=request.id)
     previous = request.job_id
     request.job_id, request.status, request.error = job.id, "received", None
@@ -869,6 +878,22 @@ def retry_request(session: Session, principal: Principal, request_id: str):
         payload={"job_id": job.id, "previous_job_id": previous},
     )
     return request
+
+
+def _ids_from_hashes(session: Session, model: Model, scope: dict[str, Any]) -> dict[str, Any]:
+    """A failed request kept only keyed hashes of its ids: a retry finds the rows again by hashing the table's row
+    ids (one pass over the index; a rare operator action). Rows erased meanwhile by another request: 409."""
+    wanted = set(scope["sample_id_hashes"])
+    found = rows_with_hashes(session, model.dataset_id, wanted)
+    if len(found) < len(wanted):
+        raise Problem(
+            409, "already-deleted", "Some samples were already deleted",
+            f"{len(wanted) - len(found)} of this request's {len(wanted)} rows were erased by other requests since it "
+            "failed; cancel it, or submit the remaining ids anew",
+        )  # fmt: skip
+    order = {h: i for i, h in enumerate(scope["sample_id_hashes"])}
+    ids = [row_id for h, row_id in sorted(found.items(), key=lambda item: order[item[0]])]
+    return {**{k: v for k, v in scope.items() if k not in ("sample_id_hashes", "n_samples")}, "sample_ids": ids}
 
 
 def approve_request(session: Session, principal: Principal, request_id: str, note: str | None = None):

@@ -116,8 +116,11 @@ def test_a_failed_request_can_be_retried(setup):
     with _do_nothing("test-nothing"), TestClient(create_app(run_background=True), headers=headers) as client:
         trained = next(f"r{i}" for i, held in enumerate(holdout_mask(200, 0.2, seed=0)) if not held)
         failed = wait_request(client, _ask(client, model_id, [trained], method="test-nothing").json()["id"], 120)
-        assert failed["status"] == "failed" and failed["scope"]["sample_ids"] == [trained]  # kept: still owed
-        retried = client.post(f"/v1/deletion-requests/{failed['id']}/retry")
+        assert failed["status"] == "failed" and "sample_ids" not in failed["scope"]  # only keyed hashes stay
+        assert len(failed["scope"]["sample_id_hashes"]) == 1 and trained not in json.dumps(failed)
+        clash = _ask(client, model_id, [trained])  # still owed: the row stays held by the failed request
+        assert clash.status_code == 409 and clash.json()["type"].endswith("/deletion-in-progress"), clash.text
+        retried = client.post(f"/v1/deletion-requests/{failed['id']}/retry")  # finds its row again by the hash
         assert retried.status_code == 202 and retried.json()["status"] in ("received", "queued", "running")
         again = wait_request(client, failed["id"], timeout=120)
         assert again["status"] == "failed"  # the same method fails its verdict again, and says so
@@ -125,6 +128,19 @@ def test_a_failed_request_can_be_retried(setup):
         assert len(reports) == 2
         events = [e["action"] for e in client.get("/v1/audit", params={"entity_id": failed["id"]}).json()["items"]]
         assert "deletion_request.retried" in events
+
+
+def test_a_failed_request_can_be_withdrawn_and_its_rows_asked_for_again(setup):
+    headers, model_id = setup
+    with _do_nothing("test-nothing"), TestClient(create_app(run_background=True), headers=headers) as client:
+        trained = next(f"r{i}" for i, held in enumerate(holdout_mask(200, 0.2, seed=0)) if not held)
+        failed = wait_request(client, _ask(client, model_id, [trained], method="test-nothing").json()["id"], 120)
+        assert failed["status"] == "failed"
+        cancelled = client.post(f"/v1/deletion-requests/{failed['id']}/cancel")
+        assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled", cancelled.text
+        again = _ask(client, model_id, [trained], method="retrain")  # released: a new request may take the row
+        assert again.status_code == 202, again.text
+        assert wait_request(client, again.json()["id"], timeout=120)["status"] == "certified"
 
 
 def test_a_received_at_in_the_future_is_refused(setup):
