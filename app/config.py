@@ -31,6 +31,7 @@ KEY_PURPOSES = frozenset(
         "request-fingerprint",
         "webhook-signing",
         "audit-checkpoint",
+        "audit-text",
         "dashboard-session",
         "dashboard-csrf",
     }

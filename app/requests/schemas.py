@@ -102,6 +102,9 @@ class DeletionRequestOut(BaseModel):
     overdue: bool = False  # past its deadline with the erasure still owed (failed and pending-approval included)
     answered_late: bool = False  # certified or rejected after its deadline
     extensions: list[dict[str, Any]] = []
+    notes: list[dict[str, Any]] = Field(
+        [], description="Operators' notes (approval): the text lives here, the audit log keeps a keyed digest of it."
+    )
     stuck: bool = False  # still received/queued after LETHE_STUCK_AFTER_SECONDS: no worker has taken it
     erasure: dict[str, Any] | None = None  # the erasure manifest: every store rewritten, with digests and counts
     result_version_id: str | None

@@ -68,6 +68,7 @@ def to_out(request: DeletionRequest) -> DeletionRequestOut:
         overdue=is_overdue(request),
         answered_late=answered_late(request),
         extensions=request.extensions or [],
+        notes=request.notes or [],
         result_version_id=request.result_version_id,
         created_at=request.created_at,
         updated_at=request.updated_at,
@@ -285,7 +286,9 @@ def _validate_rows(
             )
 
 
-_UNSET_AT_INTAKE = ("message", "error", "extensions", "overdue_at", "certificate_id", "erasure", "result_version_id")
+_UNSET_AT_INTAKE = (
+    "message", "error", "extensions", "notes", "overdue_at", "certificate_id", "erasure", "result_version_id",
+)  # fmt: skip
 _UNSET_AT_INTAKE += ("started_at", "completed_at")
 
 
@@ -781,6 +784,13 @@ def flag_overdue(session: Session) -> int:
     return len(late)
 
 
+def text_digest(text: str) -> str:
+    """What the append-only log keeps of free text an operator typed (a reason, a note), which may name a person: a
+    keyed digest (``audit-text`` key) that proves the text on the request row unaltered and cannot be erased with
+    it; the text itself lives on the row, where it can be erased without breaking the chain (issue 22)."""
+    return hmac.new(get_settings().derived_key("audit-text"), text.encode(), hashlib.sha256).hexdigest()
+
+
 def extend_deadline(session: Session, principal: Principal, request_id: str, months: int, reason: str):
     """Art. 12(3): extend by up to two further months in all, with a reason (told to the data subject)."""
     request = get_request_or_404(session, request_id)
@@ -803,7 +813,7 @@ def extend_deadline(session: Session, principal: Principal, request_id: str, mon
         action="deletion_request.extended",
         entity_type="deletion_request",
         entity_id=request.id,
-        payload={"months": months, "reason": reason, "due_at": request.due_at.isoformat()},
+        payload={"months": months, "reason_digest": text_digest(reason), "due_at": request.due_at.isoformat()},
     )
     return request
 
@@ -913,13 +923,16 @@ def approve_request(session: Session, principal: Principal, request_id: str, not
     model = session.get(Model, request.model_id)
     job = new_job(session, kind="deletion", model_id=model.id, model_kind=model.kind, request_id=request.id)
     request.job_id = job.id
+    if note:
+        entry = {"action": "approved", "note": note, "by": principal.actor, "at": utcnow().isoformat()}
+        request.notes = [*(request.notes or []), entry]
     append_event(
         session,
         actor=principal.actor,
         action="deletion_request.approved",
         entity_type="deletion_request",
         entity_id=request.id,
-        payload={"job_id": job.id, **({"note": note} if note else {})},
+        payload={"job_id": job.id, **({"note_digest": text_digest(note)} if note else {})},
     )
     return request
 
@@ -944,7 +957,7 @@ def reject_request(session: Session, principal: Principal, request_id: str, reas
         action="deletion_request.rejected",
         entity_type="deletion_request",
         entity_id=request.id,
-        payload={"reason": reason},
+        payload={"reason_digest": text_digest(reason)},
     )
     _queue_callback(session, request, "deletion.rejected")
     return request

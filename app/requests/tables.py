@@ -51,6 +51,7 @@ class DeletionRequest(Base):
     received_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)  # by the upstream system
     due_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)  # GDPR Art. 12(3): a month
     extensions: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType, nullable=True)
+    notes: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType, nullable=True)  # approval notes
     overdue_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)  # when it was flagged
     certificate_id: Mapped[str | None] = mapped_column(String(36), nullable=True)
     erasure: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)  # the erasure manifest

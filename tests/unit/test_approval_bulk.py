@@ -101,6 +101,8 @@ def test_nothing_runs_before_approval(setup):
         assert events.index("deletion_request.received") < events.index("deletion_request.approved")
         assert events.index("deletion_request.approved") < events.index("deletion_request.queued")
 
+        assert client.get(f"/v1/deletion-requests/{body['id']}").json()["notes"][0]["note"] == "checked the ticket"
+
         rejected_id = _ask(client, model_id, ["r2", "r3"]).json()["id"]
         rejected = client.post(f"/v1/deletion-requests/{rejected_id}/reject", json={"reason": "not our customer"})
         assert rejected.status_code == 200 and rejected.json()["status"] == "rejected"
@@ -220,3 +222,35 @@ def test_a_bulk_filter_selects_what_the_list_shows_a_failed_overdue_request_too(
         assert requests_service.count_requests(session, model_id=model_id, status="pending-approval") == 2
         assert requests_service.count_requests(session, 2, model_id=model_id) == 2  # counted no further
         assert requests_service.count_requests(session, overdue=True) == 1
+
+
+def test_operators_free_text_stays_out_of_the_append_only_log(setup):
+    """A reason or note an operator types may name a person: the request row keeps it (erasable), the hash-chained
+    log only its keyed digest — so erasing the text never breaks the chain, and the log never holds it."""
+    from app.requests.service import text_digest
+
+    headers, model_id = setup
+    texts = {"approve": "Jane Roe phoned on 3 May", "reject": "Jane Roe is not our customer", "extend": "Jane Roe ill"}
+    with TestClient(create_app(run_background=False), headers=headers) as client:
+        approver = {"authorization": f"Bearer {make_key(['admin'], name='approver')}"}
+        first, second = (_ask(client, model_id, [row]).json()["id"] for row in ("r5", "r6"))
+        assert client.post(
+            f"/v1/deletion-requests/{first}/extend", json={"months": 1, "reason": texts["extend"]}
+        ).is_success
+        approve = client.post(
+            f"/v1/deletion-requests/{first}/approve", json={"note": texts["approve"]}, headers=approver
+        )
+        assert approve.status_code == 202, approve.text
+        assert client.post(f"/v1/deletion-requests/{second}/reject", json={"reason": texts["reject"]}).is_success
+        shown = client.get(f"/v1/deletion-requests/{first}").json()
+        assert shown["notes"][0]["note"] == texts["approve"] and shown["extensions"][0]["reason"] == texts["extend"]
+        assert client.get(f"/v1/deletion-requests/{second}").json()["error"]["detail"] == texts["reject"]
+        events = [
+            e for rid in (first, second) for e in client.get("/v1/audit", params={"entity_id": rid}).json()["items"]
+        ]
+    logged = json.dumps(events)
+    assert "Jane" not in logged and "Roe" not in logged
+    digests = {e["action"].rsplit(".", 1)[-1]: e["payload"] for e in events}
+    assert digests["approved"]["note_digest"] == text_digest(texts["approve"])
+    assert digests["rejected"]["reason_digest"] == text_digest(texts["reject"])
+    assert digests["extended"]["reason_digest"] == text_digest(texts["extend"])
