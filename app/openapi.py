@@ -220,10 +220,7 @@ OPERATION_PROBLEMS: dict[tuple[str, str], list[str]] = {
     ("post", "/v1/deletion-requests/{request_id}/approve"): ["not-awaiting-approval", "approval-by-submitter"],
     ("post", "/v1/deletion-requests/{request_id}/reject"): ["not-awaiting-approval"],
     ("post", "/v1/deletion-requests/bulk"): ["bulk-selection-empty", "bulk-selection-too-large"],
-    ("post", "/v1/subjects/erasures"): [
-        "model-not-ready", "deletion-in-progress", "method-not-prepared", "method-refused",
-        "unknown-method", "method-not-supported", "too-many-sample-ids",
-    ],
+    ("post", "/v1/subjects/erasures"): ["unknown-method", "method-not-supported"],
     ("get", "/v1/subjects/erasures/{erasure_id}/certificate"): ["certificate-not-issued"],
     ("get", "/v1/subjects/{subject_hash}/requests"): ["invalid-subject-hash"],
 }  # fmt: skip

@@ -376,6 +376,34 @@ def add_request(
     return request
 
 
+def add_refused_request(
+    session: Session, principal: Principal, body: DeletionRequestCreate, model: Model, problem: Problem
+) -> DeletionRequest:
+    """A per-person erasure's child that cannot start now (its model not ready, the method not prepared there, its
+    rows held by another unfinished request): written ``failed`` with the problem, its ids hashed, no job and no
+    rows held, so the erasure is recorded and audited like any other. Refusing the whole erasure instead, only when
+    a model holds the person's rows, told a caller — with nothing written — that the person is there (issue 22,
+    subject oracle). ``retry`` runs it once the cause is gone; ``cancel`` withdraws it."""
+    rows = request_rows(principal, body, None, model, body_fingerprint(body))
+    request = DeletionRequest(**{**rows["request"], "job_id": None, "status": "failed"})
+    request.completed_at = request.updated_at
+    request.error = {"type": f"https://lethe.dev/problems/{problem.slug}", "detail": problem.detail, "attempts": 0}
+    _hash_sample_ids(request)
+    session.add(request)
+    event = rows["event"]
+    append_event(session, **{**event, "payload": {**event["payload"], "job_id": None}}, flush=False)
+    append_event(
+        session,
+        actor=principal.actor,
+        action="deletion_request.failed",
+        entity_type="deletion_request",
+        entity_id=request.id,
+        payload={"job_id": None, "error": problem.slug, "attempts": 0},
+        flush=False,
+    )
+    return request
+
+
 class StagedRequest(SimpleNamespace):
     """A request the intake batch inserted without an ORM object: the same attributes as a DeletionRequest row, for
     ``to_out`` and ``replay``."""

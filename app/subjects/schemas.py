@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
@@ -32,6 +32,9 @@ class ErasureChildOut(BaseModel):
     model_id: str
     status: Literal[REQUEST_STATUSES]  # type: ignore[valid-type]
     n_samples: int
+    error: dict[str, Any] | None = Field(
+        None, description="Why this model's request failed (e.g. it could not start: model not ready, rows held)."
+    )
     certificate_id: str | None = None
     certificate_digest: str | None = None
     links: dict[str, str]

@@ -136,17 +136,18 @@ def _check_method(method: str) -> None:
 
 def create_erasure(session: Session, principal: Principal, body: ErasureCreate) -> SubjectErasure:
     """Fan out: one deletion request per model holding the subject's rows, and the parent, in the caller's
-    transaction. Any child that would be refused (a model not ready, a method it cannot run, rows already held by
-    an unfinished request) refuses the whole erasure with that child's problem, naming its model.
+    transaction. A child that cannot start now (a model not ready, the method not prepared there, rows already
+    held by an unfinished request) is written ``failed`` with its problem (``requests.add_refused_request``): the
+    erasure is accepted, recorded and audited all the same, and ends ``failed`` naming that model.
 
     A subject with no live rows anywhere is accepted like any other (the router answers the same 202 with the same
     body keys) and completed at once with zero children and a certificate that says no data was found
     (:func:`_certify_no_data`). So the status code no longer tells a caller whether a person is in the training
     data, and every lookup is an audited erasure: a probe for a person who is there erases them. What the body's
     values say (``children``, ``status``, ``no_data_found``) and the certificate's statement differ, as they must:
-    the caller is authorised to learn what was erased for the person they act for. Refusals that name a model (not
-    ready, method not prepared there, rows held by an unfinished request) still happen only when that model holds
-    rows of the subject."""
+    the caller is authorised to learn what was erased for the person they act for. The only refusals left are
+    those that do not depend on the person (the key, the body, the method's name): no answer differs by whether
+    the person is there without an audited erasure being written."""
     _check_method(body.method)
     hashed = subject_hash(body.subject_ref)
     searched_at = utcnow()
@@ -169,10 +170,10 @@ def create_erasure(session: Session, principal: Principal, body: ErasureCreate) 
             requests.validate_against_registry(session, child, model)
             requests._raise_if_in_flight(session, child)
         except Problem as exc:
-            exc.extensions.setdefault("model_id", model.id)
             exc.detail = f"model {model.id}: {exc.detail or exc.title}"
-            raise
-        request = requests.add_request(session, principal, child, None, model, requests.body_fingerprint(child))
+            request = requests.add_refused_request(session, principal, child, model, exc)
+        else:
+            request = requests.add_request(session, principal, child, None, model, requests.body_fingerprint(child))
         session.add(SubjectErasureChild(request_id=request.id, erasure_id=erasure.id, model_id=model.id))
         children.append({"request_id": request.id, "model_id": model.id, "n_samples": len(row_ids)})
     append_event(
@@ -283,6 +284,7 @@ def erasure_out(session: Session, erasure: SubjectErasure) -> ErasureOut:
                 model_id=c.model_id,
                 status=c.status,
                 n_samples=len(c.scope.get("sample_ids") or c.scope.get("sample_id_hashes") or []),
+                error=c.error,
                 certificate_id=c.certificate_id,
                 certificate_digest=certs[c.certificate_id].digest if c.certificate_id in certs else None,
                 links={

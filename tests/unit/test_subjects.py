@@ -299,7 +299,11 @@ def test_a_refused_method_is_refused_whether_or_not_the_subject_has_rows(tmp_pat
         assert session.execute(select(func.count()).select_from(SubjectErasure)).scalar() == 0
 
 
-def test_a_child_refused_refuses_the_whole_erasure(two_models):
+def test_a_child_that_cannot_start_is_recorded_failed_not_a_refusal(two_models):
+    """Issue 22, subject oracle: rows of the person held by an unfinished request on one model used to refuse the
+    whole erasure (409 naming the model, nothing written) — an answer that only a present person could get. Now the
+    erasure is accepted like any other (202), recorded and audited; that model's child is failed with the reason
+    and holds nothing, and can be retried once the other request has ended."""
     headers, (a, b, c) = two_models
     with TestClient(create_app(run_background=False), headers=headers) as client:
         held = client.post(
@@ -307,18 +311,26 @@ def test_a_child_refused_refuses_the_whole_erasure(two_models):
             json={"subject_ref": "x", "model_id": c, "scope": {"kind": "samples", "sample_ids": ["c8"]}},
         )
         assert held.status_code == 202
-        refused = client.post("/v1/subjects/erasures", json={"subject_ref": BOB})
-        assert refused.status_code == 409 and refused.json()["type"].endswith("/deletion-in-progress")
-        assert refused.json()["model_id"] == c
+        accepted = client.post("/v1/subjects/erasures", json={"subject_ref": BOB})
+        assert accepted.status_code == 202, accepted.text
+        erasure = accepted.json()
+        blocked = [child for child in erasure["children"] if child["model_id"] == c]
+        assert len(blocked) == 1 and blocked[0]["status"] == "failed"
+        assert blocked[0]["error"]["type"].endswith("/deletion-in-progress") and c in blocked[0]["error"]["detail"]
+        assert all(child["status"] != "failed" for child in erasure["children"] if child["model_id"] != c)
+        events = client.get("/v1/audit", params={"entity_id": erasure["id"]}).json()["items"]
+        assert [e["action"] for e in events] == ["subject_erasure.received"]
+        retried = client.post(f"/v1/deletion-requests/{blocked[0]['request_id']}/retry")
+        assert retried.status_code == 409, retried.text  # the other request still holds the row
         unknown = client.post("/v1/subjects/erasures", json={"subject_ref": BOB, "method": "no-such-method"})
         assert unknown.status_code == 422 and unknown.json()["type"].endswith("/unknown-method")
-        with session_scope() as session:
-            assert session.execute(select(func.count()).select_from(SubjectErasure)).scalar() == 0
         reader = make_key(["requests:read"], name="reader")
         forbidden = client.post(
             "/v1/subjects/erasures", json={"subject_ref": BOB}, headers={"authorization": f"Bearer {reader}"}
         )
         assert forbidden.status_code == 403
+    with session_scope() as session:
+        assert session.execute(select(func.count()).select_from(SubjectErasure)).scalar() == 1
 
 
 def test_an_inconsistent_combined_certificate_is_refused(tmp_path):
