@@ -119,6 +119,12 @@ class Settings(BaseSettings):
     model_busy_retry_seconds: float = Field(
         2.0, gt=0, description="When another job holds the model, a job waits this long (not counted as an attempt)."
     )
+    subject_calls_per_minute: int = Field(
+        30,
+        ge=1,
+        description="Most per-person erasures and subject look-ups one API key may make per minute, per API "
+        "process (429 with Retry-After beyond): each answers about a named person, so guessing people is slowed.",
+    )
     bulk_max_requests: int = Field(
         500, ge=1, le=10_000, description="Most deletion requests one bulk operator action may select."
     )

@@ -145,6 +145,7 @@ PROBLEM_TYPES: dict[str, tuple[int, str]] = {
     "prediction-not-supported": (422, "This model kind has no predict endpoint"),
     "invalid-rows": (422, "Some rows do not fit the model's feature columns"),
     "too-many-rows": (413, "Too many rows in one call"),
+    "rate-limited": (429, "Too many calls about data subjects"),
     "erasure-not-found": (404, "No such subject erasure"),
     "certificate-not-issued": (404, "The combined certificate is not issued yet"),
     "invalid-subject-hash": (422, "Not a subject hash (64 lowercase hex)"),
@@ -220,7 +221,8 @@ OPERATION_PROBLEMS: dict[tuple[str, str], list[str]] = {
     ("post", "/v1/deletion-requests/{request_id}/approve"): ["not-awaiting-approval", "approval-by-submitter"],
     ("post", "/v1/deletion-requests/{request_id}/reject"): ["not-awaiting-approval"],
     ("post", "/v1/deletion-requests/bulk"): ["bulk-selection-empty", "bulk-selection-too-large"],
-    ("post", "/v1/subjects/erasures"): ["unknown-method", "method-not-supported"],
+    ("post", "/v1/subjects/erasures"): ["unknown-method", "method-not-supported", "rate-limited"],
+    ("post", "/v1/subjects/lookup"): ["rate-limited"],
     ("get", "/v1/subjects/erasures/{erasure_id}/certificate"): ["certificate-not-issued"],
     ("get", "/v1/subjects/{subject_hash}/requests"): ["invalid-subject-hash"],
 }  # fmt: skip

@@ -3,8 +3,14 @@
 
 from __future__ import annotations
 
+import math
+import time
+
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import JSONResponse
+from limits import RateLimitItemPerMinute
+from limits.storage import MemoryStorage
+from limits.strategies import MovingWindowRateLimiter
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal, require_scope
@@ -17,6 +23,30 @@ from app.requests.router import json_caller
 from app.requests.service import to_out
 from app.subjects import service
 from app.subjects.schemas import ErasureCreate, ErasureOut, ErasureSummary, SubjectLookup, SubjectRequestsOut
+
+_LIMITER = MovingWindowRateLimiter(MemoryStorage())
+
+
+def rate_limited(scope: str):
+    """``json_caller(scope)``, then at most ``LETHE_SUBJECT_CALLS_PER_MINUTE`` calls per key per minute across the
+    routes that take a person's reference (a moving window, per API process; the ``limits`` library): each answer is
+    about one named person, so a key cannot sweep through guesses (issue 22, subject oracle)."""
+    caller = json_caller(scope)
+
+    async def dependency(principal: Principal = Depends(caller)) -> Principal:
+        item = RateLimitItemPerMinute(get_settings().subject_calls_per_minute)
+        if not _LIMITER.hit(item, "subjects", principal.key_id):
+            reset_at, _ = _LIMITER.get_window_stats(item, "subjects", principal.key_id)
+            problem = Problem(
+                429, "rate-limited", "Too many calls about data subjects",
+                f"at most {item.amount} per minute for one API key",
+            )  # fmt: skip
+            problem.headers["Retry-After"] = str(max(1, math.ceil(reset_at - time.time())))
+            raise problem
+        return principal
+
+    return dependency
+
 
 router = APIRouter(prefix="/v1/subjects", tags=["subjects"])
 
@@ -32,7 +62,7 @@ router = APIRouter(prefix="/v1/subjects", tags=["subjects"])
 )
 def create_erasure(
     body: ErasureCreate,
-    principal: Principal = Depends(json_caller("requests:write")),
+    principal: Principal = Depends(rate_limited("requests:write")),
     session: Session = Depends(get_session),
 ):
     """Erase one data subject from every model registered with a ``subject_column`` that holds rows of theirs. The
@@ -103,7 +133,7 @@ def subject_requests(
 @router.post("/lookup", response_model=SubjectRequestsOut)
 def lookup_subject(
     body: SubjectLookup,
-    _: Principal = Depends(json_caller("requests:read")),
+    _: Principal = Depends(rate_limited("requests:read")),
     session: Session = Depends(get_session),
 ):
     """A data subject's deletion requests and erasures by their reference: the server computes the keyed hash (only

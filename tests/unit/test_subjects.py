@@ -446,3 +446,20 @@ def test_identifiers_are_read_as_written(tmp_path, suffix):
             json={"subject_ref": "r", "model_id": model_id, "scope": {"kind": "samples", "sample_ids": ["100"]}},
         )
         assert unknown.status_code in (404, 422) and "problem+json" in unknown.headers["content-type"]
+
+
+def test_calls_about_people_are_rate_limited_per_key(tmp_path):
+    """Issue 22, subject oracle: each erasure or look-up answers about one named person, so one key may make only
+    LETHE_SUBJECT_CALLS_PER_MINUTE of them a minute (429 with Retry-After beyond); another key is not held back."""
+    configure(tmp_path / "home", subject_calls_per_minute="3")
+    first = {"authorization": f"Bearer {make_key(SCOPES, name='first')}"}
+    second = {"authorization": f"Bearer {make_key(SCOPES, name='second')}"}
+    with TestClient(create_app(run_background=False)) as client:
+        answers = [
+            client.post("/v1/subjects/lookup", json={"subject_ref": f"guess-{i}"}, headers=first) for i in range(3)
+        ]
+        assert [a.status_code for a in answers] == [200, 200, 200]
+        limited = client.post("/v1/subjects/erasures", json={"subject_ref": "guess-3"}, headers=first)
+        assert limited.status_code == 429 and limited.json()["type"].endswith("/rate-limited"), limited.text
+        assert 1 <= int(limited.headers["retry-after"]) <= 60
+        assert client.post("/v1/subjects/lookup", json={"subject_ref": "guess-0"}, headers=second).status_code == 200
