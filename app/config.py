@@ -28,6 +28,7 @@ KEY_PURPOSES = frozenset(
     {
         "api-key",
         "subject-hash",
+        "row-id-hash",
         "request-fingerprint",
         "webhook-signing",
         "audit-checkpoint",

@@ -115,7 +115,7 @@ class ModelVersion(Base):
 
 
 class ErasedRow(Base):
-    """A keyed hash (HMAC, subject-hash key) of an erased row's id: proves what was erased, answers a second request
+    """A keyed hash (HMAC, row-id-hash key) of an erased row's id: proves what was erased, answers a second request
     for it with 409, and keeps nothing a reader of the database could reverse."""
 
     __tablename__ = "erased_rows"

@@ -303,15 +303,16 @@ def tombstone(session: Session, dataset_id: str, positions: Iterable[int], reque
 
 
 def hash_row_id(row_id: str) -> str:
-    """The keyed hash an erased row's id is kept as (the same keyed HMAC as subject references)."""
-    return hash_subject(get_settings().derived_key("subject-hash"), str(row_id))
+    """The keyed hash an erased row's id is kept as: HMAC under its own ``row-id-hash`` key, not the subject key, so a
+    subject reference equal to some row id never hashes to that row's stored hash (issue 22)."""
+    return hash_subject(get_settings().derived_key("row-id-hash"), str(row_id))
 
 
 def rows_with_hashes(session: Session, dataset_id: str, hashes: set[str]) -> dict[str, str]:
     """Keyed hash → row id for the data set's live rows whose hash is in ``hashes`` (hashes every row id once)."""
     query = select(DatasetRow.row_id).where(DatasetRow.dataset_id == dataset_id, DatasetRow.deleted_by.is_(None))
     found: dict[str, str] = {}
-    key = get_settings().derived_key("subject-hash")  # hash_row_id's key, derived once for the pass
+    key = get_settings().derived_key("row-id-hash")  # hash_row_id's key, derived once for the pass
     for row_id in session.execute(query.execution_options(yield_per=10_000)).scalars():
         digest = hash_subject(key, str(row_id))
         if digest in hashes:

@@ -205,7 +205,7 @@ def test_item9_keys_are_derived_per_purpose_with_hkdf(tmp_path):
 
     configure(tmp_path)
     settings = get_settings()
-    purposes = ["api-key", "subject-hash", "request-fingerprint", "webhook-signing", "audit-checkpoint"]
+    purposes = ["api-key", "subject-hash", "row-id-hash", "request-fingerprint", "webhook-signing", "audit-checkpoint"]
     keys = {p: settings.derived_key(p) for p in purposes}
     assert len(set(keys.values())) == len(purposes) and all(len(k) == 32 for k in keys.values())
     assert settings.secret() not in keys.values()
@@ -305,6 +305,12 @@ def test_item9_stored_hashes_are_keyed_with_their_purpose_keys(live):
     assert request.body_hash == hmac.new(fingerprint_key, canonical.encode(), hashlib.sha256).hexdigest()
     subject_key = settings.derived_key("subject-hash")
     assert request.subject_hash == hmac.new(subject_key, b"alice@example.com", hashlib.sha256).hexdigest()
+    from app.registry.versions import hash_row_id
+
+    # row ids have their own key: a subject reference equal to a row id does not hash to that row's stored hash
+    row_key = settings.derived_key("row-id-hash")
+    assert hash_row_id("alice@example.com") == hmac.new(row_key, b"alice@example.com", hashlib.sha256).hexdigest()
+    assert hash_row_id("alice@example.com") != request.subject_hash
     assert api_key.key_hash == hmac.new(settings.derived_key("api-key"), key.encode(), hashlib.sha256).hexdigest()
     from app.webhooks.service import endpoint_secret
 
