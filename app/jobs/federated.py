@@ -83,9 +83,19 @@ def clip_for(model: Model) -> ClipLoRA:
 
 
 def data_for(model: Model, spec: dict | None = None):
-    """The model's client data (a federation whose clients are in the order of ``state["clients"]``)."""
+    """The model's client data (a federation whose clients are in the order of ``state["clients"]``); for caption
+    files, refused when the images differ from those version 1 was trained on (``state["images_sha256"]``)."""
     spec = spec if spec is not None else model.state["spec"]
-    return _federation_data(json.dumps(model.spec["data"], sort_keys=True), json.dumps(spec, sort_keys=True))[0]
+    data = _federation_data(json.dumps(model.spec["data"], sort_keys=True), json.dumps(spec, sort_keys=True))[0]
+    check_images(model.state, data)
+    return data
+
+
+def check_images(state: dict, data) -> None:
+    """A deletion computed on other images than version 1 trained on would erase other pairs than it says."""
+    expected = state.get("images_sha256")
+    if expected is not None and data.source_sha256 != expected:
+        raise FederatedJobError("the federation's images changed since version 1 was trained on them (sha256 differs)")
 
 
 def check_data_files(model: Model) -> None:
@@ -144,6 +154,7 @@ def train(job: Job, ctx: JobContext) -> None:
         "rounds": [],
         "removed": [],
         "vocabulary": vocabulary,
+        **({"images_sha256": data.source_sha256} if data.source_sha256 else {}),
     }
     digest = registry.put_weights(clip.theta_init)
     if existing is None:

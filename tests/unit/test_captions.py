@@ -122,3 +122,31 @@ def test_a_real_federation_from_a_karpathy_file_and_a_client_assignment(tmp_path
     (tmp_path / "assign.json").write_text(json.dumps({"4": "x"}))
     with pytest.raises(ValueError):
         load_caption_federation(path, images, read_client_assignment(tmp_path / "assign.json"), simple_preprocess(16))
+
+
+def test_caption_images_are_resolved_again_and_digested_where_they_are_read(tmp_path):
+    """Issue 22, LOW (time-of-check/time-of-use): the worker resolves each image again (a link swapped in after the
+    registration's check cannot lead out of image_root) and digests the very bytes it decodes, so a job can refuse
+    images changed since version 1 (app/jobs/federated.check_images)."""
+    from app.ml.data.captions import export_karpathy, load_caption_federation, read_client_assignment
+
+    fed = make_synthetic_federation(0, n_clients=3, pairs_per_client=4, n_test=4)
+    paths = export_karpathy(fed, tmp_path / "fed", client_names=["a", "b", "c"])
+
+    def load():
+        assignment = read_client_assignment(paths["assignment_path"])
+        fed, _ = load_caption_federation(paths["captions_path"], paths["image_root"], assignment, simple_preprocess(16))
+        return fed
+
+    first, again = load(), load()
+    assert first.source_sha256 is not None and first.source_sha256 == again.source_sha256
+    victim = sorted(paths["image_root"].iterdir())[0]
+    Image.new("RGB", (8, 8), (255, 0, 0)).save(victim)  # one image's pixels changed
+    assert load().source_sha256 != first.source_sha256
+
+    outside = tmp_path / "secret.png"
+    Image.new("RGB", (8, 8), (0, 0, 255)).save(outside)
+    victim.unlink()
+    victim.symlink_to(outside)  # swapped for a link leading out of the image folder after registration
+    with pytest.raises(ValueError, match="leads out of image_root"):
+        load()

@@ -280,6 +280,9 @@ class SyntheticFederation:
     heldout: CaptionDataset | None = None
     """Membership regime: held-out pairs drawn exactly like the forget set and never trained on (the matched
     non-members of the membership scenario); None for the concept regime, whose held-out pairs share the concept."""
+    source_sha256: str | None = None
+    """Caption files: sha256 over every image file's path and the sha256 of the very bytes decoded (None for the
+    generator), so a job can refuse images changed since version 1 was trained on them."""
 
     def forget_masks(self, scenario: str) -> list[np.ndarray]:
         spec = self.scenarios[scenario]
@@ -493,17 +496,34 @@ def load_karpathy_split(
 def karpathy_to_dataset(
     data: KarpathyCaptions,
     preprocess: Callable[[Any], torch.Tensor],
+    root: Path | None = None,
+    digest: Any = None,
 ) -> CaptionDataset:
     """Decode the images with ``preprocess`` (e.g. open_clip's eval transform) into one row per caption.
 
     Each image is decoded once and repeated for each of its captions (Flickr30K/COCO have five), the pair layout
-    the federation and the retrieval metrics use.
+    the federation and the retrieval metrics use. With ``root`` (resolved), each path is resolved again here and
+    must still lie under it — the registration's check, made again where the file is read (a link swapped in since
+    cannot lead out) — and the bytes read once are the bytes decoded and, into ``digest`` (a hashlib object), hashed.
     """
+    import hashlib
+    import io
+
     from PIL import Image
 
     decoded = []
     for path in data.image_paths:
-        with Image.open(path) as im:
+        if root is not None:
+            resolved = path.resolve(strict=True)
+            if not resolved.is_relative_to(root):
+                raise ValueError(f"image {path.name!r} leads out of image_root")
+            raw = resolved.read_bytes()
+            if digest is not None:
+                digest.update(str(resolved.relative_to(root)).encode() + b"\0" + hashlib.sha256(raw).digest())
+            source: Any = io.BytesIO(raw)
+        else:
+            source = path
+        with Image.open(source) as im:
             decoded.append(preprocess(im.convert("RGB")))
     images = torch.stack(decoded) if decoded else torch.empty(0)
     rows = images[torch.tensor(data.image_index, dtype=torch.long)] if decoded else images
@@ -564,11 +584,16 @@ def load_caption_federation(
     names = sorted({o for o in owner if o is not None})
     if not names:
         raise ValueError("no training image is assigned to a client")
-    full = karpathy_to_dataset(train, preprocess)
+    import hashlib
+
+    root, digest = Path(image_root).resolve(), hashlib.sha256()
+    full = karpathy_to_dataset(train, preprocess, root, digest)
     subjects = [train.image_paths[i].name for i in train.image_index]
     full = CaptionDataset(full.images, full.captions, full.ids, subjects=subjects)
     clients = [full.subset([r for r, i in enumerate(train.image_index) if owner[i] == name]) for name in names]
-    federation = SyntheticFederation(clients=clients, test=karpathy_to_dataset(test, preprocess), scenarios={}, seed=0)
+    test_set = karpathy_to_dataset(test, preprocess, root, digest)
+    federation = SyntheticFederation(clients=clients, test=test_set, scenarios={}, seed=0)
+    federation.source_sha256 = digest.hexdigest()
     return federation, names
 
 
