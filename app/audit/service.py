@@ -549,8 +549,13 @@ def verify_chain(session: Session, batch: int = 5000) -> ChainVerdict:
             "the tail was truncated",
             "truncated",
         )
+    # the next checkpoint is due at the next multiple of the interval; after a change of AUDIT_CHECKPOINT_EVERY the
+    # later of the configured and the last checkpoint's signed interval, so that neither direction cries wolf
+    last = checkpoints[-1] if checkpoints else None
     every = get_settings().audit_checkpoint_every
     due = ((last_cp or 0) // every + 1) * every
+    if last is not None and last.every:
+        due = max(due, (last.seq // last.every + 1) * last.every)
     if after >= due:
         return broken(
             checked,

@@ -92,6 +92,39 @@ def test_a_forged_checkpoint_signed_by_another_key_is_refused(tmp_path):
     assert "does not verify" in verdict.reason
 
 
+def test_the_interval_a_checkpoint_records_is_signed(tmp_path):
+    raw = _setup(tmp_path, 12)  # checkpoints at 5, 10
+    raw.execute("DROP TRIGGER audit_checkpoints_no_update")
+    raw.execute("UPDATE audit_checkpoints SET every = 10 WHERE seq = 10")  # "the interval was always 10"
+    raw.commit()
+    verdict = _verdict()
+    assert not verdict.ok and verdict.code == "checkpoint-forged" and verdict.first_broken_seq == 10, verdict
+
+
+def _append(n: int) -> None:
+    for _ in range(n):
+        with session_scope() as session:
+            append_event(session, actor="t", action="x.done", entity_type="x", entity_id="e")
+
+
+def test_changing_the_interval_is_no_false_alarm_and_gaps_still_show(tmp_path):
+    _setup(tmp_path, 12)  # every 5: checkpoints at 5, 10
+    configure(tmp_path, audit_checkpoint_every="3")  # lowered: 12 passed unanchored, the next one is at 15
+    _append(2)
+    assert _verdict().ok, _verdict()
+    _append(1)
+    configure(tmp_path, audit_checkpoint_every="7")  # raised: after 15 the next one is at 21
+    _append(5)
+    verdict = _verdict()
+    assert verdict.ok and verdict.checked == 20 and verdict.last_checkpoint_seq == 15, verdict
+    _append(1)
+    raw = sqlite3.connect(tmp_path / "lethe.db")
+    raw.execute("DELETE FROM audit_checkpoints WHERE seq = 21")
+    raw.commit()
+    verdict = _verdict()
+    assert not verdict.ok and verdict.code == "checkpoint-missing" and verdict.first_broken_seq == 21, verdict
+
+
 def _certificate(tmp_path) -> dict:
     """A deletion certificate issued the way the publishing transaction issues it (certificates.issue)."""
     now = datetime.now(UTC)
