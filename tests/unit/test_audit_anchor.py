@@ -13,7 +13,14 @@ from types import SimpleNamespace
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from app.audit.router import AuditEventOut
-from app.audit.service import append_event, checkpoint_statement, latest_anchor, verify_chain
+from app.audit.service import (
+    LEGACY_CHECKPOINT_KEY_ID,
+    append_event,
+    checkpoint_mac,
+    checkpoint_statement,
+    latest_anchor,
+    verify_chain,
+)
 from app.audit.tables import AuditEvent
 from app.certificates import service as certificates
 from app.certificates.signing import public_keys
@@ -90,6 +97,26 @@ def test_a_forged_checkpoint_signed_by_another_key_is_refused(tmp_path):
     verdict = _verdict()
     assert not verdict.ok and verdict.code == "checkpoint-forged" and verdict.first_broken_seq == 10, verdict
     assert "does not verify" in verdict.reason
+
+
+def _make_legacy(raw: sqlite3.Connection, seq: int) -> None:
+    """Replace a checkpoint by the HMAC one revision 0004 wrote (a secret the service holds, not a signature)."""
+    hash_, at = raw.execute("SELECT hash, at FROM audit_checkpoints WHERE seq = ?", (seq,)).fetchone()
+    raw.execute("DELETE FROM audit_checkpoints WHERE seq = ?", (seq,))
+    raw.execute(
+        "INSERT INTO audit_checkpoints (seq, hash, at, key_id, mac) VALUES (?, ?, ?, ?, ?)",
+        (seq, hash_, at, LEGACY_CHECKPOINT_KEY_ID, checkpoint_mac(seq, hash_)),
+    )
+    raw.commit()
+
+
+def test_hmac_checkpoints_from_before_0011_verify_only_before_the_first_signed_one(tmp_path):
+    raw = _setup(tmp_path, 16)  # checkpoints at 5, 10, 15
+    _make_legacy(raw, 5)  # an upgraded log: its old checkpoints keep their HMAC
+    assert _verdict().ok, _verdict()
+    _make_legacy(raw, 15)  # one with the secret but without the signing key replaces a signed checkpoint
+    verdict = _verdict()
+    assert not verdict.ok and verdict.code == "checkpoint-forged" and verdict.first_broken_seq == 15, verdict
 
 
 def test_the_interval_a_checkpoint_records_is_signed(tmp_path):
