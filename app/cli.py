@@ -1,9 +1,10 @@
 """`lethe`: the operator's command line.
 
-Server side: serve, worker, dispatcher, webhook-sender, migrate, keys (create, list, revoke: straight on the
-database), signing-keys, demo. Client side, over the API (app/client.py): submit, status [--watch], list, models,
-model-settings, model-export, predict, report, cancel, approve, reject, retry, extend, bulk, subjects (erase, status,
-certificate, requests), export, audit-verify; and verify-certificate (offline). Exit codes: see ``EXIT_*`` below.
+Server side: serve, worker, dispatcher, webhook-sender, migrate, db grant-runtime-role, keys (create, list, revoke:
+straight on the database), signing-keys, demo. Client side, over the API (app/client.py): submit, status [--watch],
+list, models, model-settings, model-export, predict, report, cancel, approve, reject, retry, extend, bulk, subjects
+(erase, status, certificate, requests), export, audit-verify; and verify-certificate (offline). Exit codes: see
+``EXIT_*`` below.
 
 Output: tables fit the terminal's width (short ids and dates, then fewer columns; ids and statuses never cut) and
 take their natural width in a pipe; no line is broken by the program. Commands take a request's or a model's id
@@ -44,13 +45,46 @@ def _logging(level: str | None = None) -> None:
     configure_logging(level or settings.log_level, json_lines=settings.log_json)
 
 
+db_app = typer.Typer(help="Database roles (PostgreSQL).", **HELP)
+app.add_typer(db_app, name="db")
+
+
 @app.command()
 def migrate() -> None:
-    """Create or upgrade the database schema (Alembic)."""
+    """Create or upgrade the database schema (Alembic), as LETHE_MIGRATION_DATABASE_URL's role when it is set (the
+    tables' owner); when LETHE_DATABASE_URL names another role, grant it its runtime rights afterwards (`lethe db
+    grant-runtime-role`)."""
     from app.db import migrate as run_migrations
+    from app.db import separate_runtime_role
 
     run_migrations()
     typer.echo("database at the newest revision")
+    if separate_runtime_role():
+        _grant_runtime_role(None)
+
+
+def _grant_runtime_role(role: str | None) -> None:
+    from app.audit.tables import APPEND_ONLY_TABLES
+    from app.db import grant_runtime_role
+
+    try:
+        granted = grant_runtime_role(APPEND_ONLY_TABLES, role)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_FAILED) from None
+    typer.echo(f"runtime role {granted}: read and write, but only INSERT and SELECT on {', '.join(APPEND_ONLY_TABLES)}")
+
+
+@db_app.command("grant-runtime-role")
+def db_grant_runtime_role(
+    role: Annotated[
+        str | None, typer.Argument(help="The role the service runs as (default: LETHE_DATABASE_URL's user).")
+    ] = None,
+) -> None:
+    """Create (when missing) and grant the PostgreSQL role the service runs as: no ownership, and on the audit log
+    INSERT and SELECT only, so it cannot rewrite the chain. Connects as LETHE_MIGRATION_DATABASE_URL's role (the
+    owner), else LETHE_DATABASE_URL's; the password is LETHE_DATABASE_URL's when it names the role. Idempotent."""
+    _grant_runtime_role(role)
 
 
 @keys_app.command("create")
@@ -1631,12 +1665,21 @@ def verify_certificate(
     keys: Annotated[
         str, typer.Option("--keys", help="The keys document: a file, or an https URL of /.well-known/lethe-keys.json.")
     ],
+    audit_log: Annotated[
+        Path | None,
+        typer.Option(
+            "--audit-log",
+            help="The audit log (`lethe export audit --format json`): check it still leads to the certificate's "
+            "audit anchor.",
+        ),
+    ] = None,
 ) -> None:
-    """Check a deletion certificate offline. Exit 0 valid, 1 invalid, 2 unreadable certificate or keys."""
+    """Check a deletion certificate offline; with --audit-log, also that the log was not rewritten before the
+    certificate's audit anchor. Exit 0 valid, 1 invalid, 2 unreadable certificate, keys or log."""
     from app.certificates.verify_cli import InputUnavailable, verify_file
 
     try:
-        ok, message = verify_file(file, keys)
+        ok, message = verify_file(file, keys, audit_log)
     except InputUnavailable as exc:
         typer.echo(f"error: {exc.reason}", err=True)
         raise typer.Exit(2) from None

@@ -45,6 +45,12 @@ class Settings(BaseSettings):
 
     home: Path = Field(Path("var"), description="Folder for the embedded database, artifacts and the secret key.")
     database_url: str | None = Field(None, description="SQLAlchemy URL; default a SQLite file in `home`.")
+    migration_database_url: str | None = Field(
+        None,
+        description="PostgreSQL: the tables' owner, for `lethe migrate` only; the service then runs as the role in "
+        "`database_url`, which `lethe migrate` grants INSERT and SELECT but no UPDATE or DELETE on the audit log "
+        "(README, the audit log). Default: `database_url` does both.",
+    )
     broker_url: str | None = Field(None, description="Celery broker (redis://...); none = in-process executor.")
     artifact_url: str | None = Field(None, description="fsspec URL of the artifact store; default `home`/artifacts.")
     secret_key: SecretStr | None = Field(
@@ -137,7 +143,10 @@ class Settings(BaseSettings):
     log_level: str = Field("INFO", description="Log level of the API and workers (DEBUG, INFO, WARNING, ERROR).")
     log_json: bool = Field(True, description="JSON log lines (structlog); false: key=value lines for a terminal.")
     audit_checkpoint_every: int = Field(
-        100, ge=1, description="Write a keyed checkpoint of the audit chain's head every N events."
+        100,
+        ge=1,
+        description="Write a signed checkpoint of the audit chain's head every N events (each records N; the "
+        "verifier requires every one).",
     )
 
     @field_validator("data_roots", "webhook_allowed_hosts", mode="before")

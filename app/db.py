@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Engine, MetaData, Table, create_engine, event, insert
+from sqlalchemy import JSON, DateTime, Engine, MetaData, Table, create_engine, event, insert, pool
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
@@ -207,7 +207,92 @@ def migrate(url: str | None = None) -> None:
     from alembic import command
     from alembic.config import Config
 
+    settings = get_settings()
     config = Config()
     config.set_main_option("script_location", str(Path(__file__).resolve().parent / "migrations"))
-    config.attributes["url"] = url or get_settings().resolved_database_url
+    config.attributes["url"] = url or settings.migration_database_url or settings.resolved_database_url
     command.upgrade(config, "head")
+
+
+RUNTIME_TABLE_RIGHTS = "SELECT, INSERT, UPDATE, DELETE"
+RUNTIME_SEQUENCE_RIGHTS = "USAGE, SELECT, UPDATE"
+
+
+def separate_runtime_role() -> bool:
+    """True when the service runs as another PostgreSQL role than the one that migrates (the tables' owner)."""
+    from sqlalchemy.engine import make_url
+
+    settings = get_settings()
+    if not settings.migration_database_url or not settings.resolved_database_url.startswith("postgresql"):
+        return False
+    owner, runtime = make_url(settings.migration_database_url), make_url(settings.resolved_database_url)
+    return owner.username != runtime.username
+
+
+def grant_runtime_role(append_only: tuple[str, ...], role: str | None = None, password: str | None = None) -> str:
+    """PostgreSQL: give the service's runtime role what it needs and no more (issue 22): read and write on every
+    table, but only SELECT and INSERT on the ``append_only`` ones, the audit log's (no UPDATE, DELETE, TRUNCATE),
+    SELECT on alembic_version, and no ownership: the account the service runs as cannot rewrite the audit chain, not
+    even by disabling its triggers. Connects as the owner (``migration_database_url``, else ``database_url``); creates
+    the role (LOGIN, with ``password`` or the one in ``database_url`` when that URL names the role) when it is
+    missing. Idempotent: ``lethe migrate`` runs it after each upgrade. Returns the role's name."""
+    from psycopg import sql
+    from sqlalchemy.engine import make_url
+
+    settings = get_settings()
+    runtime = make_url(settings.resolved_database_url)
+    role = role or runtime.username
+    if not role:
+        raise ValueError("name the runtime role, or put it in LETHE_DATABASE_URL")
+    if password is None and runtime.username == role:
+        password = runtime.password
+    owner_url = settings.migration_database_url or settings.resolved_database_url
+    if not owner_url.startswith("postgresql"):
+        raise ValueError("a runtime role is for PostgreSQL (SQLite has no roles)")
+    engine = create_engine(owner_url, poolclass=pool.NullPool)
+    try:
+        with engine.begin() as connection:
+            cursor = connection.connection.driver_connection.cursor()
+            ident = sql.Identifier(role)
+            cursor.execute("SELECT current_user, current_database(), current_schema()")
+            owner, database, schema = cursor.fetchone()
+            if role == owner:
+                raise ValueError(f"the runtime role {role!r} is the tables' owner: use another role")
+            cursor.execute("SELECT rolsuper FROM pg_roles WHERE rolname = %s", (role,))
+            found = cursor.fetchone()
+            login = sql.SQL(" LOGIN PASSWORD {}").format(sql.Literal(password)) if password else sql.SQL(" LOGIN")
+            if found is None:
+                cursor.execute(sql.SQL("CREATE ROLE {}").format(ident) + login)
+            elif found[0]:
+                raise ValueError(f"the runtime role {role!r} is a superuser: its rights cannot be limited")
+            elif password:
+                cursor.execute(sql.SQL("ALTER ROLE {}").format(ident) + login)
+            cursor.execute("SELECT pg_has_role(%s, %s, 'MEMBER')", (role, owner))
+            if cursor.fetchone()[0]:
+                raise ValueError(f"the runtime role {role!r} is a member of the owner {owner!r}: it owns the tables")
+            tables = sql.SQL(", ").join(sql.Identifier(schema, name) for name in append_only)
+            version = sql.Identifier(schema, "alembic_version")
+            for statement in (
+                sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(database), ident),
+                sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(schema), ident),
+                sql.SQL(f"GRANT {RUNTIME_TABLE_RIGHTS} ON ALL TABLES IN SCHEMA {{}} TO {{}}").format(
+                    sql.Identifier(schema), ident
+                ),
+                sql.SQL(f"GRANT {RUNTIME_SEQUENCE_RIGHTS} ON ALL SEQUENCES IN SCHEMA {{}} TO {{}}").format(
+                    sql.Identifier(schema), ident
+                ),
+                sql.SQL("REVOKE ALL ON {} FROM {}").format(tables, ident),
+                sql.SQL("GRANT SELECT, INSERT ON {} TO {}").format(tables, ident),
+                sql.SQL("REVOKE ALL ON {} FROM {}").format(version, ident),
+                sql.SQL("GRANT SELECT ON {} TO {}").format(version, ident),
+                sql.SQL(
+                    f"ALTER DEFAULT PRIVILEGES IN SCHEMA {{}} GRANT {RUNTIME_TABLE_RIGHTS} ON TABLES TO {{}}"
+                ).format(sql.Identifier(schema), ident),
+                sql.SQL(
+                    f"ALTER DEFAULT PRIVILEGES IN SCHEMA {{}} GRANT {RUNTIME_SEQUENCE_RIGHTS} ON SEQUENCES TO {{}}"
+                ).format(sql.Identifier(schema), ident),
+            ):
+                cursor.execute(statement)
+    finally:
+        engine.dispose()
+    return role

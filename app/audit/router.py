@@ -4,7 +4,7 @@ from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter, Depends, Query
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -26,6 +26,12 @@ class AuditEventOut(BaseModel):
     payload: dict[str, Any]
     prev_hash: str
     hash: str
+    canonical: str | None = Field(
+        None,
+        description="The exact text the row's hash covers: hash = sha256(prev_hash + canonical), so anyone can "
+        "recompute the chain (and check a certificate's audit_anchor against it); null for rows written before "
+        "revision 0004, whose hash is recomputed from the columns.",
+    )
 
 
 class AuditPage(BaseModel):
@@ -41,6 +47,11 @@ class ChainVerdictOut(BaseModel):
     reason: str | None
     checkpoints: int = 0
     last_checkpoint_seq: int | None = None
+    code: str | None = Field(
+        None,
+        description="Why it failed, stable: row-missing, relinked, row-changed, checkpoint-mismatch, truncated, "
+        "checkpoint-forged, checkpoint-missing (first_broken_seq is then the position whose checkpoint is absent).",
+    )
 
 
 @router.get("", response_model=AuditPage)
@@ -61,8 +72,9 @@ def list_events(
 
 @router.get("/verify", response_model=ChainVerdictOut)
 def verify(_: Principal = Depends(require_scope("audit:read")), session: Session = Depends(get_session)):
-    """Recompute the hash chain; ``first_broken_seq`` names the first row that was changed, removed or re-linked, or
-    the first row missing from a tail cut short after a checkpoint."""
+    """Recompute the hash chain and check the signed checkpoints; ``first_broken_seq`` names the first row that was
+    changed, removed or re-linked, the first row missing from a tail cut short after a checkpoint, or the position of
+    a checkpoint that is missing."""
     verdict = verify_chain(session)
     return ChainVerdictOut(
         ok=verdict.ok,
@@ -72,4 +84,5 @@ def verify(_: Principal = Depends(require_scope("audit:read")), session: Session
         reason=verdict.reason,
         checkpoints=verdict.checkpoints,
         last_checkpoint_seq=verdict.last_checkpoint_seq,
+        code=verdict.code,
     )

@@ -6,25 +6,44 @@ writers) so the chain is a line, never a tree. ``verify_chain`` recomputes it an
 The canonical text is stored as text beside the JSON payload (PostgreSQL's JSONB rewrites ``2.5e16`` as
 ``25000000000000000``, so a hash recomputed from JSONB would break on honest rows); verification hashes the text and
 checks that the columns say the same thing. Non-finite floats, which JSON cannot carry, are written as the strings
-``"NaN"``, ``"Infinity"`` and ``"-Infinity"``. Every ``audit_checkpoint_every`` events a checkpoint row anchors the
-head with an HMAC (audit-checkpoint key), so a chain cut short after a checkpoint no longer verifies.
+``"NaN"``, ``"Infinity"`` and ``"-Infinity"``.
+
+Anchoring (issue 22): the service's own database role owns these tables, so triggers alone cannot stop it from
+rewriting the chain and re-linking the hashes. Every ``audit_checkpoint_every`` events a checkpoint anchors the head,
+signed with the certificate signing key (Ed25519, app/certificates/signing.py; checked with the published keys, so a
+table owner without the private key cannot forge one). Each checkpoint signs its position, the hash there, the
+interval in force and the position of the checkpoint before it, so none can go missing unnoticed: a deleted one is
+named by its successor, and a deleted tail by the interval. Deletion certificates carry the latest checkpoint
+(``audit_anchor``), so whoever holds a certificate can later check the served log against it. Run the service as a
+role that may only INSERT and SELECT here (``lethe db grant-runtime-role``) and the rewrite needs the owner.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Table, event, select, text
+from cryptography.exceptions import InvalidSignature
+from sqlalchemy import Table, event, func, select, text
 from sqlalchemy.orm import Session
 
 from app.audit.tables import AuditCheckpoint, AuditEvent
+from app.certificates.signing import (
+    InvalidKeys,
+    default_keystore,
+    encode_pae,
+    load_public_keys,
+    parse_timestamp,
+    utc_timestamp,
+)
 from app.config import get_settings
 from app.db import insert_many, utcnow
 
@@ -77,15 +96,162 @@ def event_hash(
     return hashlib.sha256((prev_hash + body).encode()).hexdigest()
 
 
-CHECKPOINT_KEY_ID = "hkdf:audit-checkpoint:v1"
+LEGACY_CHECKPOINT_KEY_ID = "hkdf:audit-checkpoint:v1"
+CHECKPOINT_KEY_ID = LEGACY_CHECKPOINT_KEY_ID  # the name older code imports
+CHECKPOINT_PAYLOAD_TYPE = "application/vnd.lethe.audit-checkpoint+json"
 
 
-def checkpoint_mac(seq: int, hash_: str, key_id: str = CHECKPOINT_KEY_ID) -> str:
-    """HMAC of one checkpoint (a later change may sign with the certificate key; ``key_id`` names the key used)."""
-    if key_id != CHECKPOINT_KEY_ID:
+def checkpoint_mac(seq: int, hash_: str, key_id: str = LEGACY_CHECKPOINT_KEY_ID) -> str:
+    """HMAC of a checkpoint written before revision 0013 (verified, no longer written)."""
+    if key_id != LEGACY_CHECKPOINT_KEY_ID:
         raise ValueError(f"unknown checkpoint key {key_id!r}")
     message = f"lethe-audit-checkpoint:v1:{seq}:{hash_}".encode()
     return hmac.new(get_settings().derived_key("audit-checkpoint"), message, hashlib.sha256).hexdigest()
+
+
+def checkpoint_statement(seq: int, hash_: str, every: int, prev_seq: int, at: datetime | str) -> bytes:
+    """The bytes a checkpoint's Ed25519 signature covers (DSSE pre-authentication encoding of canonical JSON): its
+    position, the hash there, the interval in force and the checkpoint before it (0: none)."""
+    body = canonical_json(
+        {
+            "type": "lethe-audit-checkpoint/v1",
+            "seq": seq,
+            "hash": hash_,
+            "every": every,
+            "prev_seq": prev_seq,
+            "at": utc_timestamp(at),
+        }
+    )
+    return encode_pae(CHECKPOINT_PAYLOAD_TYPE, body.encode())
+
+
+def _signed_checkpoint(seq: int, hash_: str, every: int, prev_seq: int, at: datetime) -> dict[str, Any]:
+    signer = default_keystore().active_signer()
+    signature = signer.sign(checkpoint_statement(seq, hash_, every, prev_seq, at))
+    return {
+        "seq": seq,
+        "hash": hash_,
+        "at": at,
+        "key_id": signer.key_id,
+        "mac": "",
+        "every": every,
+        "prev_seq": prev_seq,
+        "signature": base64.b64encode(signature).decode("ascii"),
+    }
+
+
+def checkpoint_anchor(checkpoint: AuditCheckpoint | Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A checkpoint as a certificate carries it (``audit_anchor``): enough to check its signature with the published
+    keys and, given the log, that the log still has that hash at that position."""
+    if checkpoint is None:
+        return None
+    get = checkpoint.get if isinstance(checkpoint, Mapping) else lambda k: getattr(checkpoint, k)
+    if not get("signature"):
+        return None  # a legacy (HMAC) checkpoint: nothing an outsider could check
+    return {
+        "seq": get("seq"),
+        "hash": get("hash"),
+        "every": get("every"),
+        "prev_seq": get("prev_seq"),
+        "at": utc_timestamp(get("at")),
+        "key_id": get("key_id"),
+        "signature": get("signature"),
+    }
+
+
+def latest_anchor(session: Session) -> dict[str, Any] | None:
+    """The newest signed checkpoint (this transaction's included), as a certificate carries it; None before the
+    first one."""
+    row = (
+        session.execute(
+            select(AuditCheckpoint)
+            .where(AuditCheckpoint.signature.is_not(None))
+            .order_by(AuditCheckpoint.seq.desc())
+            .limit(1)
+        )
+        .scalars()
+        .first()
+    )
+    return checkpoint_anchor(row)
+
+
+def check_anchor_signature(anchor: Mapping[str, Any], keys: Mapping[str, Any]) -> str | None:
+    """Why a signed checkpoint (an anchor or a row) does not verify with ``keys``, or None. ``keys`` is a keys
+    document (then a key retired before the checkpoint's time signed nothing then) or ``{kid: Ed25519PublicKey}``."""
+    document = isinstance(keys.get("keys"), list)
+    try:
+        public = load_public_keys(keys) if document else dict(keys)
+    except InvalidKeys as exc:
+        return f"the keys are unusable: {exc.reason}"
+    kid = anchor.get("key_id")
+    if kid not in public:
+        return f"signed by unknown key {kid!r}"
+    try:
+        signature = base64.b64decode(str(anchor.get("signature")), validate=True)
+        message = checkpoint_statement(
+            int(anchor["seq"]), str(anchor["hash"]), int(anchor["every"]), int(anchor["prev_seq"]), anchor["at"]
+        )
+        public[kid].verify(signature, message)
+    except (InvalidSignature, ValueError, TypeError, KeyError):
+        return f"its signature by key {kid} does not verify"
+    retired = next((k.get("retired") for k in keys["keys"] if k.get("kid") == kid), None) if document else None
+    if retired and parse_timestamp(utc_timestamp(anchor["at"])) >= parse_timestamp(retired):
+        return f"signed by key {kid} after it was retired ({retired})"
+    return None
+
+
+def check_anchor_against_log(anchor: Mapping[str, Any], events: list[Mapping[str, Any]]) -> str | None:
+    """Why the log (events as ``GET /v1/audit`` serves them, or ``lethe export audit --format json``) does not lead
+    to the anchor's hash at the anchor's position, or None. Every hash from the first event up to that position is
+    recomputed, so a rewrite of any of them — even one re-linked with fresh hashes — shows up as another hash there."""
+    position, prev_hash, expected = int(anchor["seq"]), GENESIS_HASH, 1
+    for row in sorted(events, key=lambda e: int(e["seq"])):
+        seq = int(row["seq"])
+        if seq > position:
+            break
+        if seq != expected:
+            return f"the log lacks event {expected} (next is {seq})"
+        if row.get("prev_hash") != prev_hash:
+            return f"event {seq} is not linked to the event before it"
+        canonical = row.get("canonical")
+        if canonical is not None:
+            recomputed = hashlib.sha256((prev_hash + canonical).encode()).hexdigest()
+            try:
+                doc = json.loads(canonical)
+                same = (doc["seq"], doc["actor"], doc["action"], doc["entity_type"], doc["entity_id"]) == (
+                    seq,
+                    row["actor"],
+                    row["action"],
+                    row["entity_type"],
+                    row["entity_id"],
+                )
+            except (ValueError, KeyError, TypeError):
+                same = False
+            if not same:
+                return f"event {seq}'s columns do not say what its hashed text says"
+        else:
+            at = row["at"] if isinstance(row["at"], datetime) else datetime.fromisoformat(str(row["at"]))
+            recomputed = event_hash(
+                prev_hash,
+                seq,
+                at,
+                row["actor"],
+                row["action"],
+                row["entity_type"],
+                row["entity_id"],
+                row["payload"],
+            )
+        if recomputed != row.get("hash"):
+            return f"event {seq}'s content does not match its hash"
+        prev_hash, expected = recomputed, seq + 1
+    if expected <= position:
+        return f"the log ends at event {expected - 1}, before the anchored position {position}"
+    if prev_hash != anchor["hash"]:
+        return (
+            f"the log's hash at event {position} is {prev_hash[:16]}…, the certificate anchored "
+            f"{str(anchor['hash'])[:16]}…: events up to {position} were rewritten after the certificate was issued"
+        )
+    return None
 
 
 def hash_subject(secret: bytes, subject_ref: str) -> str:
@@ -117,6 +283,11 @@ def _locked_head(session: Session) -> tuple[int, str]:
         last = session.execute(select(AuditEvent.seq, AuditEvent.hash).order_by(AuditEvent.seq.desc()).limit(1)).first()
         head = (last.seq, last.hash) if last else (0, GENESIS_HASH)
     return head
+
+
+def _last_checkpoint_seq(session: Session) -> int:
+    """The newest checkpoint's position (0: none), read under the log's lock only when a checkpoint is due."""
+    return session.execute(select(func.max(AuditCheckpoint.seq))).scalar() or 0
 
 
 def append_event(
@@ -152,12 +323,9 @@ def append_event(
         canonical=body,
     )
     session.add(event)
-    if seq % get_settings().audit_checkpoint_every == 0:
-        session.add(
-            AuditCheckpoint(
-                seq=seq, hash=event.hash, at=at, key_id=CHECKPOINT_KEY_ID, mac=checkpoint_mac(seq, event.hash)
-            )
-        )
+    every = get_settings().audit_checkpoint_every
+    if seq % every == 0:
+        session.add(AuditCheckpoint(**_signed_checkpoint(seq, event.hash, every, _last_checkpoint_seq(session), at)))
     if flush:
         session.flush()
     session.info[_HEAD_KEY] = (seq, event.hash)
@@ -177,6 +345,7 @@ def append_events(
     every = get_settings().audit_checkpoint_every
     rows: list[dict[str, Any]] = []
     checkpoints: list[dict[str, Any]] = []
+    last_checkpoint: int | None = None
     for spec in events:
         seq += 1
         at = utcnow()
@@ -198,9 +367,10 @@ def append_events(
             }
         )
         if seq % every == 0:
-            checkpoints.append(
-                {"seq": seq, "hash": hash_, "at": at, "key_id": CHECKPOINT_KEY_ID, "mac": checkpoint_mac(seq, hash_)}
-            )
+            if last_checkpoint is None:
+                last_checkpoint = _last_checkpoint_seq(session)
+            checkpoints.append(_signed_checkpoint(seq, hash_, every, last_checkpoint, at))
+            last_checkpoint = seq
         prev_hash = hash_
     insert_many(session, [*together_with, (AuditEvent.__table__, rows), (AuditCheckpoint.__table__, checkpoints)])
     session.info[_HEAD_KEY] = (seq, prev_hash)
@@ -234,6 +404,7 @@ class ChainVerdict:
     reason: str | None = None
     checkpoints: int = 0
     last_checkpoint_seq: int | None = None
+    code: str | None = None
 
 
 def _same_json(a: Any, b: Any) -> bool:
@@ -275,21 +446,68 @@ def _row_hash_problem(row: AuditEvent) -> str | None:
     return None if same else "the row's columns were changed: they no longer say what its hashed text says"
 
 
+def _checkpoint_problem(
+    checkpoints: list[AuditCheckpoint], keys: Mapping[str, Any] | None
+) -> tuple[str, int, str] | None:
+    """``(code, position, reason)`` for the first checkpoint that is forged or missing, judged by the checkpoints
+    alone: each signature (a legacy HMAC only before the first signed one), and each signed checkpoint's link to the
+    one before it (a deleted checkpoint is named by its successor)."""
+    previous, signed_seen = 0, False
+    for cp in checkpoints:
+        if not cp.signature:
+            try:
+                good = not signed_seen and hmac.compare_digest(cp.mac, checkpoint_mac(cp.seq, cp.hash, cp.key_id))
+            except ValueError:
+                good = False
+            if not good:
+                return "checkpoint-forged", cp.seq, f"checkpoint {cp.seq} has a bad MAC"
+            previous = cp.seq
+            continue
+        signed_seen = True
+        if keys is None:
+            problem = "no signing keys to check it with"
+        else:
+            problem = check_anchor_signature(checkpoint_anchor(cp), keys)
+        if problem is not None:
+            return "checkpoint-forged", cp.seq, f"checkpoint {cp.seq} is not the service's: {problem}"
+        if cp.every is None or cp.every < 1 or cp.seq % cp.every:
+            return "checkpoint-forged", cp.seq, f"checkpoint {cp.seq} is not at a multiple of its interval"
+        if cp.prev_seq > previous:
+            return (
+                "checkpoint-missing",
+                cp.prev_seq,
+                f"checkpoint-missing: checkpoint {cp.seq} follows checkpoint {cp.prev_seq}, which is gone",
+            )
+        if cp.prev_seq < previous:
+            return (
+                "checkpoint-forged",
+                cp.seq,
+                f"checkpoint {cp.seq} follows checkpoint {cp.prev_seq}, but checkpoint {previous} lies between",
+            )
+        previous = cp.seq
+    return None
+
+
 def verify_chain(session: Session, batch: int = 5000) -> ChainVerdict:
     """Recompute every hash in order (the first row whose link or content does not match is named), then check the
-    checkpoints: each one's MAC, the hash of the row it anchors, and that the chain reaches it (a cut tail)."""
+    checkpoints: each one's signature, that none is missing (every ``audit_checkpoint_every`` events, each linked to
+    the one before), the hash of the row it anchors, and that the chain reaches it (a cut tail)."""
     checkpoints = list(session.execute(select(AuditCheckpoint).order_by(AuditCheckpoint.seq)).scalars())
     anchored = {cp.seq: cp for cp in checkpoints}
     last_cp = checkpoints[-1].seq if checkpoints else None
-    for cp in checkpoints:
-        try:
-            good = hmac.compare_digest(cp.mac, checkpoint_mac(cp.seq, cp.hash, cp.key_id))
-        except ValueError:
-            good = False
-        if not good:
-            return ChainVerdict(
-                False, 0, {"seq": 0, "hash": GENESIS_HASH}, cp.seq, f"checkpoint {cp.seq} has a bad MAC", 0, last_cp
-            )
+    genesis = {"seq": 0, "hash": GENESIS_HASH}
+    try:
+        keys = default_keystore().public_keys() if any(cp.signature for cp in checkpoints) else None
+    except Exception:  # noqa: BLE001 - an unreadable key folder: every signed checkpoint is then unverifiable
+        keys = None
+    problem = _checkpoint_problem(checkpoints, keys)
+    if problem is not None:
+        code, position, reason = problem
+        return ChainVerdict(False, 0, genesis, position, reason, len(checkpoints), last_cp, code)
+
+    def broken(checked: int, head: dict[str, Any], seq: int, reason: str, code: str) -> ChainVerdict:
+        return ChainVerdict(False, checked, head, seq, reason, len(checkpoints), last_cp, code)
+
     prev_hash, expected_seq, checked, after = GENESIS_HASH, 1, 0, 0
     while True:
         rows = (
@@ -302,50 +520,49 @@ def verify_chain(session: Session, batch: int = 5000) -> ChainVerdict:
         for row in rows:
             head = {"seq": after, "hash": prev_hash}
             if row.seq != expected_seq:
-                return ChainVerdict(
-                    False,
-                    checked,
-                    head,
-                    expected_seq,
-                    f"row {expected_seq} is missing (next row is {row.seq})",
-                    len(checkpoints),
-                    last_cp,
+                return broken(
+                    checked, head, expected_seq, f"row {expected_seq} is missing (next row is {row.seq})", "row-missing"
                 )
             if row.prev_hash != prev_hash:
-                return ChainVerdict(
-                    False,
-                    checked,
-                    head,
-                    row.seq,
-                    "prev_hash does not match the hash of the row before",
-                    len(checkpoints),
-                    last_cp,
-                )
+                return broken(checked, head, row.seq, "prev_hash does not match the hash of the row before", "relinked")
             problem = _row_hash_problem(row)
             if problem is not None:
-                return ChainVerdict(False, checked, head, row.seq, problem, len(checkpoints), last_cp)
+                return broken(checked, head, row.seq, problem, "row-changed")
             cp = anchored.get(row.seq)
             if cp is not None and cp.hash != row.hash:
-                return ChainVerdict(
-                    False,
+                return broken(
                     checked,
                     head,
                     row.seq,
                     f"checkpoint {cp.seq} anchors another hash than row {row.seq} has (the chain was rewritten)",
-                    len(checkpoints),
-                    last_cp,
+                    "checkpoint-mismatch",
                 )
             prev_hash, after, expected_seq, checked = row.hash, row.seq, row.seq + 1, checked + 1
         session.expunge_all()
+    head = {"seq": after, "hash": prev_hash}
     if last_cp is not None and last_cp > after:
-        return ChainVerdict(
-            False,
+        return broken(
             checked,
-            {"seq": after, "hash": prev_hash},
+            head,
             after + 1,
             f"the chain ends at seq {after} but checkpoint {last_cp} anchors a head at seq {last_cp}: "
             "the tail was truncated",
-            len(checkpoints),
-            last_cp,
+            "truncated",
         )
-    return ChainVerdict(True, checked, {"seq": after, "hash": prev_hash}, None, None, len(checkpoints), last_cp)
+    # the next checkpoint is due at the next multiple of the interval; after a change of AUDIT_CHECKPOINT_EVERY the
+    # later of the configured and the last checkpoint's signed interval, so that neither direction cries wolf
+    last = checkpoints[-1] if checkpoints else None
+    every = get_settings().audit_checkpoint_every
+    due = ((last_cp or 0) // every + 1) * every
+    if last is not None and last.every:
+        due = max(due, (last.seq // last.every + 1) * last.every)
+    if after >= due:
+        return broken(
+            checked,
+            head,
+            due,
+            f"checkpoint-missing: the chain reaches seq {after}, past seq {due}, but no checkpoint anchors seq {due} "
+            f"(one is written every {every} events)",
+            "checkpoint-missing",
+        )
+    return ChainVerdict(True, checked, head, None, None, len(checkpoints), last_cp)

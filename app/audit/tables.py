@@ -33,9 +33,15 @@ class AuditEvent(Base):
     canonical: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
+APPEND_ONLY_TABLES = ("audit_events", "audit_checkpoints")
+"""What the runtime database role may only INSERT into and SELECT from (``lethe db grant-runtime-role``)."""
+
+
 class AuditCheckpoint(Base):
-    """A keyed anchor of the chain's head: HMAC(audit-checkpoint key, seq and hash) every N events. Append-only like
-    the log; a chain that ends before a checkpoint's seq lost its tail."""
+    """A signed anchor of the chain's head every N events: Ed25519 (the certificate signing key ``key_id``) over its
+    seq, hash, interval ``every`` and the previous checkpoint's seq ``prev_seq`` (app/audit/service.py). Rows written
+    before revision 0013 carry an HMAC in ``mac`` instead (``every``, ``prev_seq``, ``signature`` NULL); signed rows
+    have ``mac`` empty. Append-only like the log; a chain that ends before a checkpoint's seq lost its tail."""
 
     __tablename__ = "audit_checkpoints"
 
@@ -46,3 +52,6 @@ class AuditCheckpoint(Base):
     at: Mapped[datetime] = mapped_column(UTCDateTime())
     key_id: Mapped[str] = mapped_column(String(64))
     mac: Mapped[str] = mapped_column(String(64))
+    every: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    prev_seq: Mapped[int | None] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), nullable=True)
+    signature: Mapped[str | None] = mapped_column(String(128), nullable=True)

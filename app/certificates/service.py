@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.audit.service import latest_anchor
 from app.certificates.signing import (
     build_deletion_predicate,
     build_no_data_predicate,
@@ -36,7 +37,9 @@ def issue(
     audit_head: dict[str, Any],
     completed_at: Any,
 ) -> Certificate:
-    """Sign an in-toto Statement (subject: the new version's sha256) in a DSSE envelope and record it."""
+    """Sign an in-toto Statement (subject: the new version's sha256) in a DSSE envelope and record it. The predicate
+    carries the latest signed audit checkpoint (``audit_anchor``, null before the first): the certificate's holder
+    can later check the served log against it (``lethe verify-certificate --audit-log``)."""
     if verdict != "pass":
         raise ValueError("a certificate is never issued for a failed verdict")
     predicate = build_deletion_predicate(
@@ -54,7 +57,7 @@ def issue(
         requested_at=request.created_at,
         completed_at=completed_at,
     )
-    envelope = issue_certificate(version.digest, predicate)
+    envelope = issue_certificate(version.digest, {**predicate, "audit_anchor": latest_anchor(session)})
     certificate = Certificate(
         id=new_id(),  # set here, not at flush: a batch's certificates are flushed together
         request_id=request.id,
@@ -93,6 +96,7 @@ def sign_subject_erasure(
     audit_head: dict[str, Any],
     requested_at: Any,
     completed_at: Any,
+    audit_anchor: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], str]:
     """The combined certificate of a per-person erasure, over its children's certificates ``(request id, model id,
     certificate)``: returns the DSSE envelope and its digest (the subjects domain stores it with the erasure)."""
@@ -113,7 +117,7 @@ def sign_subject_erasure(
         requested_at=requested_at,
         completed_at=completed_at,
     )
-    envelope = issue_subject_erasure_certificate(predicate)
+    envelope = issue_subject_erasure_certificate({**predicate, "audit_anchor": audit_anchor})
     return envelope, envelope_digest(envelope)
 
 
@@ -129,6 +133,7 @@ def sign_subject_no_data(
     audit_head: dict[str, Any],
     requested_at: Any,
     completed_at: Any,
+    audit_anchor: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], str]:
     """The combined certificate of a per-person erasure that found no live rows of the subject: it says so
     (``no_data_found``), with the models searched and when; returns the DSSE envelope and its digest."""
@@ -144,5 +149,5 @@ def sign_subject_no_data(
         requested_at=requested_at,
         completed_at=completed_at,
     )
-    envelope = issue_subject_erasure_certificate(predicate)
+    envelope = issue_subject_erasure_certificate({**predicate, "audit_anchor": audit_anchor})
     return envelope, envelope_digest(envelope)

@@ -1,4 +1,8 @@
-"""``lethe verify-certificate FILE --keys SOURCE``: check a deletion certificate offline.
+"""``lethe verify-certificate FILE --keys SOURCE [--audit-log LOG]``: check a deletion certificate offline.
+
+A certificate carries the latest signed audit checkpoint at issue (``audit_anchor``); given the audit log (``lethe
+export audit --format json``, or ``GET /v1/audit`` pages), the check recomputes the log up to that position and
+compares the hash there with the anchored one: a rewrite of earlier events, however well re-linked, shows.
 
 Only the keys are fetched (from a file, or from ``/.well-known/lethe-keys.json`` over http(s)); the check itself
 needs nothing else. The keys are the trust anchor, so plain ``http://`` is accepted only from a loopback host: from
@@ -26,6 +30,7 @@ from app.certificates.signing import (
 
 MAX_CERTIFICATE_BYTES = 64 * 1024 * 1024
 MAX_KEYS_BYTES = 1024 * 1024
+MAX_AUDIT_LOG_BYTES = 1024 * 1024 * 1024
 KEYS_TIMEOUT_SECONDS = 10.0
 URL_SCHEMES = ("http://", "https://")
 
@@ -183,15 +188,60 @@ def _num(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, int | float) and not isinstance(value, bool) else str(value)
 
 
-def verify_file(path: Path | str, keys_source: str) -> tuple[bool, str]:
-    """``(True, summary)`` for a valid certificate, ``(False, "INVALID (code): reason")`` otherwise.
+def load_audit_log(path: Path | str) -> list[dict[str, Any]]:
+    """Audit events from a file: a JSON list of events (``lethe export audit --format json``), one ``/v1/audit``
+    page (``{"items": [...]}``) or a list of pages."""
+    try:
+        document = parse_strict_json(_read_file(Path(path), MAX_AUDIT_LOG_BYTES, "audit log"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputUnavailable(f"the audit log {path} is not valid JSON: {exc}") from exc
+    pages = document if isinstance(document, list) else [document]
+    events: list[dict[str, Any]] = []
+    for entry in pages:
+        items = entry.get("items") if isinstance(entry, dict) and "items" in entry else [entry]
+        if not isinstance(items, list) or not all(isinstance(e, dict) and "seq" in e for e in items):
+            raise InputUnavailable(f"the audit log {path} is not a list of audit events")
+        events.extend(items)
+    return events
 
-    Raises :class:`InputUnavailable` when the certificate file or the keys cannot be read at all.
+
+def check_anchor(
+    certificate: VerifiedCertificate, keys: dict[str, Any], audit_log: list[dict[str, Any]] | None
+) -> tuple[bool, str]:
+    """The certificate's ``audit_anchor``: its signature, and (given the log) that the log still leads to it."""
+    from app.audit.service import check_anchor_against_log, check_anchor_signature
+
+    anchor = certificate.predicate.get("audit_anchor")
+    if not isinstance(anchor, dict):
+        if audit_log is not None:
+            return False, "INVALID (no-anchor): the certificate carries no audit anchor to check the log against"
+        return True, "  audit anchor: none (issued before the log's first checkpoint)"
+    problem = check_anchor_signature(anchor, keys)
+    if problem is not None:
+        return False, f"INVALID (anchor-bad-signature): the audit anchor at event {anchor.get('seq')}: {problem}"
+    where = f"event {anchor['seq']} hash {str(anchor['hash'])[:16]}…, signed by key {anchor['key_id']}"
+    if audit_log is None:
+        return True, f"  audit anchor: {where} (check the log against it with --audit-log)"
+    problem = check_anchor_against_log(anchor, audit_log)
+    if problem is not None:
+        return False, f"INVALID (anchor-mismatch): the audit log does not match the certificate's anchor: {problem}"
+    return True, f"  audit anchor: {where}; the log matches it (events 1-{anchor['seq']} recomputed)"
+
+
+def verify_file(path: Path | str, keys_source: str, audit_log: Path | str | None = None) -> tuple[bool, str]:
+    """``(True, summary)`` for a valid certificate, ``(False, "INVALID (code): reason")`` otherwise; with
+    ``audit_log``, also invalid when that log no longer leads to the certificate's audit anchor.
+
+    Raises :class:`InputUnavailable` when the certificate file, the keys or the log cannot be read at all.
     """
     data = _read_file(Path(path), MAX_CERTIFICATE_BYTES, "certificate")
     keys = load_keys(keys_source)
+    events = load_audit_log(audit_log) if audit_log is not None else None
     try:
         certificate = verify_envelope(data, keys, predicate_type=PREDICATE_TYPES)
     except InvalidCertificate as exc:
         return False, f"INVALID ({exc.code}): {exc.reason}"
-    return True, describe(certificate)
+    ok, anchor_line = check_anchor(certificate, keys, events)
+    if not ok:
+        return False, anchor_line
+    return True, describe(certificate) + "\n" + anchor_line

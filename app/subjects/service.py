@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from sqlalchemy import and_, exists, insert, select
 from sqlalchemy.orm import Session
 
-from app.audit.service import append_event, chain_head, hash_subject
+from app.audit.service import append_event, chain_head, hash_subject, latest_anchor
 from app.auth.service import Principal
 from app.certificates import service as certificates
 from app.config import get_settings
@@ -228,6 +228,7 @@ def _certify_no_data(
         received_at=received,
         due_at=due,
         audit_head=chain_head(session),
+        audit_anchor=latest_anchor(session),
         requested_at=erasure.created_at,
         completed_at=now,
     )
@@ -348,6 +349,7 @@ def settle(session: Session, erasure_id: str) -> bool:
         subject_hash=erasure.subject_hash,
         children=[(c.id, c.model_id, certs[c.certificate_id]) for c in children],
         audit_head=chain_head(session),
+        audit_anchor=latest_anchor(session),
         requested_at=erasure.created_at,
         completed_at=max(c.completed_at or now for c in children),
     )
