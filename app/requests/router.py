@@ -193,7 +193,7 @@ def extend_deadline(
 def cancel_deletion_request(
     request_id: str, principal: Principal = Depends(require_scope("admin")), session: Session = Depends(get_session)
 ):
-    """Cancel a request no worker has started (audited)."""
+    """Cancel a request no worker has started, or withdraw a failed one (audited); its rows are released."""
     request = service.cancel_request(session, principal, request_id)
     session.commit()
     return service.to_out(request)
