@@ -32,6 +32,31 @@ def _store_files(root: Path) -> list[Path]:
     return [p for p in (root / "sha256").rglob("*") if p.is_file()]
 
 
+def _digests_in(value) -> set[str]:
+    """Every sha256-looking string anywhere in a JSON value."""
+    if isinstance(value, dict):
+        return set().union(*(_digests_in(v) for v in value.values())) if value else set()
+    if isinstance(value, list):
+        return set().union(*(_digests_in(v) for v in value)) if value else set()
+    if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value):
+        return {value}
+    return set()
+
+
+def assert_the_sweep_keeps_every_stored_reference() -> None:
+    """Every digest a model's state or a report names, and that is in the store, counts as referenced: the sweep
+    never shreds a blob the service still reads."""
+    from app.registry.tables import Model
+    from app.reports.tables import Report
+
+    store = get_store()
+    with session_scope() as session:
+        named = set().union(*(_digests_in(s) for s in session.execute(select(Model.state)).scalars()))
+        named |= set().union(*(_digests_in(p) for p in session.execute(select(Report.plots)).scalars()))
+        keep = blobs.referenced(session)
+    assert sorted(d for d in named if store.exists(d) and d not in keep) == []
+
+
 def _age(path: Path, seconds: float) -> None:
     then = time.time() - seconds
     os.utime(path, (then, then))
@@ -125,6 +150,7 @@ def test_an_attempt_that_dies_after_its_table_rewrite_leaves_no_blob(stack, tmp_
     with session_scope() as session:
         referenced = blobs.referenced(session)
     assert sorted(p.name for p in files if p.name not in referenced) == []  # every stored blob is referenced
+    assert_the_sweep_keeps_every_stored_reference()
     assert not any(get_store().exists(d) for d in dead_chunks)
 
 
@@ -153,18 +179,23 @@ def _dataset(session, digest: str) -> None:
 def test_the_reconciler_shreds_what_a_killed_attempt_wrote_and_nothing_else(home):
     """A worker killed mid-attempt: its job was re-offered (no one holds it), its intents are settled by the
     dispatcher's tick; a blob also named by a live attempt, or referenced by the registry, stays."""
+    from app.reports.tables import Report
+
     store = get_store()
-    dead_only, also_live, published, live_only = (store.put_bytes(f"blob {i}".encode()) for i in range(4))
+    dead_only, also_live, published, live_only, plotted = (store.put_bytes(f"blob {i}".encode()) for i in range(5))
     with session_scope() as session:
         dead_job = _job(session, "pending", None)  # re-offered after the killed worker's lease expired
         live_job = _job(session, "running", "host:2:1")
-        _intend(session, "host:1:1", dead_job, dead_only, also_live, published)
+        _intend(session, "host:1:1", dead_job, dead_only, also_live, published, plotted)
         _intend(session, "host:2:1", live_job, also_live, live_only)
         _dataset(session, published)
+        session.add(
+            Report(request_id="r", model_id="m", verdict="fail", body={}, plots={"roc": {"data": plotted}}, etag="e")
+        )
     with session_scope() as session:
         assert blobs.settle_dead(session) == 1
     assert not store.exists(dead_only)
-    assert store.exists(also_live) and store.exists(published) and store.exists(live_only)
+    assert all(store.exists(d) for d in (also_live, published, live_only, plotted))
     with session_scope() as session:
         left = session.execute(select(BlobIntent.owner, BlobIntent.digest)).all()
     assert sorted(left) == sorted([("host:2:1", also_live), ("host:2:1", live_only)])
