@@ -114,6 +114,14 @@ class Settings(BaseSettings):
     retired_version_grace_seconds: float = Field(
         0.0, ge=0, description="How long a version trained on erased rows stays stored (410 at once) before shredding."
     )
+    orphan_blob_grace_seconds: float = Field(
+        3600.0,
+        ge=0,
+        description="The sweep shreds a blob nothing references (and a temp file) once it is older than this.",
+    )
+    blob_sweep_interval_seconds: float = Field(
+        3600.0, gt=0, description="How often the dispatcher sweeps the artifact store for unreferenced blobs."
+    )
     max_job_seconds: dict[str, float] = Field(
         default_factory=lambda: {"deletion": 3600.0, "aggregate_round": 3600.0, "train_model": 6 * 3600.0},
         description="Longest one attempt of a job kind may run: its lease is no longer renewed and the job fails.",

@@ -6,6 +6,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
@@ -178,14 +179,26 @@ def reset_engine_cache() -> None:
     get_sessionmaker.cache_clear()
 
 
+_ACTIVE: ContextVar[Session | None] = ContextVar("lethe_active_session", default=None)
+
+
+def active_session() -> Session | None:
+    """The ``session_scope`` transaction open in this thread, if any: a write that must go with the caller's own
+    transaction (an attempt's blob intent, app/jobs/blobs.py) uses it, since a second writer would wait on SQLite's
+    lock that the first holds."""
+    return _ACTIVE.get()
+
+
 @contextmanager
 def session_scope() -> Iterator[Session]:
     """One transaction: commit on success, roll back on error."""
     session = get_sessionmaker()()
+    token = _ACTIVE.set(session)
     try:
         with session.begin():
             yield session
     finally:
+        _ACTIVE.reset(token)
         session.close()
 
 

@@ -4,7 +4,7 @@ from app.audit.tables import AuditCheckpoint, AuditEvent
 from app.auth.tables import ApiKey
 from app.certificates.tables import Certificate
 from app.db import Base
-from app.jobs.tables import Job, WorkerHeartbeat
+from app.jobs.tables import BlobIntent, Job, WorkerHeartbeat
 from app.registry.tables import Dataset, DatasetRow, ErasedRow, Model, ModelVersion, ShredItem
 from app.reports.tables import Report
 from app.requests.tables import DeletionRequest, InflightRow
@@ -16,6 +16,7 @@ __all__ = [
     "Report",
     "WebhookDelivery",
     "ApiKey",
+    "BlobIntent",
     "AuditCheckpoint",
     "AuditEvent",
     "Base",

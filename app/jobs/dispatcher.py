@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from app.config import get_settings
 from app.db import session_scope
+from app.jobs import blobs
 from app.jobs.lease import reconcile
 from app.jobs.outbox import NEW_JOBS, mark_dispatched
 from app.jobs.tables import Job
@@ -113,6 +114,12 @@ class Dispatcher:
                     settle_due(session)  # per-person erasures whose last children were certified at the same moment
             except Exception:
                 log.exception("settling subject erasures failed; retrying next tick")
+            try:  # blobs of attempts that ended without publishing (a worker killed), then unreferenced ones
+                with session_scope() as session:
+                    blobs.settle_dead(session)
+                blobs.sweep_if_due()
+            except Exception:
+                log.exception("shredding unpublished or unreferenced blobs failed; retrying next tick")
         sent = 0
         for job in jobs:
             try:

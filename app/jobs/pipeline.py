@@ -16,7 +16,7 @@ import structlog
 
 from app.config import get_settings
 from app.db import new_id, session_scope
-from app.jobs import federated, lease, tabular
+from app.jobs import blobs, federated, lease, tabular
 from app.jobs.lease import JobContext
 from app.jobs.outbox import LeaseLostError, PermanentJobError, max_runtime
 from app.jobs.publish import publish, reject, split_off
@@ -60,6 +60,19 @@ def _execute_job(job_id: str, owner: str) -> str:
 
 
 def _run_claimed(job: Job, job_id: str, owner: str) -> str:
+    """Run the handler, every blob it writes first named as this attempt's intent; whatever the outcome, the blobs
+    it wrote that nothing references afterwards (it failed, was rejected, lost its lease) are shredded."""
+    try:
+        with blobs.recording(job_id, owner):
+            return _run_handler(job, job_id, owner)
+    finally:
+        try:
+            blobs.settle(owner)
+        except Exception:  # the reconciler settles an attempt's intents its worker could not
+            log.exception("job %s: shredding the blobs of its attempt failed; the reconciler retries", job_id)
+
+
+def _run_handler(job: Job, job_id: str, owner: str) -> str:
     ctx = JobContext(job_id, owner, max_seconds=max_runtime(job.kind), request_id=job.request_id)
     try:
         with session_scope() as session:
@@ -106,6 +119,7 @@ def run_deletion(job: Job, ctx: JobContext, wing: DeletionWing) -> None:
             erasure = wing.erase(work, unlearned, ctx)
             result = publish(work, attempts, draft, erasure, ctx)
             return upkeep(work.model.id, ctx, wing, result)
+        blobs.settle(ctx.owner)  # the failed attempt's weights (or lock) will never be published
         escalation = escalation_for(work)  # auto: one failing request escalates its whole batch (exact for all)
         if escalation is not None:
             work.method_name, work.spec, work.method = escalation

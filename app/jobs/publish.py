@@ -7,7 +7,7 @@ from app.audit.service import chain_head
 from app.certificates import service as certificates
 from app.config import get_settings
 from app.db import release_freed_pages, session_scope, utcnow
-from app.jobs import lease, outbox
+from app.jobs import blobs, lease, outbox
 from app.jobs.lease import JobContext
 from app.jobs.work import Attempt, DeletionWork, ErasurePlan, Member
 from app.registry import versions as registry
@@ -120,6 +120,7 @@ def publish(
             _certify(session, work, attempts, member, manifest, version, job_row, result)
         requests.release_rows(session, *loaded)  # (the session's identity map holds `loaded` weakly until here)
         subjects.on_requests_certified(session, [m.request.id for m in work.members])  # per-person erasures settle
+        blobs.clear(session, ctx.owner)  # what the attempt wrote is referenced now: no longer its to shred
     ctx.hold_only(keep)
     release_freed_pages()
     return result

@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Index, Integer, String
+from sqlalchemy import BigInteger, Index, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db import Base, JSONType, UTCDateTime, new_id, utcnow
@@ -52,3 +52,17 @@ class WorkerHeartbeat(Base):
     queues: Mapped[list[str]] = mapped_column(JSONType, default=list)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class BlobIntent(Base):
+    """A blob an attempt is about to write (a write-ahead intent, app/jobs/blobs.py), recorded before its bytes
+    reach the artifact store: an attempt that ends without publishing (failed, rejected, lease lost, worker killed)
+    has exactly these shredded, unless something else references them. ``owner``: the attempt's lease owner."""
+
+    __tablename__ = "blob_intents"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    owner: Mapped[str] = mapped_column(String(200), index=True)
+    job_id: Mapped[str] = mapped_column(String(36))
+    digest: Mapped[str] = mapped_column(String(64), index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

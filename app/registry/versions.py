@@ -520,6 +520,13 @@ def _live_digests(session: Session) -> set[str]:
     return live
 
 
+def referenced_digests(session: Session) -> set[str]:
+    """What the registry keeps: every live blob and every blob queued for shredding (its grace period is the queue's
+    to keep, a retired version's say). The sweep of unreferenced blobs (app/jobs/blobs.py) leaves these alone."""
+    queued = select(ShredItem.digest).where(ShredItem.done_at.is_(None))
+    return _live_digests(session) | set(session.execute(queued).scalars())
+
+
 def shred_due(session: Session) -> dict[str, int]:
     """Delete every queued blob whose grace period has passed and that nothing live references."""
     due = (

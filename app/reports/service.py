@@ -59,6 +59,18 @@ def plot_png(report: Report, name: str) -> tuple[bytes, str]:
     return store.get_bytes(entry["png"]), entry["data"]
 
 
+def plot_digests(session: Session) -> set[str]:
+    """Every blob a report's plots name (data and drawn PNG; an older report's PNG digest itself): referenced."""
+    out: set[str] = set()
+    for plots in session.execute(select(Report.plots)).scalars():
+        for entry in (plots or {}).values():
+            if isinstance(entry, str):
+                out.add(entry)
+            elif isinstance(entry, dict):
+                out |= {d for d in (entry.get("data"), entry.get("png")) if isinstance(d, str)}
+    return out
+
+
 def plot_etag(report: Report, name: str) -> str | None:
     """The ETag a plot is served with (its data's digest: the PNG is a function of it), without drawing it."""
     entry = report.plots.get(name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -312,6 +313,18 @@ def test_an_auto_batch_whose_approximate_step_fails_escalates_as_a_whole_to_one_
         assert "fail" in first, first
         versions = client.get(f"/v1/models/{model_id}/versions").json()
         assert [v["method"] for v in versions] == ["train", "retrain"]
+        _every_blob_referenced()  # the Newton attempt's weights were never published: shredded (issue 22)
+
+
+def _every_blob_referenced() -> None:
+    """Every blob in the store is referenced (a version, a data set, model state, a report, a live attempt...)."""
+    from app.db import session_scope
+    from app.jobs.blobs import referenced
+
+    with session_scope() as session:
+        live = referenced(session)
+    names = [p.name for p in (Path(get_store().root) / "sha256").rglob("*") if p.is_file()]
+    assert [n for n in names if n not in live] == []
 
 
 def test_a_large_auto_batch_runs_exact_once_without_an_approximate_pass(model):
