@@ -1,7 +1,7 @@
 """blob intents: the blobs a worker's attempt is about to write, shredded if it never publishes (issue 22)
 
-Revision ID: 0011_blob_intents
-Revises: 0010
+Revision ID: 0014_blob_intents
+Revises: 0013_audit_anchor
 Create Date: 2026-12-05 05:20:00
 """
 
@@ -10,8 +10,8 @@ from alembic import op
 
 import app.db
 
-revision = '0011_blob_intents'
-down_revision = '0010'
+revision = '0014_blob_intents'
+down_revision = '0013_audit_anchor'
 branch_labels = None
 depends_on = None
 
