@@ -41,7 +41,6 @@ from app.certificates.signing import (
     PREDICATE_TYPE,
     SUBJECT_ERASURE_PREDICATE_TYPE,
     InvalidCertificate,
-    load_public_keys,
     public_keys,
     verify_envelope,
 )
@@ -559,7 +558,7 @@ def plot(report_id: str, name: str, request: Request, session: Session = Depends
 def verify_certificate(envelope: dict[str, Any], predicate_type: str = PREDICATE_TYPE) -> tuple[bool, str]:
     """What ``lethe verify-certificate`` answers, against the keys ``/.well-known/lethe-keys.json`` publishes: a
     deletion certificate, or (``SUBJECT_ERASURE_PREDICATE_TYPE``) a per-person erasure's combined one."""
-    keys = load_public_keys(public_keys())
+    keys = public_keys()  # the document, with its retired and revoked marks, not only the keys
     try:
         verified = verify_envelope(json.dumps(envelope).encode(), keys, predicate_type=predicate_type)
     except InvalidCertificate as exc:
