@@ -1,10 +1,10 @@
 """`lethe`: the operator's command line.
 
 Server side: serve, worker, dispatcher, webhook-sender, migrate, db grant-runtime-role, keys (create, list, revoke:
-straight on the database), signing-keys, demo. Client side, over the API (app/client.py): submit, status [--watch],
-list, models, model-settings, model-export, predict, report, cancel, approve, reject, retry, extend, bulk, subjects
-(erase, status, certificate, requests), export, audit-verify; and verify-certificate (offline). Exit codes: see
-``EXIT_*`` below.
+straight on the database), signing-keys (list, rotate, revoke), demo. Client side, over the API (app/client.py):
+submit, status [--watch], list, models, model-settings, model-export, predict, report, cancel, approve, reject, retry,
+extend, bulk, subjects (erase, status, certificate, requests), export, audit-verify; and verify-certificate (offline).
+Exit codes: see ``EXIT_*`` below.
 
 Output: tables fit the terminal's width (short ids and dates, then fewer columns; ids and statuses never cut) and
 take their natural width in a pipe; no line is broken by the program. Commands take a request's or a model's id
@@ -208,7 +208,8 @@ def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key's id (or its
 
 @signing_app.command("list")
 def signing_keys_list() -> None:
-    """The signing keys published at /.well-known/lethe-keys.json, oldest first (every one still verifies)."""
+    """The signing keys published at /.well-known/lethe-keys.json, oldest first: a retired key verifies what it signed
+    before its retirement, a revoked one nothing."""
     from app.certificates.signing import default_keystore
 
     keys = default_keystore().public_keys()["keys"]
@@ -216,6 +217,8 @@ def signing_keys_list() -> None:
         _Column("key id", [k["kid"] for k in keys]),
         _Column("created", [k["created"] for k in keys]),
         _Column("active", ["yes" if k["active"] else "" for k in keys]),
+        _Column("retired", [k["retired"] or "" for k in keys]),
+        _Column("revoked", [f"{k['revoked']} ({k['revocation_reason']})" if k["revoked"] else "" for k in keys]),
     ]
     console = _console()
     console.print(_fit_table("signing keys", columns, [], console.width))
@@ -244,6 +247,43 @@ def signing_keys_rotate() -> None:
             payload={"previous": previous, "active": kid},
         )
     typer.echo(f"signing key rotated: {previous} -> {kid} (the old public key stays published)")
+
+
+@signing_app.command("revoke")
+def signing_keys_revoke(
+    kid: Annotated[str, typer.Argument(help="The signing key's id (see `lethe signing-keys list`).")],
+    reason: Annotated[str, typer.Option("--reason", help="Why: published with the key and audited.")],
+) -> None:
+    """Revoke a compromised signing key: the keys document marks it `revoked` (time and reason) and verifiers refuse
+    EVERY certificate it signed, whatever its date (`key-revoked`). Revoking the active key first rotates to a new
+    one. Audited as ``signing-key.revoked``. Exit 3: no such key, 2: no reason."""
+    from app.audit.service import append_event
+    from app.certificates.signing import default_keystore
+    from app.db import migrate as run_migrations
+    from app.db import session_scope
+
+    run_migrations()
+    store = default_keystore()
+    try:
+        done = store.revoke_key(kid, reason)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_NOT_FOUND if "no signing key" in str(exc) else EXIT_USAGE) from None
+    if not done.newly:
+        typer.echo(f"signing key {kid} was already revoked ({done.revoked}: {done.reason})")
+        return
+    active = store.active_key_id()
+    with session_scope() as session:
+        append_event(
+            session,
+            actor="cli",
+            action="signing-key.revoked",
+            entity_type="signing-key",
+            entity_id=kid,
+            payload={"revoked": done.revoked, "reason": done.reason, "rotated_to": done.successor, "active": active},
+        )
+    rotated = f"; it was the active key: {done.successor} signs from now on" if done.successor else ""
+    typer.echo(f"signing key {kid} revoked{rotated}. Every certificate it signed now fails verification (key-revoked).")
 
 
 @keys_app.command("webhook-secret")

@@ -148,6 +148,18 @@ class Settings(BaseSettings):
         description="Allow the dashboard over plain http from a host other than localhost: its cookies lose the "
         "Secure flag (browsers drop a Secure cookie set over http, and every form then expires). Off: always Secure.",
     )
+    dashboard_session_idle_seconds: int = Field(
+        1800,
+        gt=0,
+        description="A dashboard session unused this long ends (the operator logs in again); each page or poll "
+        "counts as use.",
+    )
+    dashboard_session_max_seconds: int = Field(
+        8 * 3600,
+        gt=0,
+        description="A dashboard session ends this long after its login, however busy. Logout, and revoking or "
+        "expiry of the API key it logged in with, end it at once.",
+    )
     log_level: str = Field("INFO", description="Log level of the API and workers (DEBUG, INFO, WARNING, ERROR).")
     log_json: bool = Field(True, description="JSON log lines (structlog); false: key=value lines for a terminal.")
     audit_checkpoint_every: int = Field(

@@ -1,7 +1,7 @@
 """Imports every domain's tables so that ``Base.metadata`` is complete (for Alembic and tests)."""
 
 from app.audit.tables import AuditCheckpoint, AuditEvent
-from app.auth.tables import ApiKey
+from app.auth.tables import ApiKey, DashboardSession
 from app.certificates.tables import Certificate
 from app.db import Base
 from app.jobs.tables import BlobIntent, Job, WorkerHeartbeat
@@ -21,6 +21,7 @@ __all__ = [
     "AuditEvent",
     "Base",
     "Dataset",
+    "DashboardSession",
     "DatasetRow",
     "DeletionRequest",
     "ErasedRow",

@@ -194,7 +194,10 @@ def check_anchor_signature(anchor: Mapping[str, Any], keys: Mapping[str, Any]) -
         public[kid].verify(signature, message)
     except (InvalidSignature, ValueError, TypeError, KeyError):
         return f"its signature by key {kid} does not verify"
-    retired = next((k.get("retired") for k in keys["keys"] if k.get("kid") == kid), None) if document else None
+    entry = next((k for k in keys["keys"] if k.get("kid") == kid), {}) if document else {}
+    if entry.get("revoked"):  # a compromised key: whoever holds it can sign any checkpoint, at any date
+        return f"signed by key {kid}, revoked ({entry.get('revocation_reason') or 'no reason given'})"
+    retired = entry.get("retired")
     if retired and parse_timestamp(utc_timestamp(anchor["at"])) >= parse_timestamp(retired):
         return f"signed by key {kid} after it was retired ({retired})"
     return None

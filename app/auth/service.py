@@ -4,6 +4,11 @@ A key may be bound to one model and one federated client (``lethe keys create --
 then touch that model only, and only with the scopes a federated client needs (``rounds:write``, ``models:read``).
 Keys can expire (``expires_at``) and be revoked; both take effect on the next request: every request looks its key
 up in the database (one indexed read, in a worker thread), there is no cache a revoked key could linger in.
+
+Dashboard sessions (issue 22) live here too, next to the keys they stand for: a login makes a row holding the keyed
+hash of a random token (the browser's cookie holds the token, never the key) and the key's id; each request looks the
+row and its key up again, so logout (the row deleted), a revoked or expired key, an idle or too old session all end
+it at once.
 """
 
 from __future__ import annotations
@@ -16,13 +21,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from fastapi import Depends, Request
-from sqlalchemy import select
+from sqlalchemy import delete, or_, select
 from sqlalchemy.orm import Session
 
 from app.audit.service import append_event
-from app.auth.tables import ApiKey
+from app.auth.tables import ApiKey, DashboardSession
 from app.config import get_settings
-from app.db import get_sessionmaker, utcnow
+from app.db import get_sessionmaker, session_scope, utcnow
 from app.problems import Problem
 from app.registry.tables import Model
 
@@ -143,6 +148,7 @@ def revoke_key(session: Session, key_id: str, actor: str = "operator (cli)") -> 
     if row.revoked_at is None:
         row.revoked_at = utcnow()
         _audit(session, actor, "api_key.revoked", row)
+    session.execute(delete(DashboardSession).where(DashboardSession.key_id == row.id))  # its dashboard logins end
     return row
 
 
@@ -159,9 +165,79 @@ def lookup_key(key_hash: str) -> Principal | None:
 
 def principal_for_key(key: str) -> Principal | None:
     """The live principal of a presented key, or None (unknown, revoked, expired): for callers that do not take the
-    key from an ``Authorization`` header (the dashboard keeps it in a cookie). Looked up on every call, like
+    key from an ``Authorization`` header (the dashboard's login form). Looked up on every call, like
     ``authenticate``."""
     return lookup_key(hash_key(key)) if key else None
+
+
+SESSION_TOUCH_SECONDS = 30
+"""``last_seen_at`` is written at most this often per session: the dashboard polls every second, and an idle timeout
+counted in minutes needs no finer clock than this."""
+
+
+def _token_hash(token: str) -> str:
+    return hmac.new(get_settings().derived_key("dashboard-session"), token.encode(), hashlib.sha256).hexdigest()
+
+
+def open_dashboard_session(key_id: str) -> str:
+    """A new dashboard session for the key ``key_id``; returns its token (for the cookie, and nowhere else: only its
+    keyed hash is stored). Sessions that have ended meanwhile are swept away here."""
+    settings = get_settings()
+    now = utcnow()
+    token = secrets.token_urlsafe(32)
+    idle = timedelta(seconds=settings.dashboard_session_idle_seconds)
+    with session_scope() as session:
+        session.execute(
+            delete(DashboardSession).where(
+                or_(DashboardSession.expires_at <= now, DashboardSession.last_seen_at <= now - idle)
+            )
+        )
+        session.add(
+            DashboardSession(
+                token_hash=_token_hash(token),
+                key_id=key_id,
+                created_at=now,
+                last_seen_at=now,
+                expires_at=now + timedelta(seconds=settings.dashboard_session_max_seconds),
+            )
+        )
+    return token
+
+
+def dashboard_principal(token: str) -> Principal | None:
+    """The live principal of a dashboard session token, or None: no such session (never made, or ended at logout or
+    by revoking its key), idle too long, past its absolute end, or its key revoked or expired. A session found ended
+    is deleted."""
+    if not token:
+        return None
+    settings = get_settings()
+    now = utcnow()
+    with session_scope() as session:
+        found = session.execute(
+            select(DashboardSession, ApiKey)
+            .join(ApiKey, ApiKey.id == DashboardSession.key_id)
+            .where(DashboardSession.token_hash == _token_hash(token))
+        ).one_or_none()
+        if found is None:
+            return None
+        row, key = found
+        idle_since = now - timedelta(seconds=settings.dashboard_session_idle_seconds)
+        key_dead = key.revoked_at is not None or (key.expires_at is not None and key.expires_at <= now)
+        if key_dead or row.expires_at <= now or row.last_seen_at <= idle_since:
+            session.delete(row)
+            return None
+        if (now - row.last_seen_at).total_seconds() >= SESSION_TOUCH_SECONDS:
+            row.last_seen_at = now
+        return _principal(key)
+
+
+def end_dashboard_session(token: str) -> bool:
+    """Logout: delete the session, so its cookie, replayed, opens nothing. True when there was one."""
+    if not token:
+        return False
+    with session_scope() as session:
+        gone = session.execute(delete(DashboardSession).where(DashboardSession.token_hash == _token_hash(token)))
+        return gone.rowcount > 0
 
 
 def _principal(row: ApiKey) -> Principal:

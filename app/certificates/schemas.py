@@ -27,7 +27,8 @@ class CertificateEnvelope(BaseModel):
 
 
 class PublicKeyOut(BaseModel):
-    """An Ed25519 public key as a JWK (RFC 8037): ``kid`` is its hash, ``active`` marks the one signing now."""
+    """An Ed25519 public key as a JWK (RFC 8037): ``kid`` is its hash, ``active`` marks the one signing now; a
+    ``retired`` key verifies what it signed before then, a ``revoked`` one nothing."""
 
     model_config = ConfigDict(extra="allow")
     kid: str
@@ -37,6 +38,13 @@ class PublicKeyOut(BaseModel):
     use: Literal["sig"]
     x: str = Field(..., description="The raw public key, base64url without padding.")
     created: datetime
+    retired: datetime | None = Field(
+        None, description="Rotated out: its certificates issued from this time on are refused (outside-key-window)."
+    )
+    revoked: datetime | None = Field(
+        None, description="Compromised: every certificate it signed is refused, whatever its date (key-revoked)."
+    )
+    revocation_reason: str | None = Field(None, description="Why the key was revoked (the operator's words).")
     active: bool
 
 

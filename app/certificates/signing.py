@@ -226,7 +226,19 @@ class Signer:
 class _Keyring:
     generation: int
     active: str
-    keys: tuple[dict[str, str], ...]  # {"kid", "public_key" (base64 raw), "created"}
+    keys: tuple[dict[str, str], ...]  # {"kid", "public_key" (base64 raw), "created"} [+ "retired", "revoked", ...]
+
+
+@dataclass(frozen=True)
+class Revocation:
+    """What :meth:`KeyStore.revoke_key` did: ``successor`` is the key that took over signing (None when the revoked
+    key was not the active one); ``newly`` is False when the key had been revoked before."""
+
+    kid: str
+    revoked: str
+    reason: str
+    successor: str | None
+    newly: bool
 
 
 class KeyStore:
@@ -267,24 +279,55 @@ class KeyStore:
         for _ in range(PUBLISH_ATTEMPTS):
             current = self._keyring()
             kid, entry = self._new_key()
-            retired = entry["created"]  # the old key signs nothing issued from the moment the new one exists
-            kept = tuple(k if k["kid"] != current.active else {**k, "retired": retired} for k in current.keys)
-            ring = _Keyring(current.generation + 1, kid, (*kept, entry))
+            ring = _Keyring(current.generation + 1, kid, (*_retire(current.keys, current.active, entry), entry))
             if self._publish(ring):
-                self._private.pop(current.active, None)
-                with contextlib.suppress(FileNotFoundError):
-                    (self.folder / f"{current.active}{PRIVATE_KEY_SUFFIX}").unlink()
+                self._forget_private(current.active)
                 log.info("signing key rotated: %s -> %s", current.active, kid)
                 return kid
             self._discard(kid)  # another rotation won this generation: rotate again on top of it
+        raise KeyStoreError("could not publish a new keyring generation")
+
+    def revoke_key(self, kid: str, reason: str) -> Revocation:
+        """Mark a compromised key ``revoked`` (time and reason) in the published keys: the verifier then refuses every
+        certificate it signed, whatever its date (retirement refuses only the later ones). Revoking the active key
+        first rotates to a new one, in the same keyring generation, so the service keeps signing.
+
+        Revoking a revoked key changes nothing (``newly`` False). Raises ``ValueError`` for an unknown key or an empty
+        reason."""
+        reason = " ".join((reason or "").split())
+        if not reason:
+            raise ValueError("say why the key is revoked (--reason)")
+        for _ in range(PUBLISH_ATTEMPTS):
+            current = self._keyring()
+            entry = next((k for k in current.keys if k["kid"] == kid), None)
+            if entry is None:
+                raise ValueError(f"no signing key {kid!r}; the keys are {', '.join(k['kid'] for k in current.keys)}")
+            if entry.get("revoked"):
+                return Revocation(kid, entry["revoked"], entry.get("revocation_reason", ""), None, newly=False)
+            now = utc_timestamp()
+            revoked = {"revoked": now, "revocation_reason": reason}
+            if kid == current.active:
+                new_kid, new_entry = self._new_key()
+                kept = _retire(current.keys, kid, new_entry)
+                ring = _Keyring(current.generation + 1, new_kid, (*_mark(kept, kid, revoked), new_entry))
+            else:
+                new_kid = None
+                ring = _Keyring(current.generation + 1, current.active, _mark(current.keys, kid, revoked))
+            if self._publish(ring):
+                self._forget_private(kid)
+                log.warning("signing key %s revoked (%s)%s", kid, reason, f"; {new_kid} signs now" if new_kid else "")
+                return Revocation(kid, now, reason, new_kid, newly=True)
+            if new_kid is not None:
+                self._discard(new_kid)  # another change won this generation: revoke again on top of it
         raise KeyStoreError("could not publish a new keyring generation")
 
     def public_keys(self) -> dict[str, Any]:
         """The keys document served at ``/.well-known/lethe-keys.json`` (JWK-shaped, RFC 8037 / RFC 9864).
 
         ``{"keys": [{"kid", "kty": "OKP", "crv": "Ed25519", "alg": "Ed25519", "use": "sig",
-        "x": base64url(raw public key, no padding), "created", "retired" (null while it signs), "active"}]}``,
-        oldest first. A key's certificates are valid when issued before it was retired.
+        "x": base64url(raw public key, no padding), "created", "retired" (null while it signs), "revoked" and
+        "revocation_reason" (null unless compromised), "active"}]}``, oldest first. A key's certificates are valid
+        when issued before it was retired; none of a revoked key's are.
         """
         ring = self._keyring()
         return {
@@ -298,6 +341,8 @@ class KeyStore:
                     "x": _b64url_nopad(_b64decode(entry["public_key"])),
                     "created": entry["created"],
                     "retired": entry.get("retired"),
+                    "revoked": entry.get("revoked"),
+                    "revocation_reason": entry.get("revocation_reason"),
                     "active": entry["kid"] == ring.active,
                 }
                 for entry in ring.keys
@@ -360,7 +405,7 @@ class KeyStore:
             active = document["active"]
             keys = tuple(
                 {"kid": str(k["kid"]), "public_key": str(k["public_key"]), "created": str(k["created"])}
-                | ({"retired": str(k["retired"])} if k.get("retired") else {})
+                | {name: str(k[name]) for name in ("retired", "revoked", "revocation_reason") if k.get(name)}
                 for k in document["keys"]
             )
         except (ValueError, KeyError, TypeError) as exc:
@@ -374,6 +419,8 @@ class KeyStore:
                 raise KeyStoreError(f"{path}: key {entry['kid']} does not match its public key")
         if active not in {entry["kid"] for entry in keys}:
             raise KeyStoreError(f"{path}: the active key {active} is not in the keyring")
+        if any(entry["kid"] == active and entry.get("revoked") for entry in keys):
+            raise KeyStoreError(f"{path}: the active key {active} is revoked")
         return _Keyring(generation, active, keys)
 
     def _new_key(self) -> tuple[str, dict[str, str]]:
@@ -393,6 +440,12 @@ class KeyStore:
             os.fsync(handle.fileno())
         self._private[kid] = private
         return kid, {"kid": kid, "public_key": _b64encode(raw), "created": utc_timestamp()}
+
+    def _forget_private(self, kid: str) -> None:
+        """Delete a key's private half for good (it was retired or revoked: it must never sign again)."""
+        self._private.pop(kid, None)
+        with contextlib.suppress(FileNotFoundError):
+            (self.folder / f"{kid}{PRIVATE_KEY_SUFFIX}").unlink()
 
     def _discard(self, kid: str) -> None:
         self._private.pop(kid, None)
@@ -436,6 +489,15 @@ class KeyStore:
         return private
 
 
+def _retire(keys: tuple[dict[str, str], ...], kid: str, successor: dict[str, str]) -> tuple[dict[str, str], ...]:
+    """``keys`` with ``kid`` retired from the moment its successor exists (it signs nothing issued from then on)."""
+    return tuple(k if k["kid"] != kid else {**k, "retired": successor["created"]} for k in keys)
+
+
+def _mark(keys: tuple[dict[str, str], ...], kid: str, fields: dict[str, str]) -> tuple[dict[str, str], ...]:
+    return tuple(k if k["kid"] != kid else {**k, **fields} for k in keys)
+
+
 def _fsync_folder(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:
@@ -459,6 +521,11 @@ def default_keystore() -> KeyStore:
 def rotate_key() -> str:
     """Rotate the service's signing key; returns the new key id."""
     return default_keystore().rotate_key()
+
+
+def revoke_key(kid: str, reason: str) -> Revocation:
+    """Revoke one of the service's signing keys (see :meth:`KeyStore.revoke_key`)."""
+    return default_keystore().revoke_key(kid, reason)
 
 
 def public_keys() -> dict[str, Any]:
@@ -507,6 +574,18 @@ def _key_windows(keys: Mapping[str, Any]) -> dict[str, datetime | None]:
             raise InvalidKeys(f"key {entry.get('kid')!r}: bad retired time ({exc})") from exc
         windows[str(entry.get("kid"))] = retired
     return windows
+
+
+def _revocations(keys: Mapping[str, Any]) -> dict[str, str]:
+    """``{kid: why}`` for every key a keys document marks ``revoked`` (compromised: nothing it signed is trusted)."""
+    if not (isinstance(keys, Mapping) and isinstance(keys.get("keys"), list)):
+        return {}
+    revoked = {}
+    for entry in keys["keys"]:
+        if isinstance(entry, Mapping) and entry.get("revoked"):
+            reason = entry.get("revocation_reason") or "no reason given"
+            revoked[str(entry.get("kid"))] = f"revoked {entry['revoked']}: {reason}"
+    return revoked
 
 
 def _check_key_window(predicate: Mapping[str, Any], kid: str, retired: datetime | None) -> None:
@@ -884,6 +963,26 @@ def _parse_statement(payload: bytes, predicate_type: str | tuple[str, ...] | Non
     return statement
 
 
+def _signed_by_unrevoked(
+    payload_type: str,
+    payload: bytes,
+    signatures: list[Any],
+    keys: dict[str, Ed25519PublicKey],
+    revoked: dict[str, str],
+    first: str,
+) -> str:
+    """A signature by a revoked key counts for nothing, whatever the certificate's date (whoever stole the key can
+    sign any date): another signature by a key still trusted may carry the envelope, else ``key-revoked``."""
+    trusted = {kid: key for kid, key in keys.items() if kid not in revoked}
+    if trusted:
+        with contextlib.suppress(InvalidCertificate):
+            return _check_signatures(payload_type, payload, signatures, trusted)
+    raise InvalidCertificate(
+        "key-revoked",
+        f"signed by key {first}, which is {revoked[first]}; no certificate it signed is trusted, whatever its date",
+    )
+
+
 def verify_envelope(
     envelope: Mapping[str, Any] | str | bytes,
     keys: Mapping[str, Any],
@@ -892,12 +991,15 @@ def verify_envelope(
 ) -> VerifiedCertificate:
     """Check a certificate offline, the DSSE way: signature over PAE first, then parse only authenticated bytes.
 
-    ``keys`` is a keys document (as served at ``/.well-known/lethe-keys.json``) or ``{kid: public key}``. Raises
+    ``keys`` is a keys document (as served at ``/.well-known/lethe-keys.json``) or ``{kid: public key}``. A key
+    the document marks ``revoked`` verifies nothing (``key-revoked``), one marked ``retired`` only what was issued
+    before (``outside-key-window``); a bare mapping states neither. Raises
     :class:`InvalidCertificate` (with ``code`` and ``reason``) or, for an unusable keys document,
     :class:`InvalidKeys`.
     """
     public = _public_key_map(keys)
     windows = _key_windows(keys)
+    revoked = _revocations(keys)
     payload_type, payload_b64, signatures = _parse_envelope(envelope)
     if payload_type != PAYLOAD_TYPE:
         raise InvalidCertificate(
@@ -908,6 +1010,8 @@ def verify_envelope(
     except ValueError as exc:
         raise InvalidCertificate("malformed", f"the payload is not base64: {exc}") from exc
     signed_by = _check_signatures(payload_type, payload, signatures, public)
+    if signed_by in revoked:
+        signed_by = _signed_by_unrevoked(payload_type, payload, signatures, public, revoked, signed_by)
     statement = _parse_statement(payload, predicate_type)
     predicate = statement["predicate"]
     subject = statement["subject"][0]

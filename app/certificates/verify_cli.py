@@ -96,13 +96,16 @@ def _read_file(path: Path, limit: int, what: str) -> bytes:
 
 
 def load_keys(source: str, *, timeout: float = KEYS_TIMEOUT_SECONDS) -> dict[str, Any]:
-    """Public keys ``{kid: Ed25519PublicKey}`` from a keys document in a file or at an http(s) URL."""
+    """The keys document from a file or an http(s) URL, checked (every ``kid`` is its key's hash). The document
+    itself, not only its keys: its ``retired`` and ``revoked`` marks are what the verifier refuses by."""
     if source.lower().startswith(URL_SCHEMES):
         raw = _fetch_keys(source, timeout)
     else:
         raw = _read_file(Path(source), MAX_KEYS_BYTES, "keys file")
     try:
-        return load_public_keys(parse_strict_json(raw))
+        document = parse_strict_json(raw)
+        load_public_keys(document)
+        return document
     except (ValueError, UnicodeDecodeError) as exc:
         reason = exc.reason if isinstance(exc, InvalidKeys) else f"not valid JSON: {exc}"
         raise InputUnavailable(f"the keys from {source} are unusable: {reason}") from exc
@@ -241,6 +244,8 @@ def verify_file(path: Path | str, keys_source: str, audit_log: Path | str | None
         certificate = verify_envelope(data, keys, predicate_type=PREDICATE_TYPES)
     except InvalidCertificate as exc:
         return False, f"INVALID ({exc.code}): {exc.reason}"
+    except InvalidKeys as exc:  # a mark the document states badly (a retired or revoked time that is no time)
+        raise InputUnavailable(f"the keys from {keys_source} are unusable: {exc.reason}") from exc
     ok, anchor_line = check_anchor(certificate, keys, events)
     if not ok:
         return False, anchor_line

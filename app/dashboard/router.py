@@ -2,7 +2,8 @@
 
 It reads through the domain services only and acts through the same service functions as the API (so an action
 is audited exactly as its API twin); it owns no table. Access: an API key with ``requests:read`` (given once in a
-login form, then kept in a signed HttpOnly, SameSite=Strict cookie, see ``session.py``); actions on a request (one
+login form; the HttpOnly, SameSite=Strict cookie then holds only a server-side session's random token, see
+``session.py``); actions on a request (one
 or in bulk) and a model's settings need ``admin`` (approval keeps the API's four eyes: never by the key that submitted
 the request), a per-person erasure ``requests:write`` (its API twin's scope), and every form a CSRF token. No key, no
 data: every page and fragment checks the key again. A person's reference is only ever posted (never put in a URL):
@@ -27,13 +28,19 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.audit.service import events_for, latest_events, verify_chain
-from app.auth.service import Principal, list_keys, principal_for_key
+from app.auth.service import (
+    Principal,
+    dashboard_principal,
+    end_dashboard_session,
+    list_keys,
+    open_dashboard_session,
+    principal_for_key,
+)
 from app.certificates.service import get_certificate_or_404
 from app.certificates.signing import (
     PREDICATE_TYPE,
     SUBJECT_ERASURE_PREDICATE_TYPE,
     InvalidCertificate,
-    load_public_keys,
     public_keys,
     verify_envelope,
 )
@@ -130,18 +137,20 @@ def _login_page(request: Request, message: str | None, status_code: int) -> HTML
 
 
 def _gate(request: Request, scope: str = "requests:read", *, fragment: bool = False) -> Principal:
-    """The session's principal holding ``scope``; otherwise raise a refusal: the login page (no or refused key) or
-    403 (the key lacks the scope). A fragment or JSON call gets a bare 401/403 with no data."""
-    key = cookies.session_key(request)
-    principal = principal_for_key(key) if key else None
+    """The session's principal holding ``scope``; otherwise raise a refusal: the login page (no session, or one that
+    ended: logged out, timed out, its key revoked or expired) or 403 (the key lacks the scope). A fragment or JSON
+    call gets a bare 401/403 with no data."""
+    token = cookies.session_token(request)
+    principal = dashboard_principal(token) if token else None
     if principal is None:
         if fragment:
             response: Response = JSONResponse({"error": "login required"}, status_code=401, headers=SECURITY_HEADERS)
-        elif key is None:
+        elif token is None:
             response = RedirectResponse("/dashboard/login", status_code=303, headers=SECURITY_HEADERS)
         else:
-            response = _login_page(request, "Your API key was refused (unknown, expired or revoked).", 401)
-        if key is not None:
+            message = "Your session was refused: it ended (logged out or timed out), or its API key was revoked."
+            response = _login_page(request, message, 401)
+        if token is not None:
             cookies.end_session(response)
         raise _Refused(response)
     if not principal.has(scope) or principal.model_id is not None:
@@ -198,8 +207,9 @@ def login(request: Request, api_key: str = Form("", max_length=200), csrf: str =
         return _login_page(request, "Unknown, expired or revoked API key.", 401)
     if not principal.has("requests:read") or principal.model_id is not None:
         return _login_page(request, "This key lacks the scope `requests:read`.", 403)
+    end_dashboard_session(cookies.session_token(request) or "")  # a login replaces this browser's earlier session
     response = RedirectResponse("/dashboard/requests", status_code=303, headers=SECURITY_HEADERS)
-    cookies.start_session(response, api_key.strip())
+    cookies.start_session(response, open_dashboard_session(principal.key_id))
     return response
 
 
@@ -207,6 +217,7 @@ def login(request: Request, api_key: str = Form("", max_length=200), csrf: str =
 def logout(request: Request, csrf: str = Form("", max_length=500)) -> Response:
     if not cookies.csrf_ok(request, csrf):
         return _render(request, "refused.html", {"principal": None, "message": STALE_FORM}, 403)
+    end_dashboard_session(cookies.session_token(request) or "")  # the cookie, replayed, opens nothing any more
     response = RedirectResponse("/dashboard/login", status_code=303, headers=SECURITY_HEADERS)
     cookies.end_session(response)
     return response
@@ -547,7 +558,7 @@ def plot(report_id: str, name: str, request: Request, session: Session = Depends
 def verify_certificate(envelope: dict[str, Any], predicate_type: str = PREDICATE_TYPE) -> tuple[bool, str]:
     """What ``lethe verify-certificate`` answers, against the keys ``/.well-known/lethe-keys.json`` publishes: a
     deletion certificate, or (``SUBJECT_ERASURE_PREDICATE_TYPE``) a per-person erasure's combined one."""
-    keys = load_public_keys(public_keys())
+    keys = public_keys()  # the document, with its retired and revoked marks, not only the keys
     try:
         verified = verify_envelope(json.dumps(envelope).encode(), keys, predicate_type=predicate_type)
     except InvalidCertificate as exc:

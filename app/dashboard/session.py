@@ -1,12 +1,13 @@
-"""The dashboard's session and CSRF tokens (itsdangerous, keys derived from the master secret).
+"""The dashboard's session cookie and CSRF tokens (itsdangerous, keys derived from the master secret).
 
-The session cookie holds the operator's API key, signed and time-stamped (``dashboard-session`` key): HttpOnly (no
-script reads it), SameSite=Strict (no other site's page sends it) and Secure (never sent over plain http; browsers
-treat http://127.0.0.1 and http://localhost as secure origins, so a local dashboard and the browser tests work with
-it on). A browser drops a Secure cookie set over plain http from any other host, so there every form would expire:
-``LETHE_DASHBOARD_INSECURE_COOKIES=true`` (off by default) drops the flag for an operator who serves the dashboard
-over plain http on a network they trust. The key is looked up again on every request, so a revoked key is refused at
-once, cookie or not.
+The session cookie holds a random session token and nothing else (issue 22: it used to carry the API key, signed but
+readable, and logout ended nothing): the session lives server-side (``app.auth.service``: the token's keyed hash,
+the key's id, idle and absolute timeouts), so logout and revoking the key end it for good, and a lifted cookie
+yields no key. The cookie is HttpOnly (no script reads it), SameSite=Strict (no other site's page sends it) and
+Secure (never sent over plain http; browsers treat http://127.0.0.1 and http://localhost as secure origins, so a
+local dashboard and the browser tests work with it on). A browser drops a Secure cookie set over plain http from any
+other host, so there every form would expire: ``LETHE_DASHBOARD_INSECURE_COOKIES=true`` (off by default) drops the
+flag for an operator who serves the dashboard over plain http on a network they trust.
 
 CSRF: every form carries a token signed with the ``dashboard-csrf`` key and bound to the session it was issued for
 (a hash of the session cookie), so a token is useless in another session and cannot be forged without the secret.
@@ -27,8 +28,6 @@ from app.config import get_settings
 SESSION_COOKIE = "lethe_dashboard"
 LOGIN_COOKIE = "lethe_dashboard_login"
 COOKIE_PATH = "/dashboard"
-SESSION_SECONDS = 8 * 3600
-"""A session lasts a working day; the key's own expiry or revocation ends it sooner."""
 LOGIN_SECONDS = 3600
 
 
@@ -53,9 +52,14 @@ def _set_cookie(response: Response, name: str, value: str, max_age: int) -> None
     )
 
 
-def start_session(response: Response, api_key: str) -> None:
-    value = _serializer("dashboard-session", "session").dumps(api_key)
-    _set_cookie(response, SESSION_COOKIE, value, SESSION_SECONDS)
+def session_seconds() -> int:
+    """The absolute lifetime of a session (the cookie's ``Max-Age`` and its CSRF tokens')."""
+    return get_settings().dashboard_session_max_seconds
+
+
+def start_session(response: Response, token: str) -> None:
+    """Hand the browser the session token (made by ``app.auth.service.open_dashboard_session``)."""
+    _set_cookie(response, SESSION_COOKIE, token, session_seconds())
     response.delete_cookie(LOGIN_COOKIE, path=COOKIE_PATH)
 
 
@@ -63,16 +67,9 @@ def end_session(response: Response) -> None:
     response.delete_cookie(SESSION_COOKIE, path=COOKIE_PATH, secure=secure_cookies(), httponly=True, samesite="strict")
 
 
-def session_key(request: Request) -> str | None:
-    """The API key from a valid, unexpired session cookie, or None."""
-    cookie = request.cookies.get(SESSION_COOKIE)
-    if not cookie:
-        return None
-    try:
-        key = _serializer("dashboard-session", "session").loads(cookie, max_age=SESSION_SECONDS)
-    except BadSignature:
-        return None
-    return key if isinstance(key, str) else None
+def session_token(request: Request) -> str | None:
+    """The session token the browser sent, or None; only the server-side session says whether it is still live."""
+    return request.cookies.get(SESSION_COOKIE) or None
 
 
 def _binding(value: str) -> str:
@@ -89,7 +86,7 @@ def csrf_ok(request: Request, token: str | None) -> bool:
     if not token or not session or not _same_origin(request):
         return False
     try:
-        bound = _serializer("dashboard-csrf", "csrf").loads(token, max_age=SESSION_SECONDS)
+        bound = _serializer("dashboard-csrf", "csrf").loads(token, max_age=session_seconds())
     except BadSignature:
         return False
     return isinstance(bound, str) and hmac.compare_digest(bound, _binding(session))

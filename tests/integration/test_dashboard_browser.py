@@ -135,6 +135,7 @@ def test_no_key_no_data(stack, page):
     (cookie,) = [c for c in page.context.cookies() if c["name"] == "lethe_dashboard"]
     assert cookie["httpOnly"] and cookie["secure"] and cookie["sameSite"] == "Strict"
     assert key not in page.content()
+    page.goto("about:blank")  # stop the list's poller: its own 401 would race this test's next navigation
     with session_scope() as session:
         revoke_key(session, key.split("_")[1])
     response = page.goto(f"{base}/dashboard/requests")
@@ -658,3 +659,31 @@ def test_plain_http_on_a_non_localhost_host_name_with_the_setting(stack, playwri
         chromium.close()
         monkeypatch.delenv("LETHE_DASHBOARD_INSECURE_COOKIES", raising=False)
         get_settings.cache_clear()
+
+
+def test_logout_ends_the_session_server_side_so_a_copied_cookie_is_refused(stack, browser):
+    """Issue 22: the cookie holds a random session token, never the key; logging out deletes the session, so the
+    same cookie copied into another browser (what a thief would replay) opens nothing."""
+    base = stack.serve(background=False)
+    key = make_key(["requests:read"], name="copied-cookie")
+    context = browser.new_context()
+    context.set_default_timeout(TIMEOUT_MS)
+    page = context.new_page()
+    log_in(page, base, key)
+    assert page.url.endswith("/dashboard/requests")
+    (cookie,) = [c for c in context.cookies() if c["name"] == "lethe_dashboard"]
+    assert key not in cookie["value"] and key.rsplit("_", 1)[1][:12] not in cookie["value"]
+    thief = browser.new_context()
+    thief.set_default_timeout(TIMEOUT_MS)
+    thief.add_cookies([cookie])
+    stolen = thief.new_page()
+    assert stolen.goto(f"{base}/dashboard/requests").status == 200  # the copy works while the session lives
+    stolen.close()  # (its poller, refused after the logout, would make the thief's browser drop the cookie)
+    page.click("header .who button")
+    page.wait_for_url(re.compile(r"/dashboard/login$"))
+    assert [c["value"] for c in thief.cookies() if c["name"] == "lethe_dashboard"] == [cookie["value"]]
+    stolen = thief.new_page()
+    response = stolen.goto(f"{base}/dashboard/requests")
+    assert response.status == 401 and "was refused" in stolen.inner_text("#login-error")
+    thief.close()
+    context.close()

@@ -197,3 +197,17 @@ def test_a_certificates_anchor_detects_a_rewrite(tmp_path):
     files["log"].write_text(json.dumps(_served_log()))
     ok, message = verify_file(files["cert"], str(files["keys"]), files["log"])
     assert not ok and message.startswith("INVALID (anchor-mismatch)") and "rewritten" in message, message
+
+
+def test_a_checkpoint_signed_by_a_key_later_revoked_no_longer_anchors(tmp_path):
+    """A compromised key can sign any checkpoint at any date: once revoked, nothing it signed anchors the log."""
+    from app.audit.service import check_anchor_signature
+    from app.certificates.signing import revoke_key
+
+    _setup(tmp_path, 6)  # one checkpoint, at 5
+    with session_scope() as session:
+        anchor = latest_anchor(session)
+    assert check_anchor_signature(anchor, public_keys()) is None
+    revoke_key(anchor["key_id"], "the key file was copied off a backup")
+    problem = check_anchor_signature(anchor, public_keys())
+    assert problem is not None and "revoked" in problem and "backup" in problem, problem
