@@ -86,6 +86,15 @@ class Settings(BaseSettings):
         30.0, gt=0, description="Longest a POST waits for its commit before a 503 (retry: same Idempotency-Key)."
     )
     lease_seconds: float = Field(300.0, description="How long a worker's lease on a job lasts between heartbeats.")
+    db_connect_timeout_seconds: int = Field(
+        5, ge=2, description="PostgreSQL: longest wait for a new connection (a database away or frozen: 503)."
+    )
+    db_statement_timeout_seconds: float = Field(
+        60.0, ge=0, description="PostgreSQL: longest one statement may run, lock waits included (0: no limit)."
+    )
+    db_pool_timeout_seconds: float = Field(
+        10.0, gt=0, description="Longest wait for a free pooled database connection before a 503."
+    )
     dispatch_timeout_seconds: float = Field(600.0, description="Re-offer a dispatched job no worker took by then.")
     max_attempts: int = Field(3, description="Attempts before a job fails for good.")
     poll_seconds: float = Field(0.5, description="How often the dispatcher and in-process executor poll the outbox.")
