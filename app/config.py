@@ -85,7 +85,12 @@ class Settings(BaseSettings):
     intake_timeout_seconds: float = Field(
         30.0, gt=0, description="Longest a POST waits for its commit before a 503 (retry: same Idempotency-Key)."
     )
-    lease_seconds: float = Field(300.0, description="How long a worker's lease on a job lasts between heartbeats.")
+    lease_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="How long a worker's lease on a job lasts unless renewed; a running job's heartbeat renews it "
+        "every sixth of this, so a killed worker's model is free again after at most this long.",
+    )
     db_connect_timeout_seconds: int = Field(
         5, ge=2, description="PostgreSQL: longest wait for a new connection (a database away or frozen: 503)."
     )

@@ -28,7 +28,11 @@ log = logging.getLogger("lethe.lease")
 PROGRESS_MIN_INTERVAL = 0.5
 """Seconds between two progress writes; a report that comes sooner is written by the next beat."""
 BEAT_MIN, BEAT_MAX = 0.2, 1.0
-"""The heartbeat thread wakes every lease_seconds / 3, clamped to this range (seconds)."""
+"""The heartbeat thread wakes at least once a second (at most every BEAT_MIN) to write pending progress."""
+RENEWALS_PER_LEASE = 6
+"""The lease is renewed every lease_seconds / 6 (5 s of the default 30 s): a short lease frees a killed worker's model
+quickly (issue 22: one killed worker stopped its model for 300 s), and five missed renewals (a database hiccup) still
+leave a live worker its lease."""
 
 
 def claim(job_id: str, owner: str) -> Job | None:
@@ -156,7 +160,7 @@ def finish(job_id: str, owner: str, result: dict) -> None:
 class JobContext:
     """Progress reporting and the lease heartbeat of one running job.
 
-    A background thread renews the lease (every ``lease_seconds / 3``, at least once a second) whatever the ML code
+    A background thread renews the lease (every ``lease_seconds / 6``) whatever the ML code
     is doing, so an expired lease means a dead worker, never a slow step. Progress is written at most twice a second
     from the caller; a report that comes sooner is kept and written by the next beat, so the latest message is never
     lost. If the lease is lost (another worker took the job), ``lost`` is set and the finishing transaction refuses
@@ -184,7 +188,7 @@ class JobContext:
         self._thread.join(timeout=5)
 
     def _beat(self) -> None:
-        lease_every = max(BEAT_MIN, get_settings().lease_seconds / 3)
+        lease_every = max(BEAT_MIN, get_settings().lease_seconds / RENEWALS_PER_LEASE)
         interval = min(BEAT_MAX, lease_every)
         last_lease = time.monotonic()
         while not self._stop.wait(interval):

@@ -4,6 +4,7 @@ visible, and a row already held by an unfinished request is answered with that r
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -124,3 +125,54 @@ def test_in_flight_rows_are_answered_with_the_earlier_request_and_stuck_requests
         assert len(versions) == 2
         served = {wait_request(client, r.json()["id"], timeout=5)["result_version_id"] for r in (first, other)}
         assert served == {v["id"] for v in versions if v["number"] == 2}
+
+
+HOLD = """
+import sys, time
+from app.jobs import lease
+job = lease.claim(sys.argv[1], "killed-worker")
+assert job is not None
+with lease.JobContext(job.id, "killed-worker"):
+    print("holding", flush=True)
+    time.sleep(600)  # a long attempt: only the heartbeat thread keeps the lease
+"""
+
+
+def test_a_killed_workers_model_is_free_within_a_short_heartbeat_lease(tmp_path):
+    """Issue 22: one killed worker stopped its model for a whole lease (300 s by default). With the default settings
+    a running attempt's heartbeat renews a short lease (30 s) every few seconds, so a SIGKILLed worker's model is
+    free at most 30 s after its death; while it lived, its lease was renewed, never left to run out."""
+    import signal
+    import subprocess
+    import sys
+    from datetime import timedelta
+
+    from tests.stack import ROOT
+
+    configure(tmp_path)  # the defaults: no lease setting
+    job_id = _job("m1")
+    worker = subprocess.Popen(
+        [sys.executable, "-c", HOLD, job_id],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert worker.stdout.readline().strip() == b"holding"
+
+        def expires():
+            with session_scope() as session:
+                return session.get(Job, job_id).lease_expires_at
+
+        first = expires()
+        assert first - utcnow() <= timedelta(seconds=30)
+        wait_for(lambda: expires() > first, timeout=15, interval=0.2, what="the heartbeat to renew the lease")
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(timeout=30)
+    killed = utcnow()
+    assert expires() - killed <= timedelta(seconds=30)
+    with session_scope() as session:
+        lease.reconcile(session)  # an unexpired lease is not taken back: the model stays held until it runs out
+        assert session.get(Job, job_id).status == "running"
+    assert lease.claim(_job("m1"), "w2") is None
