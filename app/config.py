@@ -100,6 +100,20 @@ class Settings(BaseSettings):
     db_pool_timeout_seconds: float = Field(
         10.0, gt=0, description="Longest wait for a free pooled database connection before a 503."
     )
+    transient_backoff_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="A job that met the infrastructure away (a full or read-only artifact disk, the database or broker "
+        "down) waits this long, doubled at each further such failure; it spends no attempt.",
+    )
+    transient_backoff_max_seconds: float = Field(
+        300.0, gt=0, description="The longest wait between two tries of a job held up by the infrastructure."
+    )
+    transient_give_up_seconds: float = Field(
+        6 * 3600.0,
+        gt=0,
+        description="A job held up by the infrastructure for longer than this (since its first such failure) fails.",
+    )
     dispatch_timeout_seconds: float = Field(600.0, description="Re-offer a dispatched job no worker took by then.")
     max_attempts: int = Field(3, description="Attempts before a job fails for good.")
     poll_seconds: float = Field(0.5, description="How often the dispatcher and in-process executor poll the outbox.")

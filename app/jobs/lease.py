@@ -15,7 +15,7 @@ from collections.abc import Callable
 from sqlalchemy.orm import Session
 
 from app.config import get_settings
-from app.db import session_scope
+from app.db import is_unavailable, session_scope
 from app.jobs import outbox
 from app.jobs.outbox import LeaseLostError
 from app.jobs.tables import Job
@@ -135,12 +135,28 @@ def fail(
     permanent: bool,
     request_status: str = "failed",
     problem_type: str = "job-failed",
+    infrastructure: bool = False,
 ) -> None:
-    """Record a failure: a permanent one (bad input, a bug) ends the job; a transient one re-offers it with backoff."""
-    with session_scope() as session:
-        job = outbox.fail(session, job_id, owner, error, permanent=permanent)
-        if job is not None:
-            tell_owner(session, job, error, request_status, problem_type)
+    """Record a failure: a permanent one (bad input, a bug) ends the job; a transient one re-offers it with backoff;
+    an ``infrastructure`` one (a resource away) waits longer and spends no attempt (``outbox.fail``).
+
+    The database may be away too: recording is retried (a growing pause, up to one lease) while it is unavailable;
+    after that the reconciler re-offers the job when the lease runs out."""
+    deadline = time.monotonic() + get_settings().lease_seconds
+    pause = 0.5
+    while True:
+        try:
+            with session_scope() as session:
+                job = outbox.fail(session, job_id, owner, error, permanent=permanent, infrastructure=infrastructure)
+                if job is not None:
+                    tell_owner(session, job, job.error or error, request_status, problem_type)
+            return
+        except Exception as exc:
+            if not is_unavailable(exc) or time.monotonic() + pause > deadline:
+                raise
+            log.warning("job %s: the failure could not be recorded (database unavailable); retrying", job_id)
+            time.sleep(pause)
+            pause = min(pause * 2, 5.0)
 
 
 def reconcile(session: Session) -> dict[str, int]:

@@ -12,16 +12,17 @@ transaction), so registry and requests import the outbox and never the other way
 
 from __future__ import annotations
 
+import errno
 import threading
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Table, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from app.config import get_settings
-from app.db import new_id, utcnow
+from app.db import is_unavailable, new_id, utcnow
 from app.jobs.tables import Job
 
 NEW_JOBS = threading.Event()
@@ -49,6 +50,51 @@ class PermanentJobError(Exception):
     def __init__(self, message: str, problem_type: str = "unprocessable"):
         super().__init__(message)
         self.problem_type = problem_type
+
+
+INFRASTRUCTURE_ERRNOS = frozenset(
+    {
+        errno.ENOSPC,  # disk full
+        errno.EDQUOT,  # quota exceeded
+        errno.EFBIG,  # file size limit
+        errno.EIO,
+        errno.EROFS,  # remounted read-only
+        errno.EACCES,  # the store's folder lost its permissions
+        errno.ESTALE,
+        errno.ETIMEDOUT,
+        errno.ECONNREFUSED,
+        errno.ECONNRESET,
+        errno.EHOSTUNREACH,
+        errno.ENETUNREACH,
+    }
+)
+"""OS errors that say the machine or a service is unavailable, not that the job's data or method is wrong."""
+
+
+def infrastructure_error(exc: BaseException) -> bool:
+    """Whether a job failed because a resource was away (issue 22: a full artifact disk spent the request's three
+    attempts in 6 s): an OS error of :data:`INFRASTRUCTURE_ERRNOS` (the artifact store), the database unavailable
+    (``app.db.is_unavailable``), a broker or network connection error. Such a failure waits with a growing delay and
+    spends no attempt (``fail(..., infrastructure=True)``); only the method's or the data's own errors count."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if is_unavailable(current):
+            return True
+        if isinstance(current, OSError) and current.errno in INFRASTRUCTURE_ERRNOS:
+            return True
+        if isinstance(current, ConnectionError | TimeoutError):
+            return True
+        module = type(current).__module__.split(".")[0]
+        if module in ("redis", "kombu", "amqp") and type(current).__name__ in (
+            "ConnectionError",
+            "TimeoutError",
+            "OperationalError",
+        ):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 class LeaseLostError(RuntimeError):
@@ -314,8 +360,12 @@ def finish(session: Session, job: Job, result: dict[str, Any]) -> None:
     job.message, job.lease_expires_at = "done", None
 
 
-def fail(session: Session, job_id: str, owner: str | None, error: str, *, permanent: bool) -> Job | None:
+def fail(
+    session: Session, job_id: str, owner: str | None, error: str, *, permanent: bool, infrastructure: bool = False
+) -> Job | None:
     """Record a failure: a permanent one (bad input, a bug) ends the job; a transient one re-offers it with backoff.
+    An ``infrastructure`` one (``infrastructure_error``) gives the attempt back and waits longer each time (see
+    ``_wait_for_infrastructure``).
 
     Returns the job when it failed for good (its request or model must be told), None otherwise (re-offered, or not
     ours to fail any more)."""
@@ -324,11 +374,37 @@ def fail(session: Session, job_id: str, owner: str | None, error: str, *, perman
     if owner is not None and (job.lease_owner != owner or job.status != "running"):
         return None
     job.error, job.updated_at = error[:4000], now
+    if infrastructure and not permanent:
+        return _wait_for_infrastructure(job, error, now)
     if permanent or job.attempts >= job.max_attempts:
         job.status, job.finished_at, job.lease_expires_at = "failed", now, None
         return job
     job.status, job.lease_owner, job.lease_expires_at = "pending", None, None
     job.available_at = now + timedelta(seconds=min(MAX_BACKOFF_SECONDS, 2.0**job.attempts))
+    return None
+
+
+def _wait_for_infrastructure(job: Job, error: str, now: datetime) -> Job | None:
+    """The resource a job needs is away: no attempt is spent (the claim's is given back), and the job is re-offered
+    after ``transient_backoff_seconds``, doubled at each further such failure up to ``transient_backoff_max_seconds``
+    (minutes, so an outage is outwaited rather than raced), until ``transient_give_up_seconds`` since the first:
+    then it fails for good. The count lives in the payload (``outage``), so no column is needed."""
+    settings = get_settings()
+    outage = dict((job.payload or {}).get("outage") or {})
+    since = datetime.fromisoformat(outage["since"]) if outage.get("since") else now
+    failures = int(outage.get("failures", 0)) + 1
+    first_line = error.split("\n", 1)[0][:500]
+    if (now - since).total_seconds() > settings.transient_give_up_seconds:
+        job.status, job.finished_at, job.lease_expires_at = "failed", now, None
+        job.error = f"the infrastructure was unavailable for {(now - since).total_seconds():.0f} s; gave up: {error}"
+        job.error = job.error[:4000]
+        return job
+    delay = min(settings.transient_backoff_max_seconds, settings.transient_backoff_seconds * 2.0 ** (failures - 1))
+    job.attempts = max(0, job.attempts - 1)
+    job.payload = {**(job.payload or {}), "outage": {"since": since.isoformat(), "failures": failures}}
+    job.status, job.lease_owner, job.lease_expires_at = "pending", None, None
+    job.available_at = now + timedelta(seconds=delay)
+    job.message = f"waiting {delay:.0f} s for the infrastructure (failure {failures}, no attempt spent): {first_line}"
     return None
 
 
