@@ -187,6 +187,36 @@ def mark_dispatched(session: Session, limit: int = DISPATCH_BATCH) -> list[Job]:
     return taken
 
 
+def undispatch(session: Session, job_ids: list[str], reason: str) -> int:
+    """Jobs marked dispatched whose message never reached the broker (the send failed): pending again at once, so
+    the next pass sends them, instead of after the dispatch timeout."""
+    if not job_ids:
+        return 0
+    now = utcnow()
+    result = session.execute(
+        update(Job)
+        .where(Job.id.in_(job_ids), Job.status == "dispatched")
+        .values(status="pending", updated_at=now, message=reason[:2000])
+        .execution_options(synchronize_session=False)
+    )
+    return result.rowcount or 0
+
+
+def reoffer_dispatched(session: Session, reason: str) -> int:
+    """Every dispatched job back to pending, to be sent again: after an outage of the broker or the database, any of
+    their messages may be lost (a broker restarted without persistence, a message a worker consumed while it could
+    not claim). A message that was not lost is then delivered twice, which is harmless: the claim is a
+    compare-and-set, and the second delivery finds the job taken."""
+    now = utcnow()
+    result = session.execute(
+        update(Job)
+        .where(Job.status == "dispatched")
+        .values(status="pending", updated_at=now, message=reason[:2000])
+        .execution_options(synchronize_session=False)
+    )
+    return result.rowcount or 0
+
+
 def max_runtime(kind: str) -> float:
     """The longest one attempt of this job kind may run (``LETHE_MAX_JOB_SECONDS``; a day if the kind is unlisted)."""
     return float(get_settings().max_job_seconds.get(kind, DEFAULT_MAX_RUNTIME_SECONDS))
