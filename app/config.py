@@ -143,9 +143,6 @@ class Settings(BaseSettings):
     stuck_after_seconds: float = Field(
         600.0, gt=0, description="A request still received/queued after this long is reported as stuck."
     )
-    model_busy_retry_seconds: float = Field(
-        2.0, gt=0, description="When another job holds the model, a job waits this long (not counted as an attempt)."
-    )
     bulk_max_requests: int = Field(
         500, ge=1, le=10_000, description="Most deletion requests one bulk operator action may select."
     )

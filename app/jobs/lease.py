@@ -38,9 +38,8 @@ leave a live worker its lease."""
 def claim(job_id: str, owner: str) -> Job | None:
     """Take the job's lease and mark its request running. None: done, taken, or out of attempts."""
     with session_scope() as session:
-        if outbox.model_busy(session, job_id):
-            wait = get_settings().model_busy_retry_seconds
-            outbox.defer(session, job_id, wait, "waiting: another job on this model is running")
+        if outbox.model_busy(session, job_id):  # offered again when the model's lease ends
+            outbox.wait_for_model(session, job_id, "waiting: another job on this model is running")
             return None
         job = outbox.claim(session, job_id, owner)
         if job is None:

@@ -50,7 +50,7 @@ def execute_job(job_id: str, owner: str) -> str:
 def _execute_job(job_id: str, owner: str) -> str:
     job = lease.claim(job_id, owner)
     if job is None:
-        log.info("job %s not claimable (done, taken, or out of attempts)", job_id)
+        log.debug("job %s not claimable (done, taken, waiting on its model, or out of attempts)", job_id)
         return "skipped"
     ids = {"job_kind": job.kind, "model_id": job.model_id}
     if job.request_id:

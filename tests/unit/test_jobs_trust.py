@@ -26,15 +26,16 @@ def test_jobs_on_one_model_run_one_at_a_time_and_waiting_costs_no_attempt(tmp_pa
     configure(tmp_path)
     first, second, other = _job("m1"), _job("m1"), _job("m2")
     assert lease.claim(first, "w1") is not None
-    assert lease.claim(second, "w2") is None  # the model is busy: deferred, not failed
+    assert lease.claim(second, "w2") is None  # the model is busy: waiting, not failed
     with session_scope() as session:
         waiting = session.get(Job, second)
         assert waiting.status == "pending" and waiting.attempts == 0 and "another job" in waiting.message
-        assert waiting.available_at > utcnow()
+        assert [job.id for job in outbox.mark_dispatched(session)] == [other]  # not offered while m1 is held
     assert lease.claim(other, "w3") is not None  # another model is not held up
     with session_scope() as session:
         outbox.finish(session, outbox.assert_lease(session, first, "w1"), {})
-        session.get(Job, second).available_at = utcnow()
+    with session_scope() as session:
+        assert [job.id for job in outbox.mark_dispatched(session)] == [second]  # offered once the model is free
     claimed = lease.claim(second, "w2")
     assert claimed is not None and claimed.attempts == 1
 
@@ -176,3 +177,35 @@ def test_a_killed_workers_model_is_free_within_a_short_heartbeat_lease(tmp_path)
         lease.reconcile(session)  # an unexpired lease is not taken back: the model stays held until it runs out
         assert session.get(Job, job_id).status == "running"
     assert lease.claim(_job("m1"), "w2") is None
+
+
+def test_jobs_waiting_on_a_busy_model_are_offered_once_each_not_bounced_through_the_broker(tmp_path):
+    """Issue 22: 30 jobs on one model made 529 broker deliveries, 498 of them deferrals ("not claimable"): every
+    waiting job was sent, bounced off the busy model and sent again every model_busy_retry_seconds. Now the outbox
+    offers one job per model at a time, when the model is free: 30 jobs, 30 deliveries, none bounced. (The old
+    bounce timer is set short here so that the old behaviour shows in a second, not a minute.)"""
+    from app.jobs.dispatcher import Dispatcher
+
+    configure(tmp_path, model_busy_retry_seconds="0.05")
+    jobs = [_job("m1") for _ in range(30)]
+    elsewhere = _job("m2")
+    deliveries: list[str] = []
+    dispatcher = Dispatcher(lambda job: deliveries.append(job.id))
+    bounced, done, seen = 0, set(), 0
+    deadline = time.monotonic() + 60
+    while len(done) < 31 and time.monotonic() < deadline:
+        dispatcher.tick()
+        held = []
+        for job_id in deliveries[seen:]:  # a worker takes each message in turn
+            if lease.claim(job_id, "w1") is None:
+                bounced += 1
+            else:
+                held.append(job_id)
+        seen = len(deliveries)
+        for job_id in held:  # and finishes what it took (the model is free again)
+            lease.finish(job_id, "w1", {})
+            done.add(job_id)
+        time.sleep(0.06)
+    assert done == {*jobs, elsewhere}
+    assert (bounced, len(deliveries)) == (0, 31)
+    assert set(deliveries[:2]) == {jobs[0], elsewhere}  # the other model is not held up
