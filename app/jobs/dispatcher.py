@@ -134,6 +134,7 @@ class Dispatcher:
         self.send = send
         self.broker = broker
         self._reoffer_due: str | None = None  # why every dispatched job must be sent again, at the next pass
+        self._database_was_away = False  # the next pass's reconciler spares the attempts of leases that ran out
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.companions: list = []  # loops started with the dispatcher and stopped with it (the webhook sender)
@@ -151,7 +152,7 @@ class Dispatcher:
                     count = reoffer_dispatched(session, f"re-offered: {reoffer}, so its message may be lost")
                     if count:
                         log.warning("%s: %d dispatched jobs re-offered", reoffer, count)
-                counts = reconcile(session)
+                counts = reconcile(session, after_outage=self._database_was_away)
                 shred_due(session)  # blobs whose retention grace period has passed
                 flag_overdue(session)  # requests past their GDPR deadline: an audit event, once
                 if counts["reoffered"] or counts["failed"]:
@@ -162,6 +163,8 @@ class Dispatcher:
                     mark_queued(session, job.request_id, job.id, job.queue)
         if reoffer and self._reoffer_due == reoffer:
             self._reoffer_due = None
+        if housekeeping:
+            self._database_was_away = False
         if housekeeping:
             try:
                 with session_scope() as session:  # its own transaction: a failure here never holds up dispatching
@@ -191,13 +194,15 @@ class Dispatcher:
 
     def step(self, housekeeping: bool = True) -> None:
         """``tick``, never raising: a pass that met the database away makes the next good one re-offer every
-        dispatched job (a worker may have consumed its message and failed to claim it meanwhile)."""
+        dispatched job (a worker may have consumed its message and failed to claim it meanwhile) and give back the
+        attempts of the leases that ran out meanwhile (their workers could not renew them)."""
         try:
             self.tick(housekeeping=housekeeping)
         except Exception as exc:
             if is_unavailable(exc):
                 log.warning("dispatcher: the database is unavailable (%s); retrying", type(exc).__name__)
                 self._reoffer_due = "the database was unavailable"
+                self._database_was_away = True
             else:
                 log.exception("dispatcher tick failed; retrying")
 

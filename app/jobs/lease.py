@@ -158,9 +158,10 @@ def fail(
             pause = min(pause * 2, 5.0)
 
 
-def reconcile(session: Session) -> dict[str, int]:
-    """Re-offer jobs whose lease expired; those out of attempts fail, and their request or model is told."""
-    expiry = outbox.expire_leases(session)
+def reconcile(session: Session, after_outage: bool = False) -> dict[str, int]:
+    """Re-offer jobs whose lease expired; those out of attempts fail, and their request or model is told.
+    ``after_outage``: leases that ran out while the database was away spend no attempt (``outbox.expire_leases``)."""
+    expiry = outbox.expire_leases(session, after_outage)
     for job in expiry.failed:
         tell_owner(session, job, job.error, "failed", "attempts-exhausted")
     return {"reoffered": expiry.reoffered, "failed": len(expiry.failed)}

@@ -458,8 +458,10 @@ class Expiry:
     failed: list[Job]
 
 
-def expire_leases(session: Session) -> Expiry:
-    """Re-offer jobs whose lease expired or whose dispatch was never taken; fail those out of attempts."""
+def expire_leases(session: Session, after_outage: bool = False) -> Expiry:
+    """Re-offer jobs whose lease expired or whose dispatch was never taken; fail those out of attempts.
+    ``after_outage``: the first pass after the database was away — a lease that ran out meanwhile says nothing about
+    its worker (no one could renew), so its attempt is given back."""
     now = utcnow()
     reoffered = 0
     failed: list[Job] = []
@@ -472,6 +474,8 @@ def expire_leases(session: Session) -> Expiry:
     )
     for job in expired:
         limit = max_runtime(job.kind)
+        if after_outage:
+            job.attempts = max(0, job.attempts - 1)
         if job.started_at is not None and (now - job.started_at).total_seconds() > limit:
             job.status, job.finished_at, job.updated_at = "failed", now, now
             job.error = f"the job ran longer than its maximum runtime ({limit:g} s for {job.kind}) and was stopped"
@@ -482,7 +486,11 @@ def expire_leases(session: Session) -> Expiry:
             failed.append(job)
         else:
             job.status, job.lease_owner, job.lease_expires_at, job.updated_at = "pending", None, None, now
-            job.message = f"lease expired after attempt {job.attempts}; re-offered"
+            job.message = (
+                "lease expired while the database was unavailable; re-offered without spending an attempt"
+                if after_outage
+                else f"lease expired after attempt {job.attempts}; re-offered"
+            )
             reoffered += 1
     stale = now - timedelta(seconds=get_settings().dispatch_timeout_seconds)
     result = session.execute(

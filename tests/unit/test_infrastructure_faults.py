@@ -144,3 +144,40 @@ def test_a_request_outlives_a_full_artifact_disk_and_is_certified_when_it_is_bac
 
             assert execute_job(job_id, "worker-with-disk") == "succeeded"  # the disk is back
             assert wait_request(client, request["id"], timeout=30)["status"] == "certified"
+
+
+def test_a_lease_that_ran_out_while_the_database_was_down_spends_no_attempt(tmp_path):
+    """No worker can renew its lease while the database is away: a lease that ran out meanwhile is re-offered at the
+    dispatcher's first pass after the outage without spending an attempt (max_attempts 1 here: a spent attempt
+    would fail the job for good). A lease that runs out with the database up still spends its attempt."""
+    from app.config import get_settings
+    from app.db import reset_engine_cache
+    from app.jobs.dispatcher import Dispatcher
+    from tests.unit.test_db_outage import closed_port
+
+    configure(tmp_path, max_attempts="1")
+    database = get_settings().resolved_database_url
+    outage, killed = _job("m1"), _job("m2")
+    for job_id in (outage, killed):
+        assert lease.claim(job_id, "w1") is not None
+    dispatcher = Dispatcher(lambda job: None)
+    with session_scope() as session:
+        session.get(Job, killed).lease_expires_at = utcnow()  # its worker died, the database up
+    dispatcher.step()
+    with session_scope() as session:
+        session.get(Job, outage).lease_expires_at = utcnow()  # runs out during the outage below
+
+    os.environ["LETHE_DATABASE_URL"] = f"postgresql+psycopg://postgres@127.0.0.1:{closed_port()}/down"
+    get_settings.cache_clear()
+    reset_engine_cache()
+    dispatcher.step()  # the pass meets the database away
+    os.environ["LETHE_DATABASE_URL"] = database
+    get_settings.cache_clear()
+    reset_engine_cache()
+    dispatcher.step(housekeeping=False)  # a nudge: no reconciling yet
+    dispatcher.step()
+
+    with session_scope() as session:
+        spared, spent = session.get(Job, outage), session.get(Job, killed)
+        assert spared.status in ("pending", "dispatched") and spared.attempts == 0, (spared.status, spared.attempts)
+        assert spent.status == "failed"
