@@ -407,11 +407,11 @@ def dispatcher(
     """Run the dispatcher and reconciler loop on its own (when the API runs with LETHE_RUN_DISPATCHER=false); with
     the webhook sender beside it unless --no-webhooks (then run `lethe webhook-sender`). Several may run at once."""
     from app.config import get_settings
-    from app.jobs.dispatcher import Dispatcher, celery_sender
+    from app.jobs.dispatcher import Dispatcher, broker_watch, celery_sender
     from app.webhooks.sender import WebhookSender
 
     _logging()
-    loop = Dispatcher(celery_sender())
+    loop = Dispatcher(celery_sender(), broker_watch(get_settings().broker_url))
     if webhooks:
         sender = WebhookSender(get_settings().poll_seconds)
         sender.start()

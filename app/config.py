@@ -93,7 +93,35 @@ class Settings(BaseSettings):
     intake_timeout_seconds: float = Field(
         30.0, gt=0, description="Longest a POST waits for its commit before a 503 (retry: same Idempotency-Key)."
     )
-    lease_seconds: float = Field(300.0, description="How long a worker's lease on a job lasts between heartbeats.")
+    lease_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="How long a worker's lease on a job lasts unless renewed; a running job's heartbeat renews it "
+        "every sixth of this, so a killed worker's model is free again after at most this long.",
+    )
+    db_connect_timeout_seconds: int = Field(
+        5, ge=2, description="PostgreSQL: longest wait for a new connection (a database away or frozen: 503)."
+    )
+    db_statement_timeout_seconds: float = Field(
+        60.0, ge=0, description="PostgreSQL: longest one statement may run, lock waits included (0: no limit)."
+    )
+    db_pool_timeout_seconds: float = Field(
+        10.0, gt=0, description="Longest wait for a free pooled database connection before a 503."
+    )
+    transient_backoff_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="A job that met the infrastructure away (a full or read-only artifact disk, the database or broker "
+        "down) waits this long, doubled at each further such failure; it spends no attempt.",
+    )
+    transient_backoff_max_seconds: float = Field(
+        300.0, gt=0, description="The longest wait between two tries of a job held up by the infrastructure."
+    )
+    transient_give_up_seconds: float = Field(
+        6 * 3600.0,
+        gt=0,
+        description="A job held up by the infrastructure for longer than this (since its first such failure) fails.",
+    )
     dispatch_timeout_seconds: float = Field(600.0, description="Re-offer a dispatched job no worker took by then.")
     max_attempts: int = Field(3, description="Attempts before a job fails for good.")
     poll_seconds: float = Field(0.5, description="How often the dispatcher and in-process executor poll the outbox.")
@@ -130,9 +158,6 @@ class Settings(BaseSettings):
     max_extension_months: int = Field(2, ge=0, le=2, description="Art. 12(3): extendable by two further months.")
     stuck_after_seconds: float = Field(
         600.0, gt=0, description="A request still received/queued after this long is reported as stuck."
-    )
-    model_busy_retry_seconds: float = Field(
-        2.0, gt=0, description="When another job holds the model, a job waits this long (not counted as an attempt)."
     )
     subject_calls_per_minute: int = Field(
         30,

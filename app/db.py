@@ -82,7 +82,63 @@ def make_engine(url: str) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True, hide_parameters=True)
+    settings = get_settings()
+    connect_args: dict[str, Any] = {}
+    if url.startswith("postgresql"):
+        # issue 22: a database away or frozen made every call wait without limit. libpq's connect_timeout bounds the
+        # whole connection (a listener that accepts and never answers included); statement_timeout bounds each
+        # statement (lock waits included) on the server.
+        connect_args["connect_timeout"] = settings.db_connect_timeout_seconds
+        if settings.db_statement_timeout_seconds > 0:
+            connect_args["options"] = f"-c statement_timeout={int(settings.db_statement_timeout_seconds * 1000)}"
+    return create_engine(
+        url,
+        pool_size=10,
+        max_overflow=20,
+        pool_pre_ping=True,
+        pool_timeout=settings.db_pool_timeout_seconds,
+        hide_parameters=True,
+        connect_args=connect_args,
+    )
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) says the database is away, not that a statement is wrong: a refused or
+    timed-out connection, a connection lost mid-statement, a statement timeout, the pool exhausted (issue 22: these
+    were 500s; they are 503 with Retry-After, and a job that meets one waits for the database without spending an
+    attempt)."""
+    from sqlalchemy import exc as sa_exc
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, sa_exc.TimeoutError):  # no pooled connection came free
+            return True
+        if isinstance(exc, sa_exc.DBAPIError) and (
+            exc.connection_invalidated or isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError))
+        ):
+            return not _statement_error(exc.orig)
+        if _psycopg_unavailable(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _psycopg_unavailable(exc: BaseException) -> bool:
+    try:
+        import psycopg
+    except ImportError:  # SQLite only
+        return False
+    return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))
+
+
+def _statement_error(orig: BaseException | None) -> bool:
+    """SQLite reports a wrong statement as an OperationalError too ("no such table", a syntax error): those are bugs,
+    not an outage. Locked or busy, disk I/O or a full disk are the database being unavailable."""
+    if orig is None or type(orig).__module__ != "sqlite3":
+        return False
+    text = str(orig).lower()
+    return not any(word in text for word in ("locked", "busy", "disk", "full", "unable to open", "readonly"))
 
 
 def insert_rows(session: Session, table: Table, rows: list[dict[str, Any]]) -> None:

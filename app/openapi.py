@@ -161,12 +161,16 @@ PROBLEM_TYPES: dict[str, tuple[int, str]] = {
     "too-few-clients": (422, "The federation needs more clients"),
     "unknown-image": (422, "A caption names an image that is not in the files"),
     "intake-unavailable": (503, "The request could not be recorded now (retry with the same Idempotency-Key)"),
+    "database-unavailable": (503, "The service's database is unavailable (retry after Retry-After)"),
     "internal-error": (500, "Internal error (logged; no details exposed)"),
 }
 """Every problem ``type`` a route answers with (slug: status, title); :data:`app.problems.GENERIC_SLUGS` are the
 others (an unknown path, a wrong method)."""
 
-PROBLEM_HEADERS: dict[str, tuple[str, ...]] = {"intake-unavailable": ("Retry-After",)}
+PROBLEM_HEADERS: dict[str, tuple[str, ...]] = {
+    "intake-unavailable": ("Retry-After",),
+    "database-unavailable": ("Retry-After",),
+}
 """The headers a problem is sent with (``Retry-After``: when to try again)."""
 
 
@@ -421,7 +425,7 @@ def _problems_for(route: APIRoute, method: str, path: str, operation: dict[str, 
     if has_body:
         slugs += ["malformed-json", "payload-too-large", "unsupported-media-type"]
     slugs += OPERATION_PROBLEMS.get((method, path), [])
-    slugs.append("internal-error")
+    slugs += ["database-unavailable", "internal-error"]
     return list(dict.fromkeys(slugs))
 
 

@@ -12,7 +12,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.config import get_settings
+from app.db import is_unavailable
 
 PROBLEM_BASE = "https://lethe.dev/problems/"
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -63,6 +67,24 @@ GENERIC_SLUGS = frozenset({slug for slug, _ in _STATUS_SLUGS.values()} | {"http-
 """The ``type`` slugs of the answers no route raises itself (an unknown path, a wrong method...)."""
 
 
+def database_unavailable() -> Problem:
+    """503 for a request that met the database away (refused, timed out, lost, or the pool exhausted): nothing in it
+    is wrong, so the client retries after Retry-After (issue 22: these were 500s)."""
+    problem = Problem(
+        503,
+        "database-unavailable",
+        "The service's database is unavailable",
+        "The database did not answer in time; retry after Retry-After seconds (a POST with the same Idempotency-Key).",
+    )
+    problem.headers["Retry-After"] = str(get_settings().retry_after_seconds)
+    return problem
+
+
+def _unavailable(request: Request, exc: BaseException) -> JSONResponse:
+    log.warning("database unavailable on %s %s: %s", request.method, request.url.path, type(exc).__name__)
+    return problem_response(database_unavailable(), request.url.path)
+
+
 def install_problem_handlers(app: FastAPI) -> None:
     @app.exception_handler(Problem)
     async def _problem(request: Request, exc: Problem):
@@ -96,8 +118,16 @@ def install_problem_handlers(app: FastAPI) -> None:
         problem.headers = dict(exc.headers or {})
         return problem_response(problem, request.url.path)
 
+    @app.exception_handler(SQLAlchemyError)
+    async def _database(request: Request, exc: SQLAlchemyError):
+        if is_unavailable(exc):
+            return _unavailable(request, exc)
+        return await _unhandled(request, exc)
+
     @app.exception_handler(Exception)
     async def _unhandled(request: Request, exc: Exception):
+        if is_unavailable(exc):  # raised where only this handler sees it: a middleware's key look-up
+            return _unavailable(request, exc)
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return problem_response(
             Problem(500, "internal-error", "Internal error", "The error was logged; no details are exposed."),

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from sqlalchemy.orm import Session
 
 from app.config import get_settings
-from app.db import session_scope
+from app.db import is_unavailable, session_scope
 from app.jobs import outbox
 from app.jobs.outbox import LeaseLostError
 from app.jobs.tables import Job
@@ -28,15 +28,18 @@ log = logging.getLogger("lethe.lease")
 PROGRESS_MIN_INTERVAL = 0.5
 """Seconds between two progress writes; a report that comes sooner is written by the next beat."""
 BEAT_MIN, BEAT_MAX = 0.2, 1.0
-"""The heartbeat thread wakes every lease_seconds / 3, clamped to this range (seconds)."""
+"""The heartbeat thread wakes at least once a second (at most every BEAT_MIN) to write pending progress."""
+RENEWALS_PER_LEASE = 6
+"""The lease is renewed every lease_seconds / 6 (5 s of the default 30 s): a short lease frees a killed worker's model
+quickly (issue 22: one killed worker stopped its model for 300 s), and five missed renewals (a database hiccup) still
+leave a live worker its lease."""
 
 
 def claim(job_id: str, owner: str) -> Job | None:
     """Take the job's lease and mark its request running. None: done, taken, or out of attempts."""
     with session_scope() as session:
-        if outbox.model_busy(session, job_id):
-            wait = get_settings().model_busy_retry_seconds
-            outbox.defer(session, job_id, wait, "waiting: another job on this model is running")
+        if outbox.model_busy(session, job_id):  # offered again when the model's lease ends
+            outbox.wait_for_model(session, job_id, "waiting: another job on this model is running")
             return None
         job = outbox.claim(session, job_id, owner)
         if job is None:
@@ -131,17 +134,34 @@ def fail(
     permanent: bool,
     request_status: str = "failed",
     problem_type: str = "job-failed",
+    infrastructure: bool = False,
 ) -> None:
-    """Record a failure: a permanent one (bad input, a bug) ends the job; a transient one re-offers it with backoff."""
-    with session_scope() as session:
-        job = outbox.fail(session, job_id, owner, error, permanent=permanent)
-        if job is not None:
-            tell_owner(session, job, error, request_status, problem_type)
+    """Record a failure: a permanent one (bad input, a bug) ends the job; a transient one re-offers it with backoff;
+    an ``infrastructure`` one (a resource away) waits longer and spends no attempt (``outbox.fail``).
+
+    The database may be away too: recording is retried (a growing pause, up to one lease) while it is unavailable;
+    after that the reconciler re-offers the job when the lease runs out."""
+    deadline = time.monotonic() + get_settings().lease_seconds
+    pause = 0.5
+    while True:
+        try:
+            with session_scope() as session:
+                job = outbox.fail(session, job_id, owner, error, permanent=permanent, infrastructure=infrastructure)
+                if job is not None:
+                    tell_owner(session, job, job.error or error, request_status, problem_type)
+            return
+        except Exception as exc:
+            if not is_unavailable(exc) or time.monotonic() + pause > deadline:
+                raise
+            log.warning("job %s: the failure could not be recorded (database unavailable); retrying", job_id)
+            time.sleep(pause)
+            pause = min(pause * 2, 5.0)
 
 
-def reconcile(session: Session) -> dict[str, int]:
-    """Re-offer jobs whose lease expired; those out of attempts fail, and their request or model is told."""
-    expiry = outbox.expire_leases(session)
+def reconcile(session: Session, after_outage: bool = False) -> dict[str, int]:
+    """Re-offer jobs whose lease expired; those out of attempts fail, and their request or model is told.
+    ``after_outage``: leases that ran out while the database was away spend no attempt (``outbox.expire_leases``)."""
+    expiry = outbox.expire_leases(session, after_outage)
     for job in expiry.failed:
         tell_owner(session, job, job.error, "failed", "attempts-exhausted")
     return {"reoffered": expiry.reoffered, "failed": len(expiry.failed)}
@@ -156,7 +176,7 @@ def finish(job_id: str, owner: str, result: dict) -> None:
 class JobContext:
     """Progress reporting and the lease heartbeat of one running job.
 
-    A background thread renews the lease (every ``lease_seconds / 3``, at least once a second) whatever the ML code
+    A background thread renews the lease (every ``lease_seconds / 6``) whatever the ML code
     is doing, so an expired lease means a dead worker, never a slow step. Progress is written at most twice a second
     from the caller; a report that comes sooner is kept and written by the next beat, so the latest message is never
     lost. If the lease is lost (another worker took the job), ``lost`` is set and the finishing transaction refuses
@@ -184,7 +204,7 @@ class JobContext:
         self._thread.join(timeout=5)
 
     def _beat(self) -> None:
-        lease_every = max(BEAT_MIN, get_settings().lease_seconds / 3)
+        lease_every = max(BEAT_MIN, get_settings().lease_seconds / RENEWALS_PER_LEASE)
         interval = min(BEAT_MAX, lease_every)
         last_lease = time.monotonic()
         while not self._stop.wait(interval):

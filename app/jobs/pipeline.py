@@ -18,7 +18,7 @@ from app.config import get_settings
 from app.db import new_id, session_scope
 from app.jobs import blobs, federated, lease, tabular
 from app.jobs.lease import JobContext
-from app.jobs.outbox import LeaseLostError, PermanentJobError, max_runtime
+from app.jobs.outbox import LeaseLostError, PermanentJobError, infrastructure_error, max_runtime
 from app.jobs.publish import publish, reject, split_off
 from app.jobs.tables import Job
 from app.jobs.work import (
@@ -50,7 +50,7 @@ def execute_job(job_id: str, owner: str) -> str:
 def _execute_job(job_id: str, owner: str) -> str:
     job = lease.claim(job_id, owner)
     if job is None:
-        log.info("job %s not claimable (done, taken, or out of attempts)", job_id)
+        log.debug("job %s not claimable (done, taken, waiting on its model, or out of attempts)", job_id)
         return "skipped"
     ids = {"job_kind": job.kind, "model_id": job.model_id}
     if job.request_id:
@@ -93,10 +93,12 @@ def _run_handler(job: Job, job_id: str, owner: str) -> str:
         lease.fail(job_id, owner, str(exc), permanent=True, request_status="rejected", problem_type=exc.problem_type)
         return "rejected"
     except Exception as exc:
-        log.exception("job %s failed", job_id)
+        infrastructure = infrastructure_error(exc)  # a full disk, the database away: waits, spends no attempt
+        log.log(logging.WARNING if infrastructure else logging.ERROR, "job %s failed", job_id, exc_info=True)
+        error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
         for member in ctx.members:
-            lease.fail(member, owner, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}", permanent=False)
-        return "failed"
+            lease.fail(member, owner, error, permanent=False, infrastructure=infrastructure)
+        return "waiting" if infrastructure else "failed"
 
 
 def run_deletion(job: Job, ctx: JobContext, wing: DeletionWing) -> None:

@@ -4,6 +4,7 @@ visible, and a row already held by an unfinished request is answered with that r
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -25,15 +26,16 @@ def test_jobs_on_one_model_run_one_at_a_time_and_waiting_costs_no_attempt(tmp_pa
     configure(tmp_path)
     first, second, other = _job("m1"), _job("m1"), _job("m2")
     assert lease.claim(first, "w1") is not None
-    assert lease.claim(second, "w2") is None  # the model is busy: deferred, not failed
+    assert lease.claim(second, "w2") is None  # the model is busy: waiting, not failed
     with session_scope() as session:
         waiting = session.get(Job, second)
         assert waiting.status == "pending" and waiting.attempts == 0 and "another job" in waiting.message
-        assert waiting.available_at > utcnow()
+        assert [job.id for job in outbox.mark_dispatched(session)] == [other]  # not offered while m1 is held
     assert lease.claim(other, "w3") is not None  # another model is not held up
     with session_scope() as session:
         outbox.finish(session, outbox.assert_lease(session, first, "w1"), {})
-        session.get(Job, second).available_at = utcnow()
+    with session_scope() as session:
+        assert [job.id for job in outbox.mark_dispatched(session)] == [second]  # offered once the model is free
     claimed = lease.claim(second, "w2")
     assert claimed is not None and claimed.attempts == 1
 
@@ -124,3 +126,86 @@ def test_in_flight_rows_are_answered_with_the_earlier_request_and_stuck_requests
         assert len(versions) == 2
         served = {wait_request(client, r.json()["id"], timeout=5)["result_version_id"] for r in (first, other)}
         assert served == {v["id"] for v in versions if v["number"] == 2}
+
+
+HOLD = """
+import sys, time
+from app.jobs import lease
+job = lease.claim(sys.argv[1], "killed-worker")
+assert job is not None
+with lease.JobContext(job.id, "killed-worker"):
+    print("holding", flush=True)
+    time.sleep(600)  # a long attempt: only the heartbeat thread keeps the lease
+"""
+
+
+def test_a_killed_workers_model_is_free_within_a_short_heartbeat_lease(tmp_path):
+    """Issue 22: one killed worker stopped its model for a whole lease (300 s by default). With the default settings
+    a running attempt's heartbeat renews a short lease (30 s) every few seconds, so a SIGKILLed worker's model is
+    free at most 30 s after its death; while it lived, its lease was renewed, never left to run out."""
+    import signal
+    import subprocess
+    import sys
+    from datetime import timedelta
+
+    from tests.stack import ROOT
+
+    configure(tmp_path)  # the defaults: no lease setting
+    job_id = _job("m1")
+    worker = subprocess.Popen(
+        [sys.executable, "-c", HOLD, job_id],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert worker.stdout.readline().strip() == b"holding"
+
+        def expires():
+            with session_scope() as session:
+                return session.get(Job, job_id).lease_expires_at
+
+        first = expires()
+        assert first - utcnow() <= timedelta(seconds=30)
+        wait_for(lambda: expires() > first, timeout=15, interval=0.2, what="the heartbeat to renew the lease")
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(timeout=30)
+    killed = utcnow()
+    assert expires() - killed <= timedelta(seconds=30)
+    with session_scope() as session:
+        lease.reconcile(session)  # an unexpired lease is not taken back: the model stays held until it runs out
+        assert session.get(Job, job_id).status == "running"
+    assert lease.claim(_job("m1"), "w2") is None
+
+
+def test_jobs_waiting_on_a_busy_model_are_offered_once_each_not_bounced_through_the_broker(tmp_path):
+    """Issue 22: 30 jobs on one model made 529 broker deliveries, 498 of them deferrals ("not claimable"): every
+    waiting job was sent, bounced off the busy model and sent again every model_busy_retry_seconds. Now the outbox
+    offers one job per model at a time, when the model is free: 30 jobs, 30 deliveries, none bounced. (The old
+    bounce timer is set short here so that the old behaviour shows in a second, not a minute.)"""
+    from app.jobs.dispatcher import Dispatcher
+
+    configure(tmp_path, model_busy_retry_seconds="0.05")
+    jobs = [_job("m1") for _ in range(30)]
+    elsewhere = _job("m2")
+    deliveries: list[str] = []
+    dispatcher = Dispatcher(lambda job: deliveries.append(job.id))
+    bounced, done, seen = 0, set(), 0
+    deadline = time.monotonic() + 60
+    while len(done) < 31 and time.monotonic() < deadline:
+        dispatcher.tick()
+        held = []
+        for job_id in deliveries[seen:]:  # a worker takes each message in turn
+            if lease.claim(job_id, "w1") is None:
+                bounced += 1
+            else:
+                held.append(job_id)
+        seen = len(deliveries)
+        for job_id in held:  # and finishes what it took (the model is free again)
+            lease.finish(job_id, "w1", {})
+            done.add(job_id)
+        time.sleep(0.06)
+    assert done == {*jobs, elsewhere}
+    assert (bounced, len(deliveries)) == (0, 31)
+    assert set(deliveries[:2]) == {jobs[0], elsewhere}  # the other model is not held up

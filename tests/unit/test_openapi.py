@@ -231,7 +231,10 @@ def test_the_headers_sent_are_declared(api):
         assert {"Location", "Retry-After"} <= set(declared), path
         assert declared["Retry-After"]["schema"] == {"type": "integer"}
     unavailable = spec["paths"]["/v1/deletion-requests"]["post"]["responses"]["503"]
-    assert unavailable["x-problem-types"] == [PROBLEM_BASE + "intake-unavailable"]
+    assert unavailable["x-problem-types"] == [
+        PROBLEM_BASE + "intake-unavailable",
+        PROBLEM_BASE + "database-unavailable",
+    ]
     assert "Retry-After" in unavailable["headers"]
     for path in ("/v1/reports/{report_id}", "/v1/certificates/{certificate_id}"):
         assert "ETag" in spec["paths"][path]["get"]["responses"]["200"]["headers"], path
