@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
-from celery.signals import setup_logging, worker_ready, worker_shutdown
+from celery.signals import setup_logging, worker_process_init, worker_ready, worker_shutdown
 from kombu import Queue
 
 from app.config import get_settings
@@ -42,12 +42,22 @@ def _structured_logs(loglevel=None, **_) -> None:
 _heartbeat = None
 
 
+@worker_process_init.connect
+def _hard_stop_in_pool_children(**_) -> None:
+    """A prefork pool's child runs jobs: an attempt past its maximum runtime ends it (app/jobs/lease.py)."""
+    from app.jobs.lease import enable_hard_stop
+
+    enable_hard_stop()
+
+
 @worker_ready.connect
 def _start_heartbeat(sender=None, **_) -> None:
     """Write this worker's heartbeat row (app/jobs/heartbeat.py): what /readyz and /metrics count, per queue."""
     global _heartbeat
     from app.jobs.heartbeat import Heartbeat
+    from app.jobs.lease import enable_hard_stop
 
+    enable_hard_stop()  # the solo pool runs jobs in this process (prefork children: _hard_stop_in_pool_children)
     queues = sorted(q.name for q in getattr(getattr(sender, "task_consumer", None), "queues", []) or [])
     _heartbeat = Heartbeat(f"{getattr(sender, 'hostname', 'worker')}:{os.getpid()}", queues).start()
 

@@ -8,6 +8,7 @@ the same transaction. Both wings import :class:`JobContext` from here.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +30,18 @@ PROGRESS_MIN_INTERVAL = 0.5
 """Seconds between two progress writes; a report that comes sooner is written by the next beat."""
 BEAT_MIN, BEAT_MAX = 0.2, 1.0
 """The heartbeat thread wakes at least once a second (at most every BEAT_MIN) to write pending progress."""
+HARD_STOP_EXIT_CODE = 70
+"""A worker process that ended an attempt past its maximum runtime exits with this (EX_SOFTWARE)."""
+_HARD_STOP = False
+
+
+def enable_hard_stop() -> None:
+    """In a dedicated worker process (workers/celery_app.py): an attempt past its maximum runtime ends the process
+    rather than run on beside the re-offered job (issue 22: the maximum runtime was not enforced on the worker)."""
+    global _HARD_STOP
+    _HARD_STOP = True
+
+
 RENEWALS_PER_LEASE = 6
 """The lease is renewed every lease_seconds / 6 (5 s of the default 30 s): a short lease frees a killed worker's model
 quickly (issue 22: one killed worker stopped its model for 300 s), and five missed renewals (a database hiccup) still
@@ -214,6 +227,7 @@ class JobContext:
                 # past the kind's maximum runtime: stop renewing; the lease expires and the reconciler fails the job
                 log.warning("job %s passed its maximum runtime; no longer renewing its lease", self.job_id)
                 self.lost.set()
+                self._hard_stop(lease_every)
                 return
             if pending is None and time.monotonic() - last_lease < lease_every:
                 continue
@@ -225,6 +239,22 @@ class JobContext:
                 return
             except Exception:  # a database hiccup: the next beat retries, the lease has slack for it
                 log.warning("heartbeat for job %s failed", self.job_id, exc_info=True)
+
+    def _hard_stop(self, lease_every: float) -> None:
+        """Past the maximum runtime the lease is no longer renewed, but the attempt's code may still be running (a
+        step that never reports progress) when the reconciler re-offers the job: two workers on one model. In a
+        worker process (``enable_hard_stop``), an attempt still running half a lease after its deadline ends the
+        process — before the lease, renewed at most ``lease_every`` before the deadline, can run out; the process
+        manager (Celery's pool, compose's restart policy) starts a fresh one. Never in the API's embedded executor."""
+        if not _HARD_STOP:
+            return
+        grace = max(0.0, get_settings().lease_seconds / 2 - lease_every / 2)
+        if self._stop.wait(grace):
+            return  # the attempt ended by itself
+        log.error("job %s still running %.1f s past its maximum runtime: ending this process", self.job_id, grace)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(HARD_STOP_EXIT_CODE)
 
     def progress(self, fraction: float, message: str) -> None:
         """Record progress on the job and its request (now, or with the next beat if the last write was recent)."""

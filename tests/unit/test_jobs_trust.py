@@ -209,3 +209,42 @@ def test_jobs_waiting_on_a_busy_model_are_offered_once_each_not_bounced_through_
     assert done == {*jobs, elsewhere}
     assert (bounced, len(deliveries)) == (0, 31)
     assert set(deliveries[:2]) == {jobs[0], elsewhere}  # the other model is not held up
+
+
+OVERRUN = """
+import sys, time
+from app.jobs import lease, outbox
+lease.enable_hard_stop()  # what a Celery worker process does (workers/celery_app.py)
+job = lease.claim(sys.argv[1], "overrunning-worker")
+with lease.JobContext(job.id, "overrunning-worker", max_seconds=outbox.max_runtime("deletion")):
+    print("running", flush=True)
+    time.sleep(600)  # a step that never reports progress and never ends
+"""
+
+
+def test_a_worker_still_running_an_attempt_past_its_maximum_runtime_ends_before_the_job_is_re_offered(tmp_path):
+    """Issue 22, LOW: the maximum job runtime was not enforced on the worker (its lease stopped being renewed, the
+    job was re-offered, and the overrunning attempt ran on beside the new one). A worker process now ends itself
+    half a lease after the deadline, while its last renewed lease still holds the job."""
+    import subprocess
+    import sys
+
+    from tests.stack import ROOT
+
+    configure(tmp_path, lease_seconds="3", max_job_seconds='{"deletion": 1}')
+    job_id = _job("m1")
+    worker = subprocess.Popen(
+        [sys.executable, "-c", OVERRUN, job_id], cwd=ROOT, stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    try:
+        assert worker.stdout.readline().strip() == b"running"
+        started = time.monotonic()
+        assert worker.wait(timeout=30) == lease.HARD_STOP_EXIT_CODE
+        assert time.monotonic() - started < 1 + 3  # deadline + half a lease (and a beat), within the last lease
+        with session_scope() as session:
+            job = session.get(Job, job_id)
+            assert job.status == "running" and job.lease_expires_at > utcnow()  # not yet re-offered
+    finally:
+        if worker.poll() is None:
+            worker.kill()
