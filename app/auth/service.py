@@ -26,9 +26,14 @@ from app.db import get_sessionmaker, utcnow
 from app.problems import Problem
 from app.registry.tables import Model
 
-SCOPES = ("models:write", "models:read", "rounds:write", "requests:write", "requests:read", "audit:read", "admin")
+SCOPES = (
+    "models:write", "models:read", "rounds:write", "requests:write", "requests:read", "audit:read", "metrics:read",
+    "admin",
+)  # fmt: skip
 """``admin`` implies every other scope. ``models:read``: download weights and forget locks; ``rounds:write``: upload
-federated rounds."""
+federated rounds; ``metrics:read``: scrape ``/metrics`` and read ``/readyz``'s details (a Prometheus key holds only
+this one). README's "Scopes" table lists what each operation needs; tests/unit/test_route_matrix.py holds the same
+table and checks every cell."""
 
 BOUND_SCOPES = frozenset({"rounds:write", "models:read"})
 """The only scopes a key bound to a model (a federated client's key) may hold."""
@@ -209,6 +214,13 @@ def _presented_key(request: Request) -> str | None:
     if header.lower().startswith("bearer "):
         return header[7:].strip()
     return request.headers.get("x-api-key")
+
+
+def optional_principal(request: Request) -> Principal | None:
+    """The live principal of the presented key, or None (no key, or one unknown, expired or revoked): for public
+    routes that say more to a caller with the right key (``/readyz``). A plain function: runs in the thread pool."""
+    key = _presented_key(request)
+    return lookup_key(hash_key(key)) if key else None
 
 
 def authenticate(request: Request) -> Principal:

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.main import create_app
 from app.ops.http import UNMATCHED
-from tests.helpers import configure
+from tests.helpers import configure, make_key
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "monitoring"
 ALERTS, DASHBOARD = DOCS / "alerts.yml", DOCS / "grafana-dashboard.json"
@@ -99,7 +99,7 @@ def exported(tmp_path_factory):
     HTTP metrics have series), and the app's route templates."""
     configure(tmp_path_factory.mktemp("monitoring") / "home")
     app = create_app(run_background=False)
-    with TestClient(app) as client:
+    with TestClient(app, headers={"authorization": f"Bearer {make_key(['metrics:read'])}"}) as client:
         assert client.get("/healthz").status_code == 200
         text = client.get("/metrics").text
     series: dict[str, dict[str, set[str]]] = {}
