@@ -36,7 +36,7 @@ def http_count(scrape: dict, method: str, route: str, status: str) -> float:
     return scrape.get(("lethe_http_requests_total", labels), 0.0)
 
 
-def scrape(client, key: str) -> str:
+def scrape_metrics(client, key: str) -> str:
     """A Prometheus scrape: /metrics needs a key with ``metrics:read`` (issue 22, LOW)."""
     response = client.get("/metrics", headers={"authorization": f"Bearer {key}"})
     assert response.status_code == 200, response.text
@@ -47,14 +47,14 @@ def test_http_requests_are_counted_by_method_route_template_and_status(tmp_path)
     configure(tmp_path / "home")
     key = make_key(["metrics:read"])
     with TestClient(create_app(run_background=False)) as client:
-        before = samples(scrape(client, key))
+        before = samples(scrape_metrics(client, key))
         client.get("/v1/models/m-1")  # no key: 401, under the route's template, never the raw path
         client.get("/v1/models/m-2")
         client.post("/v1/deletion-requests", json={})
         client.get("/no/such/path/12345")  # no route: one label for all of them
         client.request("BREW", "/healthz")  # a method nobody serves: "other"
         client.get("/healthz")
-        after = samples(scrape(client, key))
+        after = samples(scrape_metrics(client, key))
 
     def delta(method, route, status):
         return http_count(after, method, route, status) - http_count(before, method, route, status)
@@ -104,7 +104,7 @@ def assert_job_metrics_from_the_table() -> None:
         )
     key = make_key(["metrics:read"])
     with TestClient(create_app(run_background=False)) as client:
-        first = samples(scrape(client, key))
+        first = samples(scrape_metrics(client, key))
 
         def bucket(scrape, kind, le):
             return scrape[("lethe_job_duration_seconds_bucket", (("kind", kind), ("le", le)))]
@@ -128,7 +128,7 @@ def assert_job_metrics_from_the_table() -> None:
 
         with session_scope() as session:
             session.add(_job("deletion", "succeeded", 0.2, utcnow()))
-        second = samples(scrape(client, key))
+        second = samples(scrape_metrics(client, key))
         grown = [k for k in first if k[0].startswith(("lethe_job_duration", "lethe_jobs_finished"))]
         assert all(second[k] >= first[k] for k in grown)
         assert bucket(second, "deletion", "0.25") == bucket(first, "deletion", "0.25") + 1
