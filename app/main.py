@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from fastapi.params import Form
 from fastapi.routing import APIRoute
 from sqlalchemy import text
+from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.apidocs import install as install_docs
@@ -60,8 +61,6 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        from starlette.requests import Request
-
         path = scope.get("path", "")
         query = scope.get("query_string") or b""
         if "\x00" in path or b"\x00" in query or b"%00" in query:
@@ -79,7 +78,7 @@ class BodyLimitMiddleware:
         content_type = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
         guard = _guard(scope) if scope.get("method") in _BODY_METHODS else None
         if guard is not None:
-            refusal = await _refusal(headers, guard)
+            refusal = await _refusal(scope, headers, guard)
             if refusal is not None:
                 await problem_response(refusal, Request(scope).url.path)(scope, receive, send)
                 return
@@ -132,8 +131,6 @@ class BodyLimitMiddleware:
 
     @staticmethod
     async def _reject(scope, receive, send, limit: int) -> None:
-        from starlette.requests import Request
-
         problem = Problem(
             413, "payload-too-large", "Request body too large", f"The limit is {limit} bytes.", limit_bytes=limit
         )
@@ -194,13 +191,14 @@ def _guards(app: FastAPI) -> list[tuple[APIRoute, _Guard]]:
     return table
 
 
-async def _refusal(headers: dict[bytes, bytes], guard: _Guard) -> Problem | None:
+async def _refusal(scope: Scope, headers: dict[bytes, bytes], guard: _Guard) -> Problem | None:
     """401/403/404 for a caller the route would refuse (one indexed read, in the thread pool), before its body is
     read: the route itself refuses it too, but only after FastAPI has read and parsed the body. A ``key_only`` route
-    (intake) checks the key with its batch: here only that one is presented."""
+    (intake) checks the key with its batch: here only that one is presented. The principal found is left in the
+    scope for the route's own dependency (one read per request, not two)."""
     from starlette.concurrency import run_in_threadpool
 
-    from app.auth.service import hash_key, lookup_key, scope_problem, unknown_key_problem
+    from app.auth.service import CHECKED_PRINCIPAL, hash_key, lookup_key, scope_problem, unknown_key_problem
 
     header = headers.get(b"authorization", b"").decode("latin-1")
     key = header[7:].strip() if header.lower().startswith("bearer ") else headers.get(b"x-api-key", b"").decode()
@@ -213,6 +211,7 @@ async def _refusal(headers: dict[bytes, bytes], guard: _Guard) -> Problem | None
     principal = await run_in_threadpool(lookup_key, hash_key(key))
     if principal is None:
         return unknown_key_problem()
+    scope[CHECKED_PRINCIPAL] = principal
     return scope_problem(principal, *guard.scopes, model_id=guard.model_id)
 
 

@@ -216,6 +216,10 @@ def _presented_key(request: Request) -> str | None:
     return request.headers.get("x-api-key")
 
 
+CHECKED_PRINCIPAL = "lethe.principal"
+"""The ASGI scope key under which BodyLimitMiddleware leaves the principal it looked up for this request."""
+
+
 def optional_principal(request: Request) -> Principal | None:
     """The live principal of the presented key, or None (no key, or one unknown, expired or revoked): for public
     routes that say more to a caller with the right key (``/readyz``). A plain function: runs in the thread pool."""
@@ -225,7 +229,11 @@ def optional_principal(request: Request) -> Principal | None:
 
 def authenticate(request: Request) -> Principal:
     """A plain function on purpose: FastAPI runs it in its thread pool, so the key's database read (every request:
-    a revoked or expired key is refused at once) never blocks the event loop."""
+    a revoked or expired key is refused at once) never blocks the event loop. A request whose body the API checked
+    the key for before reading it (app/main.py) carries that principal in its scope: not read twice."""
+    checked = request.scope.get(CHECKED_PRINCIPAL)
+    if checked is not None:
+        return checked
     key = _presented_key(request)
     if not key:
         problem = Problem(401, "unauthorized", "Missing API key", "Send `Authorization: Bearer <key>`.")

@@ -24,6 +24,7 @@ from fastapi.testclient import TestClient
 from app.auth.service import BOUND_SCOPES, SCOPES, create_key
 from app.db import session_scope
 from app.main import create_app
+from app.openapi import problem_type_uris
 from app.problems import PROBLEM_BASE, PROBLEM_MEDIA_TYPE
 from app.registry.tables import Model
 from tests.helpers import configure
@@ -172,8 +173,6 @@ def _documented(spec, method, path, response) -> str | None:
         return f"{status} is not problem+json: {response.text[:200]}"
     operation = spec["paths"].get(path, {}).get(method)
     if operation is None:  # an undocumented route: at least a catalogued type
-        from app.openapi import problem_type_uris
-
         return None if PROBLEM_BASE + slug in problem_type_uris() else f"{status} {slug}: not catalogued"
     documented = operation["responses"].get(str(status), {}).get("x-problem-types", [])
     return None if PROBLEM_BASE + slug in documented else f"{status} {slug}: not documented ({documented})"
