@@ -82,7 +82,7 @@ class BodyLimitMiddleware:
             if refusal is not None:
                 await problem_response(refusal, Request(scope).url.path)(scope, receive, send)
                 return
-        post = scope.get("method") == "POST"
+        post = guard is not None and scope.get("method") == "POST"  # a large limit only once the key was checked
         large = True
         if post and _ROUNDS_PATH.match(path):
             limit = settings.max_round_bytes
