@@ -5,9 +5,13 @@ from __future__ import annotations
 import logging
 import re
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from fastapi import FastAPI
+from fastapi.params import Form
+from fastapi.routing import APIRoute
 from sqlalchemy import text
+from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.apidocs import install as install_docs
@@ -29,6 +33,7 @@ from app.requests.intake import reset_batcher
 from app.requests.router import add_body_schemas
 from app.requests.router import router as requests_router
 from app.subjects.router import router as subjects_router
+from app.validation import load_json
 from app.webhooks.router import router as webhooks_router
 
 log = logging.getLogger("lethe")
@@ -36,16 +41,18 @@ log = logging.getLogger("lethe")
 
 _ROUNDS_PATH = re.compile(r"^/v1/models/[^/]+/rounds/?$")
 _UPLOAD_PATH = re.compile(r"^/v1/models/?$")
-_LARGE_BODY_SCOPES = {"upload": ("models:write",), "rounds": ("rounds:write",)}
 
 
 class BodyLimitMiddleware:
-    """Refuse oversized bodies with 413 before they are read: JSON bodies get a small limit, the data-set upload route
-    (``POST /v1/models``, multipart) a large one, federated rounds their own (``max_round_bytes``: a LoRA round is
-    several MB). The two large limits are granted only after the caller's key is checked for the route's scope, before
-    any byte of the body is read (issue 22: any multipart body used to get 512 MB before authentication — 300 MB of
-    zeros with no key took the API from 187 to 769 MB). Also refuses a NUL anywhere in the path or query string
-    (422): no identifier holds one, and PostgreSQL cannot store or compare it."""
+    """The key first, then the body (issue 22): for every route that takes a body, the caller's key is checked for
+    the route's scopes (401/403, and 404 for a key bound to another model) before any byte of the body is read or
+    parsed — FastAPI parses a declared JSON body before it runs the route's dependencies, so a caller without a key
+    was told 400 about its malformed JSON. Then oversized bodies get 413: JSON bodies a small limit, the data-set
+    upload (``POST /v1/models``, multipart) a large one, federated rounds their own (``max_round_bytes``). A JSON
+    body is parsed once here (:func:`app.validation.load_json`): malformed, not UTF-8 or nested deeper than the
+    parser's limit is a 400 ``malformed-json`` (200k-deep JSON was a 500); a route that parses JSON refuses any other
+    media type (415). Also refuses a NUL anywhere in the path or query string (422): no identifier holds one, and
+    PostgreSQL cannot store or compare it."""
 
     def __init__(self, app: ASGIApp):
         self.app = app
@@ -54,10 +61,9 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        path = scope.get("path", "")
         query = scope.get("query_string") or b""
-        if "\x00" in scope.get("path", "") or b"\x00" in query or b"%00" in query:
-            from starlette.requests import Request
-
+        if "\x00" in path or b"\x00" in query or b"%00" in query:
             problem = Problem(
                 422,
                 "validation-error",
@@ -69,24 +75,43 @@ class BodyLimitMiddleware:
             return
         settings = get_settings()
         headers = dict(scope.get("headers") or [])
-        content_type = headers.get(b"content-type", b"").decode("latin-1").lower()
-        post, path = scope.get("method") == "POST", scope.get("path", "")
-        if post and _ROUNDS_PATH.match(path):
-            route, limit = "rounds", settings.max_round_bytes
-        elif post and _UPLOAD_PATH.match(path) and content_type.startswith("multipart/"):
-            route, limit = "upload", settings.max_upload_bytes
-        else:
-            route, limit = None, settings.max_body_bytes
-        if route is not None:
-            refusal = await _large_body_refusal(headers, _LARGE_BODY_SCOPES[route])
+        content_type = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
+        guard = _guard(scope) if scope.get("method") in _BODY_METHODS else None
+        if guard is not None:
+            refusal = await _refusal(scope, headers, guard)
             if refusal is not None:
-                from starlette.requests import Request
-
                 await problem_response(refusal, Request(scope).url.path)(scope, receive, send)
                 return
+        post = guard is not None and scope.get("method") == "POST"  # a large limit only once the key was checked
+        large = True
+        if post and _ROUNDS_PATH.match(path):
+            limit = settings.max_round_bytes
+        elif post and _UPLOAD_PATH.match(path) and content_type.startswith("multipart/"):
+            limit = settings.max_upload_bytes
+        else:
+            large, limit = False, settings.max_body_bytes
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             await self._reject(scope, receive, send, limit)
+            return
+        json_type = content_type == "application/json" or content_type.endswith("+json")
+        if guard is not None and guard.scopes and not large and (guard.json_body or json_type):
+            body = await _read_body(receive, limit)
+            if body is None:
+                await self._reject(scope, receive, send, limit)
+                return
+            problem = None
+            if body and not json_type and guard.json_body:
+                problem = Problem(415, "unsupported-media-type", "Unsupported media type", "Send application/json.")
+            elif body and json_type:
+                try:
+                    load_json(body)
+                except Problem as refused:
+                    problem = refused
+            if problem is not None:
+                await problem_response(problem, Request(scope).url.path)(scope, receive, send)
+                return
+            await self.app(scope, _replay(body, receive), send)
             return
         received = 0
 
@@ -106,8 +131,6 @@ class BodyLimitMiddleware:
 
     @staticmethod
     async def _reject(scope, receive, send, limit: int) -> None:
-        from starlette.requests import Request
-
         problem = Problem(
             413, "payload-too-large", "Request body too large", f"The limit is {limit} bytes.", limit_bytes=limit
         )
@@ -119,12 +142,63 @@ class _TooLarge(Exception):
     pass
 
 
-async def _large_body_refusal(headers: dict[bytes, bytes], scopes: tuple[str, ...]) -> Problem | None:
-    """401/403 for a caller whose key may not send this route's large body (one indexed read, in the thread pool):
-    the route would refuse it anyway, but only after reading the body."""
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+@dataclass(frozen=True)
+class _Guard:
+    """What a body-taking route needs before its body is read: ``scopes`` (any one; from ``require_scope``), or
+    only a presented key (``key_only``: intake authenticates in a batch), and whether FastAPI parses it as JSON."""
+
+    scopes: tuple[str, ...]
+    key_only: bool
+    json_body: bool
+    model_id: str | None = None
+
+
+def _guard(scope: Scope) -> _Guard | None:
+    """The guard of the API route this request goes to (path and method), or None (public, dashboard, unknown).
+    The table is built once per app, from the routes' own dependencies (as /openapi.json's security is)."""
+    app = scope.get("app")
+    if app is None:
+        return None
+    table = getattr(app.state, "body_guards", None)
+    if table is None:
+        table = app.state.body_guards = _guards(app)
+    method, path = scope.get("method"), scope.get("path", "")
+    for route, guard in table:
+        match = route.path_regex.match(path)
+        if match and method in route.methods:
+            scope["route"] = route  # the metrics' route label, also for an answer given here, before the router
+            return _Guard(guard.scopes, guard.key_only, guard.json_body, match.groupdict().get("model_id"))
+    return None
+
+
+def _guards(app: FastAPI) -> list[tuple[APIRoute, _Guard]]:
+    from app.auth.service import presented_key
+    from app.openapi import _api_routes, _dependency_calls
+
+    table, seen = [], set()
+    for route in _api_routes(app).values():
+        if id(route) in seen:
+            continue
+        seen.add(id(route))
+        calls = _dependency_calls(route.dependant)
+        scopes = next((tuple(c.scopes) for c in calls if getattr(c, "scopes", None)), ())
+        if scopes or presented_key in calls:
+            json_body = bool(route.dependant.body_params) and not isinstance(route.body_field.field_info, Form)
+            table.append((route, _Guard(scopes, not scopes, json_body)))
+    return table
+
+
+async def _refusal(scope: Scope, headers: dict[bytes, bytes], guard: _Guard) -> Problem | None:
+    """401/403/404 for a caller the route would refuse (one indexed read, in the thread pool), before its body is
+    read: the route itself refuses it too, but only after FastAPI has read and parsed the body. A ``key_only`` route
+    (intake) checks the key with its batch: here only that one is presented. The principal found is left in the
+    scope for the route's own dependency (one read per request, not two)."""
     from starlette.concurrency import run_in_threadpool
 
-    from app.auth.service import hash_key, lookup_key, scope_problem, unknown_key_problem
+    from app.auth.service import CHECKED_PRINCIPAL, hash_key, lookup_key, scope_problem, unknown_key_problem
 
     header = headers.get(b"authorization", b"").decode("latin-1")
     key = header[7:].strip() if header.lower().startswith("bearer ") else headers.get(b"x-api-key", b"").decode()
@@ -132,10 +206,42 @@ async def _large_body_refusal(headers: dict[bytes, bytes], scopes: tuple[str, ..
         problem = Problem(401, "unauthorized", "Missing API key", "Send `Authorization: Bearer <key>`.")
         problem.headers = {"WWW-Authenticate": 'Bearer realm="lethe"'}
         return problem
+    if guard.key_only:
+        return None
     principal = await run_in_threadpool(lookup_key, hash_key(key))
     if principal is None:
         return unknown_key_problem()
-    return scope_problem(principal, *scopes, model_id=principal.model_id)
+    scope[CHECKED_PRINCIPAL] = principal
+    return scope_problem(principal, *guard.scopes, model_id=guard.model_id)
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The whole body, or None past ``limit`` bytes (only JSON-sized bodies are read this way)."""
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks)
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()  # after the body: the disconnect, when it comes
+
+    return replay
 
 
 def create_app(run_background: bool | None = None) -> FastAPI:

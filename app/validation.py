@@ -8,7 +8,19 @@ import math
 from typing import Any
 
 from pydantic import BaseModel, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic_core import PydanticCustomError, from_json
+
+from app.problems import Problem
+
+
+def load_json(raw: bytes | str, what: str = "The body") -> Any:
+    """``raw`` parsed by pydantic-core's parser (jiter), or a 400 ``malformed-json``: broken syntax, bytes that are not
+    UTF-8, or nesting past its depth limit (200). Python's ``json`` raised RecursionError on a deeply nested document,
+    an unhandled 500 (issue 22: 200k-deep JSON at registration)."""
+    try:
+        return from_json(raw)
+    except ValueError as exc:
+        raise Problem(400, "malformed-json", f"{what} is not valid JSON", str(exc)) from None
 
 
 def find_bad_value(value: Any, path: str = "") -> tuple[str, str] | None:

@@ -15,7 +15,9 @@ from app.config import get_settings
 from app.db import migrate, reset_engine_cache, session_scope
 from app.storage import get_store
 
-ALL_SCOPES = ["models:write", "models:read", "rounds:write", "requests:write", "requests:read", "audit:read"]
+ALL_SCOPES = [
+    "models:write", "models:read", "rounds:write", "requests:write", "requests:read", "audit:read", "metrics:read"
+]  # fmt: skip
 TEST_SECRET = "test-secret-key-0123456789abcdef-0123456789"  # >= 32 bytes, as the settings demand
 
 

@@ -31,9 +31,14 @@ from app.db import get_sessionmaker, session_scope, utcnow
 from app.problems import Problem
 from app.registry.tables import Model
 
-SCOPES = ("models:write", "models:read", "rounds:write", "requests:write", "requests:read", "audit:read", "admin")
+SCOPES = (
+    "models:write", "models:read", "rounds:write", "requests:write", "requests:read", "audit:read", "metrics:read",
+    "admin",
+)  # fmt: skip
 """``admin`` implies every other scope. ``models:read``: download weights and forget locks; ``rounds:write``: upload
-federated rounds."""
+federated rounds; ``metrics:read``: scrape ``/metrics`` and read ``/readyz``'s details (a Prometheus key holds only
+this one). README's "Scopes" table lists what each operation needs; tests/unit/test_route_matrix.py holds the same
+table and checks every cell."""
 
 BOUND_SCOPES = frozenset({"rounds:write", "models:read"})
 """The only scopes a key bound to a model (a federated client's key) may hold."""
@@ -293,9 +298,24 @@ def _presented_key(request: Request) -> str | None:
     return request.headers.get("x-api-key")
 
 
+CHECKED_PRINCIPAL = "lethe.principal"
+"""The ASGI scope key under which BodyLimitMiddleware leaves the principal it looked up for this request."""
+
+
+def optional_principal(request: Request) -> Principal | None:
+    """The live principal of the presented key, or None (no key, or one unknown, expired or revoked): for public
+    routes that say more to a caller with the right key (``/readyz``). A plain function: runs in the thread pool."""
+    key = _presented_key(request)
+    return lookup_key(hash_key(key)) if key else None
+
+
 def authenticate(request: Request) -> Principal:
     """A plain function on purpose: FastAPI runs it in its thread pool, so the key's database read (every request:
-    a revoked or expired key is refused at once) never blocks the event loop."""
+    a revoked or expired key is refused at once) never blocks the event loop. A request whose body the API checked
+    the key for before reading it (app/main.py) carries that principal in its scope: not read twice."""
+    checked = request.scope.get(CHECKED_PRINCIPAL)
+    if checked is not None:
+        return checked
     key = _presented_key(request)
     if not key:
         problem = Problem(401, "unauthorized", "Missing API key", "Send `Authorization: Bearer <key>`.")

@@ -1,17 +1,23 @@
 """Operations endpoints: ``/metrics`` (Prometheus text format) and ``/readyz`` (what this process needs to serve:
 the database, and on the embedded default the in-process executor; the workers' heartbeats are reported, not
-required)."""
+required).
+
+Who may read them (issue 22, LOW: both answered anyone): ``/metrics`` needs a key with ``metrics:read`` (Prometheus
+sends it as a bearer token; the figures name models, queues, failure rates); ``/readyz`` answers anyone whether the
+process is ready (a load balancer sends no key) but names what is missing, and the workers, only to a
+``metrics:read`` key. ``/healthz`` (app/main.py) stays open: liveness, it says only that the process answers."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
+from app.auth.service import Principal, optional_principal, require_scope
 from app.config import get_settings
 from app.db import get_engine, session_scope
 from app.jobs.heartbeat import listening
@@ -45,17 +51,17 @@ _registry = build_registry()
 
 
 @router.get("/metrics", include_in_schema=False)
-def metrics() -> Response:
+def metrics(_: Principal = Depends(require_scope("metrics:read"))) -> Response:
     """Deletion requests by status, job durations and outcomes by kind, verdicts, queue depth, workers, the oldest
-    waiting request's age, overdue requests, failing webhook deliveries, and HTTP requests by route — for Prometheus
-    (no key: scrape it from inside the network)."""
+    waiting request's age, overdue requests, failing webhook deliveries, and HTTP requests by route — for Prometheus,
+    with a ``metrics:read`` key as its bearer token (docs/monitoring/prometheus.yml)."""
     return Response(generate_latest(_registry), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get(
     "/readyz", response_model=ReadinessOut, responses={503: {"model": ReadinessOut, "description": "Not ready"}}
 )
-def readyz(request: Request) -> JSONResponse:
+def readyz(request: Request, principal: Principal | None = Depends(optional_principal)) -> JSONResponse:
     """Ready when what this process needs answers: the database, and on the embedded default the in-process
     executor. 503 names what is missing. The Celery workers are reported (``workers``: per queue, those whose
     heartbeat is fresh, app/jobs/heartbeat.py) but never required: intake needs only the database, and a GPU
@@ -65,26 +71,32 @@ def readyz(request: Request) -> JSONResponse:
     One probe at a time, its answer shared for READY_CACHE_SECONDS (issue 22, HIGH): each probe takes a database
     connection, and unauthenticated callers in parallel once exhausted the pools (then with a Celery broadcast per
     probe) and hung the API. A caller arriving while a probe runs gets the last answer, or 503 "checking" before the
-    first one."""
+    first one.
+
+    Without a ``metrics:read`` key the answer is ``ready`` alone (issue 22, LOW): which component is down, and how
+    many workers listen, is for operators."""
+    detailed = principal is not None and principal.has("metrics:read")
     state = _readiness(request)
     last = state.last
     if last is not None and time.monotonic() - last[0] < READY_CACHE_SECONDS:
-        return _answer(last[1])
+        return _answer(last[1], detailed)
     if not state.lock.acquire(blocking=False):
-        return _answer(last[1] if last is not None else {"probe": "checking"})
+        return _answer(last[1] if last is not None else {"probe": "checking"}, detailed)
     try:
         checks = _probe(request)
         state.last = (time.monotonic(), checks)
     finally:
         state.lock.release()
-    return _answer(checks)
+    return _answer(checks, detailed)
 
 
-def _answer(checks: dict[str, object]) -> JSONResponse:
+def _answer(checks: dict[str, object], detailed: bool) -> JSONResponse:
     workers = checks.get("workers")
     gate = {k: v for k, v in checks.items() if k != "workers"}
     ready = all(v == "ok" for v in gate.values())
-    body = {"ready": ready, "checks": gate, **({"workers": workers} if workers is not None else {})}
+    body: dict[str, object] = {"ready": ready}
+    if detailed:
+        body |= {"checks": gate, **({"workers": workers} if workers is not None else {})}
     return JSONResponse(body, status_code=200 if ready else 503)
 
 

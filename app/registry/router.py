@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from pathlib import Path
 from typing import Literal
@@ -36,6 +35,7 @@ from app.registry.schemas import (
     VersionOut,
 )
 from app.storage import get_store
+from app.validation import load_json
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 
@@ -82,11 +82,7 @@ async def _parse_registration(request: Request) -> tuple[ModelCreate | ClipModel
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     settings = get_settings()
     if content_type == "application/json":
-        raw = await request.body()
-        try:
-            payload = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise Problem(400, "malformed-json", "The body is not valid JSON", str(exc)) from None
+        payload = load_json(await request.body())
         if isinstance(payload, dict) and payload.get("kind") == "clip_federated":
             return _validate(payload, ClipModelCreate), b"", None
         body = _validate(payload)
@@ -104,10 +100,7 @@ async def _parse_registration(request: Request) -> tuple[ModelCreate | ClipModel
         metadata, upload = form.get("metadata"), form.get("file")
         if not isinstance(metadata, str) or upload is None or isinstance(upload, str):
             raise Problem(422, "validation-error", "Multipart registration needs `metadata` (JSON) and `file`")
-        try:
-            payload = json.loads(metadata)
-        except json.JSONDecodeError as exc:
-            raise Problem(400, "malformed-json", "`metadata` is not valid JSON", str(exc)) from None
+        payload = load_json(metadata, "`metadata`")
         body = _validate(payload)
         filename = _upload_name(upload.filename)
         data = service.spool_upload(upload.file, settings.max_upload_bytes)

@@ -17,7 +17,7 @@ from app.db import session_scope, utcnow
 from app.jobs.tables import JOB_KINDS, Job
 from app.main import create_app
 from app.ops.metrics import JOB_DURATION_BUCKETS
-from tests.helpers import configure
+from tests.helpers import configure, make_key
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,17 +36,25 @@ def http_count(scrape: dict, method: str, route: str, status: str) -> float:
     return scrape.get(("lethe_http_requests_total", labels), 0.0)
 
 
+def scrape_metrics(client, key: str) -> str:
+    """A Prometheus scrape: /metrics needs a key with ``metrics:read`` (issue 22, LOW)."""
+    response = client.get("/metrics", headers={"authorization": f"Bearer {key}"})
+    assert response.status_code == 200, response.text
+    return response.text
+
+
 def test_http_requests_are_counted_by_method_route_template_and_status(tmp_path):
     configure(tmp_path / "home")
+    key = make_key(["metrics:read"])
     with TestClient(create_app(run_background=False)) as client:
-        before = samples(client.get("/metrics").text)
+        before = samples(scrape_metrics(client, key))
         client.get("/v1/models/m-1")  # no key: 401, under the route's template, never the raw path
         client.get("/v1/models/m-2")
         client.post("/v1/deletion-requests", json={})
         client.get("/no/such/path/12345")  # no route: one label for all of them
         client.request("BREW", "/healthz")  # a method nobody serves: "other"
         client.get("/healthz")
-        after = samples(client.get("/metrics").text)
+        after = samples(scrape_metrics(client, key))
 
     def delta(method, route, status):
         return http_count(after, method, route, status) - http_count(before, method, route, status)
@@ -94,8 +102,9 @@ def assert_job_metrics_from_the_table() -> None:
                 _job("train_model", "succeeded", 42.0, now),
             ]
         )
+    key = make_key(["metrics:read"])
     with TestClient(create_app(run_background=False)) as client:
-        first = samples(client.get("/metrics").text)
+        first = samples(scrape_metrics(client, key))
 
         def bucket(scrape, kind, le):
             return scrape[("lethe_job_duration_seconds_bucket", (("kind", kind), ("le", le)))]
@@ -119,7 +128,7 @@ def assert_job_metrics_from_the_table() -> None:
 
         with session_scope() as session:
             session.add(_job("deletion", "succeeded", 0.2, utcnow()))
-        second = samples(client.get("/metrics").text)
+        second = samples(scrape_metrics(client, key))
         grown = [k for k in first if k[0].startswith(("lethe_job_duration", "lethe_jobs_finished"))]
         assert all(second[k] >= first[k] for k in grown)
         assert bucket(second, "deletion", "0.25") == bucket(first, "deletion", "0.25") + 1
@@ -135,7 +144,7 @@ _CHILD = """
 import sys
 from pathlib import Path
 from fastapi.testclient import TestClient
-from tests.helpers import configure
+from tests.helpers import configure, make_key
 
 configure(Path(sys.argv[1]))
 from app.main import create_app
@@ -144,7 +153,7 @@ with TestClient(create_app(run_background=False)) as client:
     for _ in range(int(sys.argv[2])):
         assert client.get("/healthz").status_code == 200
     if sys.argv[3] == "scrape":
-        print(client.get("/metrics").text)
+        print(client.get("/metrics", headers={"authorization": f"Bearer {make_key(['metrics:read'])}"}).text)
 """
 
 

@@ -1,6 +1,7 @@
 """docs/monitoring (issue 23): every metric the alert rules and the Grafana dashboard query is one /metrics exports,
 with the labels they select on (a typo'd or removed name would leave an alert that never fires, a panel that stays
-empty), and the route labels they name are the app's route templates."""
+empty), and the route labels they name are the app's route templates. The scrape configuration sends the key that
+/metrics needs (issue 22), made as its comment says."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.main import create_app
 from app.ops.http import UNMATCHED
-from tests.helpers import configure
+from tests.helpers import configure, make_key
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "monitoring"
 ALERTS, DASHBOARD = DOCS / "alerts.yml", DOCS / "grafana-dashboard.json"
+PROMETHEUS = DOCS / "prometheus.yml"
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
 _MATCHERS = re.compile(r"\{[^{}]*\}")
@@ -99,7 +101,7 @@ def exported(tmp_path_factory):
     HTTP metrics have series), and the app's route templates."""
     configure(tmp_path_factory.mktemp("monitoring") / "home")
     app = create_app(run_background=False)
-    with TestClient(app) as client:
+    with TestClient(app, headers={"authorization": f"Bearer {make_key(['metrics:read'])}"}) as client:
         assert client.get("/healthz").status_code == 200
         text = client.get("/metrics").text
     series: dict[str, dict[str, set[str]]] = {}
@@ -146,3 +148,25 @@ def test_every_metric_the_monitoring_docs_query_is_exported(source, exported):
                     # the database's metrics name every value from the start: a value they lack is a typo
                     assert set(alternatives) <= series[name][label], (expr, label, value)
     assert not missing, missing
+
+
+def test_the_scrape_configuration_sends_a_key_that_may_read_the_metrics(tmp_path):
+    """docs/monitoring/prometheus.yml: Prometheus scrapes /metrics with the bearer key from its credentials file, and
+    a key made with the command its comment gives (``lethe keys create ... --scope metrics:read``) is let in — the
+    scrape, done the way Prometheus does it from this file, answers 200; without the key, 401."""
+    config = yaml.safe_load(PROMETHEUS.read_text())
+    assert config["rule_files"] == [ALERTS.name]
+    (job,) = config["scrape_configs"]
+    authorization = job["authorization"]
+    assert authorization["type"] == "Bearer" and authorization["credentials_file"]
+    command = next(line for line in PROMETHEUS.read_text().splitlines() if "lethe keys create" in line)
+    scopes = re.findall(r"--scope (\S+)", command)
+    configure(tmp_path / "home")
+    credentials = tmp_path / "lethe-metrics.key"
+    credentials.write_text(make_key(scopes) + "\n")  # Prometheus strips the file's trailing newline
+    with TestClient(create_app(run_background=False)) as client:
+        path = job.get("metrics_path", "/metrics")
+        header = f"{authorization['type']} {credentials.read_text().strip()}"
+        scraped = client.get(path, headers={"authorization": header})
+        assert scraped.status_code == 200 and "lethe_deletion_requests" in scraped.text
+        assert client.get(path).status_code == 401

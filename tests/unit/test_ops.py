@@ -56,8 +56,29 @@ def test_metrics_move_when_a_request_is_certified_and_readyz_answers(tmp_path):
         assert _value(after, "lethe_job_duration_seconds_sum", '{kind="deletion"}') > 0
         assert "lethe_oldest_pending_request_age_seconds 0.0" in after
     with TestClient(create_app(run_background=False)) as client:  # no executor: not ready, and it says why
-        ready = client.get("/readyz")
+        ready = client.get("/readyz", headers={"authorization": f"Bearer {key}"})
         assert ready.status_code == 503 and ready.json()["checks"]["executor"] == "not running"
+
+
+def test_readyz_details_and_metrics_need_a_metrics_key(tmp_path):
+    """Issue 22, LOW: /readyz and /metrics answered anyone in full. Now a load balancer (no key) still learns ready or
+    not, and only that; what is missing, and the figures, need a key with ``metrics:read`` (or ``admin``)."""
+    configure(tmp_path / "home")
+    metrics_key, admin, other = make_key(["metrics:read"]), make_key(["admin"]), make_key(["requests:read"])
+    with TestClient(create_app(run_background=False)) as client:  # no executor: not ready
+        for headers in ({}, {"authorization": f"Bearer {other}"}, {"authorization": "Bearer lethe_x_y"}):
+            bare = client.get("/readyz", headers=headers)
+            assert bare.status_code == 503 and bare.json() == {"ready": False}, headers
+        for key in (metrics_key, admin):
+            detailed = client.get("/readyz", headers={"authorization": f"Bearer {key}"})
+            assert detailed.status_code == 503
+            assert detailed.json()["checks"] == {"database": "ok", "executor": "not running"}
+        assert client.get("/metrics").status_code == 401
+        refused = client.get("/metrics", headers={"authorization": f"Bearer {other}"})
+        assert refused.status_code == 403 and refused.json()["required_scope"] == "metrics:read"
+        for key in (metrics_key, admin):
+            scraped = client.get("/metrics", headers={"authorization": f"Bearer {key}"})
+            assert scraped.status_code == 200 and "lethe_deletion_requests" in scraped.text
 
 
 def test_readiness_probes_run_one_at_a_time_and_share_their_answer(tmp_path, monkeypatch):
@@ -87,7 +108,8 @@ def test_readiness_probes_run_one_at_a_time_and_share_their_answer(tmp_path, mon
                 running[0] -= 1
 
     monkeypatch.setattr(ops, "_probe", slow_probe)
-    with TestClient(create_app(run_background=True)) as client:
+    headers = {"authorization": f"Bearer {make_key(['metrics:read'])}"}  # the details show which answer was shared
+    with TestClient(create_app(run_background=True), headers=headers) as client:
         with ThreadPoolExecutor(max_workers=40) as pool:
             responses = list(pool.map(lambda _: client.get("/readyz"), range(40)))
         assert most[0] == 1 and calls[0] <= 2  # one probe (a second only if the first answer aged meanwhile)
@@ -126,6 +148,7 @@ def test_worker_heartbeats_count_fresh_workers_per_queue(tmp_path):
         heartbeat.beat(session, "c@host:3", ["gpu"])  # beats again
     with session_scope() as session:
         assert heartbeat.listening(session) == {"cpu": 1, "gpu": 2}
-    with TestClient(create_app(run_background=True)) as client:  # the embedded default reports no workers
+    headers = {"authorization": f"Bearer {make_key(['metrics:read'])}"}
+    with TestClient(create_app(run_background=True), headers=headers) as client:  # embedded: no workers reported
         body = client.get("/readyz").json()
         assert body["checks"] == {"database": "ok", "executor": "ok"} and "workers" not in body
