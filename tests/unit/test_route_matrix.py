@@ -68,7 +68,7 @@ REQUIRED: dict[tuple[str, str], tuple[str, ...]] = {
     ("get", "/v1/reports/{report_id}/plots/{name}"): (R,),
     ("get", "/v1/certificates/{certificate_id}"): (R,),
     ("get", "/v1/deletion-requests/{request_id}/webhooks"): (R,),
-    ("post", "/v1/deletion-requests/{request_id}/webhooks/{delivery_id}/redeliver"): (W,),
+    ("post", "/v1/deletion-requests/{request_id}/webhooks/{delivery_id}/redeliver"): ADMIN,
     ("post", "/v1/webhooks/secret"): ADMIN,
     ("get", "/metrics"): (MET,),
 }
