@@ -122,11 +122,6 @@ def stored(digests) -> list[str]:
     return sorted(d for d in digests if store.exists(d))
 
 
-def store_contents(home: Path) -> set[str]:
-    """The digests of every blob in the (local) artifact store under ``home``."""
-    return {p.name for p in (home / "artifacts" / "sha256").glob("*/*") if p.is_file()}
-
-
 def tables_holding(pg_url: str, rows: list[Row]) -> list[str]:
     """Every (table, row, needle) where a PostgreSQL table's rows, read back as text (bytea as hex), hold a needle."""
     import psycopg
@@ -145,11 +140,3 @@ def tables_holding(pg_url: str, rows: list[Row]) -> list[str]:
                     if conn.execute(query, (f"%{text.lower()}%",)).fetchone()[0]:
                         hits.append(f"{table}: {row.row_id} {kind}")
     return hits
-
-
-def unserved(home: Path) -> list[str]:
-    """Blobs in the store that no model serves now (every model's ``live_digests``): after a settled erasure, none."""
-    with session_scope() as session:
-        models = list(session.execute(select(Model.id).where(Model.dataset_id.is_not(None))).scalars())
-    live = set().union(*(live_digests(m) for m in models)) if models else set()
-    return sorted(store_contents(home) - live)
