@@ -31,6 +31,7 @@ from app.ml.data.tabular import TableEncoder, load_table
 from app.ml.unlearning import validation
 from app.ml.unlearning.base import TabularProblem, UnlearningResult, explain_choice, get_method
 from app.ml.unlearning.newton.probe import determinism_probe
+from app.ml.unlearning.warm import keep_only as keep_warm
 from app.ml.verification.audit import MIN_SHADOWS_PER_SIDE, report_from_scores, run_audit, theta_facts
 from app.ml.verification.evidence import tabular_evidence
 from app.ml.verification.plots import plot_data
@@ -129,6 +130,19 @@ class _Warm:
         with self._lock:
             self._bytes -= self._weight(self._entries.pop(key, None))
 
+    def values(self) -> list[Any]:
+        with self._lock:
+            return list(self._entries.values())
+
+    def drop_digests(self, digests: set[str]) -> list[Any]:
+        """Drop every entry keyed by one of these blobs (its digest is the key, or the key's first part); returns
+        the values dropped."""
+        with self._lock:
+            keys = [k for k in self._entries if (k[0] if isinstance(k, tuple) else k) in digests]
+            dropped = [self._entries.pop(k) for k in keys]
+            self._bytes -= sum(self._weight(v) for v in dropped)
+        return dropped
+
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
@@ -141,6 +155,29 @@ ARTIFACT_BYTES = _Warm(ARTIFACT_CACHE_SIZE)
 SHADOWS = _Warm(SHADOW_CACHE_SIZE)
 ENCODED_CHUNKS = _Warm(ENCODED_CHUNK_CACHE_SIZE, ENCODED_CHUNK_CACHE_BYTES)
 MANIFESTS = _Warm(MANIFEST_CACHE_SIZE)
+
+
+_forgotten: dict[str, int] = {}
+"""How far this process has read the shred queue (``forget_shredded``), per database."""
+_forget_lock = threading.Lock()
+
+
+def forget_shredded() -> int:
+    """Drop this worker's in-memory copies of every blob queued for shredding since it last looked (issue 22): a
+    table, its chunks, method state and shadow sets an erasure superseded hold the erased rows, in memory as on
+    disk. Run by every deletion before it loads and by the erasing worker after its certificates. Returns how many
+    cached values were dropped."""
+    database = get_settings().resolved_database_url
+    with _forget_lock, session_scope() as session:
+        digests, _forgotten[database] = registry.queued_since(session, _forgotten.get(database))
+    if not digests:
+        return 0
+    gone = set(digests)
+    dropped = [
+        cache.drop_digests(gone) for cache in (ARTIFACT_BYTES, ENCODED, FRAMES, ENCODED_CHUNKS, SHADOWS, MANIFESTS)
+    ]
+    keep_warm(ARTIFACT_BYTES.values())  # what a method parsed from bytes the worker no longer keeps
+    return sum(len(d) for d in dropped)
 
 
 def load_shadows(digest: str) -> ShadowSet:
@@ -712,6 +749,7 @@ class Deletion:
     batches = True
 
     def load(self, work: DeletionWork, ctx: JobContext) -> TabularInputs | None:
+        forget_shredded()  # copies of rows another worker erased since this one last served
         if pool_short(work.model) or purge_pending(work.model):  # the last upkeep did not finish (its worker died,
             self.upkeep(work.model.id, ctx)  # its retries ran out): done first, before any audit or new state
             with session_scope() as session:
@@ -739,7 +777,9 @@ class Deletion:
 
     def upkeep(self, model_id: str, ctx: JobContext) -> dict[str, Any]:
         completed = complete_purges(model_id, ctx)
-        return {**refill_verification(model_id, ctx), **({"purges_completed": completed} if completed else {})}
+        refilled = refill_verification(model_id, ctx)
+        forget_shredded()  # the erased rows leave this worker's memory with the certificate, not at its next job
+        return {**refilled, **({"purges_completed": completed} if completed else {})}
 
     def verify(self, work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> dict[str, Verification]:
         return verify_deletion(work, unlearned)

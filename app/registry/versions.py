@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import load as load_arrays
 from safetensors.numpy import save as save_arrays
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from app.audit.service import append_event, hash_subject
@@ -497,6 +497,24 @@ def enqueue_shred(session: Session, digests: Iterable[str], reason: str, grace_s
     rows = [{"digest": d, "reason": reason, "not_before": not_before, "created_at": utcnow()} for d in set(digests)]
     if rows:
         session.execute(insert(ShredItem), rows)
+
+
+def queued_since(session: Session, after_id: int | None, settle_seconds: float = 60.0) -> tuple[list[str], int]:
+    """Digests queued for shredding with an id above ``after_id`` (a worker drops its in-memory copies of them), and
+    the id to ask after next time: the highest among those queued more than ``settle_seconds`` ago, so an id taken
+    by a transaction that committed late is asked for again (dropping twice costs nothing). ``after_id`` None (a
+    process's first look): the last ``FIRST_LOOK_ROWS`` only, not the whole history."""
+    if after_id is None:
+        after_id = max(int(session.execute(select(func.max(ShredItem.id))).scalar() or 0) - FIRST_LOOK_ROWS, 0)
+    rows = session.execute(
+        select(ShredItem.id, ShredItem.digest, ShredItem.created_at).where(ShredItem.id > after_id)
+    ).all()
+    settled = utcnow() - timedelta(seconds=settle_seconds)
+    next_id = max((int(i) for i, _, created in rows if created < settled), default=after_id)
+    return [d for _, d, _ in rows], next_id
+
+
+FIRST_LOOK_ROWS = 10_000
 
 
 def _live_digests(session: Session) -> set[str]:

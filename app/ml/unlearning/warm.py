@@ -11,6 +11,7 @@ Entries are read-only: a method that changes its state works on a copy (or build
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -20,8 +21,20 @@ WARM_ENTRIES = 16
 """Parsed states kept per method kind (least recently used dropped first)."""
 
 
+_EVERY: weakref.WeakSet[WarmStates] = weakref.WeakSet()
+
+
+def keep_only(data: list[bytes]) -> None:
+    """Drop, from every method's warm states, those not parsed from one of these bytes objects (the worker's cached
+    blobs: a state parsed from another, superseded by an erasure or computed and never stored, may hold the erased
+    rows' terms, and no lookup would find it again)."""
+    for states in list(_EVERY):
+        states.keep_only(data)
+
+
 class WarmStates:
     def __init__(self, max_entries: int = WARM_ENTRIES):
+        _EVERY.add(self)
         self.max_entries = max_entries
         self._entries: OrderedDict[int, tuple[bytes, Any]] = OrderedDict()
         self._lock = threading.Lock()
@@ -56,6 +69,13 @@ class WarmStates:
         with self._lock:
             values = [value for _, value in reversed(self._entries.values())]
         return next((value for value in values if match(value)), None)
+
+    def keep_only(self, data: list[bytes]) -> None:
+        """Forget every state not parsed from one of these very objects."""
+        kept = {id(item) for item in data}  # alive while ``data`` is: no other object can have their ids
+        with self._lock:
+            for key in [k for k in self._entries if k not in kept]:
+                del self._entries[key]
 
     def clear(self) -> None:
         with self._lock:
