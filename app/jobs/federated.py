@@ -425,8 +425,11 @@ class Deletion:
         return {work.request.id: verify_federated(work, unlearned)}
 
     def upkeep(self, model_id: str, ctx: JobContext) -> dict[str, Any]:
-        """Nothing after the certificate: the erase step replaced the shadow LoRA runs that saw the pairs."""
-        return {}
+        """After the certificate: the erase step replaced the shadow LoRA runs that saw the pairs; this worker's
+        decoded copy of the clients' data (``_federation_data``, the erased pairs' images and captions among them)
+        is dropped, so the pairs leave its memory with the certificate (the next job decodes the files again)."""
+        _federation_data.cache_clear()
+        return {"federation_cache": "dropped"}
 
     def erase(self, work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> ErasurePlan:
         """A departed client's stored round updates are rewritten without it (its row zeroed), so no later method

@@ -76,3 +76,18 @@ def test_ledger_stages_count_parallel_parties_once_on_the_critical_path():
     info = ledger.to_info()
     assert info["compute_seconds"] == 6.5 and info["critical_seconds"] == 5.0
     assert info["pair_grads"] == 10 and info["pair_forwards"] == 7 and info["bytes_total"] == 12
+
+
+def test_a_federated_deletion_drops_the_workers_decoded_copy_of_the_clients_data():
+    """Issue 22, LOW (worker caches): the worker keeps the clients' decoded pairs in memory between jobs; a deletion's
+    upkeep (after the certificate) drops that copy, which held the erased pairs, so they leave the worker with it."""
+    import json
+
+    from app.jobs import federated
+
+    data = {"kind": "synthetic", "seed": 0, "n_clients": 3, "pairs_per_client": 4, "n_test": 4}
+    federated._federation_data.cache_clear()
+    federated._federation_data(json.dumps(data, sort_keys=True), "{}")
+    assert federated._federation_data.cache_info().currsize == 1
+    assert federated.Deletion().upkeep("m", None) == {"federation_cache": "dropped"}
+    assert federated._federation_data.cache_info().currsize == 0
