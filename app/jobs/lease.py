@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from app.config import get_settings
 from app.db import session_scope
-from app.jobs import outbox
+from app.jobs import faults, outbox
 from app.jobs.outbox import LeaseLostError
 from app.jobs.tables import Job
 from app.registry import versions as registry
@@ -38,6 +38,7 @@ def claim(job_id: str, owner: str) -> Job | None:
             wait = get_settings().model_busy_retry_seconds
             outbox.defer(session, job_id, wait, "waiting: another job on this model is running")
             return None
+        faults.point("claim")  # the per-model check has passed; the claim has not been written yet
         job = outbox.claim(session, job_id, owner)
         if job is None:
             return None
