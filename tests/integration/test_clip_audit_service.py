@@ -30,7 +30,7 @@ def test_a_federated_deletion_is_audited_with_shadow_lora_runs(stack):
     model = wait_model(
         stack.client,
         model_id,
-        timeout=900,
+        timeout=300,  # each wait well inside the 600 s pytest timeout, so a slow job names itself
         interval=0.5,
         what="version 1 and the shadow LoRA runs",
     )
@@ -49,7 +49,7 @@ def test_a_federated_deletion_is_audited_with_shadow_lora_runs(stack):
         },
     )
     assert response.status_code == 202, response.text
-    done = wait_request(stack.client, response.json()["id"], timeout=900)
+    done = wait_request(stack.client, response.json()["id"], timeout=240)
     report = stack.client.get(done["links"]["reports"]).json()["items"][-1]
     assert done["status"] == "certified", report
     attack = report["attack"]

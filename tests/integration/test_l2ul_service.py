@@ -14,7 +14,7 @@ tests/unit/test_l2ul.py); this test is about its deletions through PostgreSQL an
 
 
 def _finished(stack, request_id):
-    return wait_request(stack.client, request_id, timeout=600)
+    return wait_request(stack.client, request_id, timeout=400)
 
 
 def test_l2ul_deletions_through_the_api(stack, tmp_path):
@@ -39,7 +39,7 @@ def test_l2ul_deletions_through_the_api(stack, tmp_path):
             in ("ready", "refused")
             and b
         ),
-        timeout=600,
+        timeout=400,
         interval=0.5,
         what="L2UL meta-training",
     )

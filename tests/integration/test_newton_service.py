@@ -12,7 +12,7 @@ SMALL_L2ULN = {"m": 16, "units": 4, "subset_size": 200, "epochs": 30, "calibrati
 
 
 def _delete(stack, model_id, rows, method):
-    return delete_rows(stack.client, model_id, rows, method, timeout=600)
+    return delete_rows(stack.client, model_id, rows, method, timeout=400)
 
 
 def test_newton_l2ul_n_and_auto_through_the_api(stack, tmp_path):
@@ -39,7 +39,7 @@ def test_newton_l2ul_n_and_auto_through_the_api(stack, tmp_path):
             )
             and b
         ),
-        timeout=600,
+        timeout=400,
         interval=0.5,
         what="preparation",
     )
@@ -66,9 +66,16 @@ def test_newton_l2ul_n_and_auto_through_the_api(stack, tmp_path):
     assert [v["method"] for v in versions[: len(published)]] == published
     choice = versions[len(published)]["metrics"]["choice"]
     validated = {m: model["unlearning"][m]["info"]["validation"] for m in ("newton", "l2ul_n")}
-    within = {m: v for m, v in validated.items() if v["param_ratio_median"] <= 0.1}
-    expected = min(within, key=lambda m: within[m]["method_seconds_median"]) if within else "retrain"
-    assert versions[len(published)]["method"] == choice["method"] == expected, (choice, validated)
+    # stated, not derived from the measurement: the Newton step on a logistic regression is within the quality bar
+    # (ratio <= 0.1; README "Fast tabular methods"), so auto takes a fast method, never retrain: newton, or L2UL-N
+    # (that same step plus its learned correction) if it measured faster and within the bar too. A collapse of
+    # Newton's quality, or auto falling back to retraining, fails here.
+    assert validated["newton"]["param_ratio_median"] <= 0.1, validated
+    assert versions[len(published)]["method"] == choice["method"], choice
+    assert choice["method"] in ("newton", "l2ul_n") and validated[choice["method"]]["param_ratio_median"] <= 0.1, (
+        choice,
+        validated,
+    )
     assert choice["reason"]
     assert [v["parent_id"] for v in versions[1:]] == [v["id"] for v in versions[:-1]]
     if second["status"] == "certified":
