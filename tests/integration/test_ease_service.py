@@ -22,7 +22,7 @@ without informative evidence (per-model settings); the defaults' own effect is t
 (test_federated_verdict_follows_the_policy, test_clip_evidence.py)."""
 
 
-@pytest.mark.timeout(900)  # longer than any one wait below (≤ 300 s), so a slow job names itself before the kill
+@pytest.mark.timeout(1200)  # each wait below is at most 600 s: a slow job names itself before the kill
 def test_client_deletion_with_ease(stack):
     response = stack.client.post(
         "/v1/models",
@@ -39,7 +39,7 @@ def test_client_deletion_with_ease(stack):
     model = wait_model(
         stack.client,
         model_id,
-        timeout=300,
+        timeout=600,
         interval=0.5,
         what="version 1 (tiny CLIP, LoRA init)",
     )
@@ -64,7 +64,7 @@ def test_client_deletion_with_ease(stack):
     )
     assert response.status_code == 202, response.text
     request_id = response.json()["id"]
-    done = wait_request(stack.client, request_id, timeout=240)
+    done = wait_request(stack.client, request_id, timeout=600)
     assert done["status"] == "certified", (done.get("error"), done.get("verification"))
     version = stack.client.get(f"/v1/models/{model_id}/versions").json()[-1]
     assert version["method"] == "ease" and version["request_id"] == request_id
@@ -122,7 +122,7 @@ def test_client_deletion_with_ease(stack):
         },
     )
     assert response.status_code == 202, response.text
-    done = wait_request(stack.client, response.json()["id"], timeout=240)
+    done = wait_request(stack.client, response.json()["id"], timeout=600)
     assert done["status"] == "certified", (done.get("error"), done.get("verification"))
     version = stack.client.get(f"/v1/models/{model_id}/versions").json()[-1]
     info = version["metrics"]["method_info"]

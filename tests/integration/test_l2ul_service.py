@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.helpers import wait_for, wait_request, write_table
 
 SMALL_L2UL = {"m": 40, "subset_size": 200, "t": 20, "epochs": 60, "workers": 1, "units": 4, "calibration_tasks": 0}
@@ -13,8 +15,11 @@ SMALL_L2UL = {"m": 40, "subset_size": 200, "t": 20, "epochs": 60, "workers": 1, 
 tests/unit/test_l2ul.py); this test is about its deletions through PostgreSQL and Celery."""
 
 
+pytestmark = pytest.mark.timeout(1200)  # each wait below is at most 600 s: a slow job names itself before the kill
+
+
 def _finished(stack, request_id):
-    return wait_request(stack.client, request_id, timeout=400)
+    return wait_request(stack.client, request_id, timeout=600)
 
 
 def test_l2ul_deletions_through_the_api(stack, tmp_path):
@@ -39,7 +44,7 @@ def test_l2ul_deletions_through_the_api(stack, tmp_path):
             in ("ready", "refused")
             and b
         ),
-        timeout=400,
+        timeout=600,
         interval=0.5,
         what="L2UL meta-training",
     )

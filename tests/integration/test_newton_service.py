@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.helpers import delete_rows, wait_for, write_table
 
 SMALL_L2ULN = {"m": 16, "units": 4, "subset_size": 200, "epochs": 30, "calibration_tasks": 2, "workers": 1}
 
 
+pytestmark = pytest.mark.timeout(1200)  # each wait below is at most 600 s: a slow job names itself before the kill
+
+
 def _delete(stack, model_id, rows, method):
-    return delete_rows(stack.client, model_id, rows, method, timeout=400)
+    return delete_rows(stack.client, model_id, rows, method, timeout=600)
 
 
 def test_newton_l2ul_n_and_auto_through_the_api(stack, tmp_path):
@@ -39,7 +44,7 @@ def test_newton_l2ul_n_and_auto_through_the_api(stack, tmp_path):
             )
             and b
         ),
-        timeout=400,
+        timeout=600,
         interval=0.5,
         what="preparation",
     )

@@ -28,6 +28,8 @@ from tests.integration.pipeline_faults import (
     written_for,
 )
 
+pytestmark = pytest.mark.timeout(1200)  # each wait below is at most 600 s: a slow job names itself before the kill
+
 
 def _slow_table(path, n=20000, d=20, seed=3):
     """Large enough that an MLP retrain takes seconds on 2 cores, so the kill lands mid-job."""
@@ -58,7 +60,7 @@ def _register_slow(stack, tmp_path) -> str:
     model = wait_model(
         stack.client,
         model_id,
-        timeout=400,
+        timeout=600,
         interval=0.5,
         what="version 1",
     )
@@ -92,7 +94,7 @@ def test_sigkill_mid_job_finishes_after_lease_expiry_with_one_version(stack, tmp
         assert job.status == "running" and job.attempts == 1
 
     stack.worker = stack.start_worker("w2")
-    done = wait_request(stack.client, request_id, timeout=400)
+    done = wait_request(stack.client, request_id, timeout=600)
     assert done["status"] == "certified", done
     assert done["attempts"] == 2
     with session_scope() as session:
@@ -140,7 +142,7 @@ def test_sigkill_mid_batch_loses_nothing_and_duplicates_nothing(stack, tmp_path)
         assert len({j.lease_owner for j in jobs}) == 1  # one worker held them all
 
     stack.worker = stack.start_worker("w2b")
-    done = [wait_request(stack.client, rid, timeout=400) for rid in ids]
+    done = [wait_request(stack.client, rid, timeout=600) for rid in ids]
     assert [d["status"] for d in done] == ["certified"] * 4, done
     with session_scope() as session:
         versions = session.execute(select(ModelVersion).where(ModelVersion.model_id == model_id)).scalars().all()
