@@ -102,6 +102,30 @@ def test_a_worker_paused_past_its_lease_writes_nothing_when_it_wakes(stack, mode
     assert_erased(model_id, ids)
 
 
+def test_a_worker_that_wakes_after_another_published_its_job_writes_nothing(stack, model_id, workers):
+    """w1 stops just before publishing; its lease runs out; w2 takes the job and publishes it. Then w1 wakes: the
+    request keeps its one version, certificate, erasure and webhook."""
+    ids = ["r12", "r13"]
+    with loopback_server({"/hook": (204, {}, b"")}) as receiver:
+        w1 = workers("late-w1", LETHE_TEST_STOP_AT="publish")
+        request_id = ask(stack, model_id, ids, callback_url=receiver.url("/hook"))
+        wait_stopped(w1, "w1 before publishing")
+        workers("late-w2")
+        done = wait_request(stack.client, request_id, timeout=240)
+        assert done["status"] == "certified" and done["attempts"] == 2, done
+        published = {"versions": 1, "certificates": 1, "erased_rows": 2, "webhooks": 1}
+        assert written_for(request_id) == published
+        chain = version_chain(model_id)
+
+        resume(w1)
+        wait_for(lambda: "lease lost" in stack.log("late-w1"), timeout=60, what="w1 to notice it lost the lease")
+        wait_for(lambda: receiver.received, timeout=60, what="the webhook")
+    assert written_for(request_id) == published
+    assert version_chain(model_id) == chain
+    assert certified_events(stack, request_id) == 1
+    assert len(receiver.received) == 1
+
+
 def test_a_job_whose_lease_expires_on_every_attempt_fails_attempts_exhausted(stack, model_id, workers):
     """Two workers each stop mid-job (before unlearning) and never come back: after LETHE_MAX_ATTEMPTS (2) expired
     leases the request ends failed with the documented problem type, and nothing was written."""
