@@ -170,6 +170,8 @@ def test_sigkill_at_each_step_loses_nothing_and_duplicates_nothing(stack, small_
     """A worker stops itself at the step (app/jobs/faults.py) and is SIGKILLed there. Before publishing, the lease
     runs out and a new worker re-runs the job: one version, one certificate, each row erased once. At the shred (the
     job already finished), the request stays certified once and the dispatcher's tick shreds what was due."""
+    idle = "SELECT count(*) FROM jobs WHERE status IN ('pending', 'dispatched', 'running')"
+    wait_for(lambda: sql(idle)[0][0] == 0, timeout=600, what="the last test's jobs (upkeep) to end")  # not re-run
     if stack.worker.poll() is None:
         stack.kill(stack.worker)
     doomed = stack.start_worker(f"doomed-{step}", LETHE_TEST_STOP_AT=step)
