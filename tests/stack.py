@@ -49,10 +49,10 @@ class Services:
         self.procs: list[subprocess.Popen] = []
         self.base_url = ""
 
-    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
+    def _spawn(self, args: list[str], log_name: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         log = open(self.home / log_name, "ab")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(
-            args, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            args, cwd=ROOT, env=env or self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         self.procs.append(proc)
         return proc
@@ -84,7 +84,9 @@ class Services:
                 time.sleep(0.2)
         raise RuntimeError(f"API did not start; log:\n{(self.home / 'api.log').read_text()[-3000:]}")
 
-    def start_worker(self, name: str) -> subprocess.Popen:
+    def start_worker(self, name: str, **extra_env: str) -> subprocess.Popen:
+        """A Celery worker (one solo process); ``extra_env`` is its own on top of the shared environment (the fault
+        points of app/jobs/faults.py, say)."""
         return self._spawn(
             [
                 sys.executable,
@@ -110,11 +112,16 @@ class Services:
                 "--without-heartbeat",
             ],
             f"worker-{name}.log",
+            {**self.env, **extra_env},
         )
 
     def kill(self, proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
         os.killpg(proc.pid, sig)
         proc.wait(timeout=30)
+
+    def log(self, name: str) -> str:
+        """A worker's log so far."""
+        return (self.home / f"worker-{name}.log").read_text(errors="replace")
 
     def stop(self) -> None:
         for proc in self.procs:
@@ -125,3 +132,34 @@ class Services:
                 proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
+
+
+def stopped(proc: subprocess.Popen) -> bool:
+    """Whether the process has stopped itself (SIGSTOP: state T in /proc/PID/stat)."""
+    try:
+        stat = Path(f"/proc/{proc.pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
+@contextlib.contextmanager
+def claimed_redis_db(url: str):
+    """Use a Redis database for one test module and leave it as it was found: empty. It is claimed with a marker key;
+    a database holding anyone else's keys is refused (never flushed), one left by an earlier test run is cleared."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    marker = "lethe-tests:claimed-by"
+    if client.dbsize() and not client.exists(marker):
+        raise RuntimeError(f"{url} holds keys that are not a Lethe test's: set LETHE_TEST_REDIS to an empty database")
+    holder = int(client.get(marker) or 0)
+    if holder and holder != os.getpid() and Path(f"/proc/{holder}").exists():
+        raise RuntimeError(f"{url} is in use by another test run (pid {holder}): give each run its own database")
+    client.flushdb()  # empty, or left by an earlier (killed) test run of ours
+    client.set(marker, str(os.getpid()))
+    try:
+        yield url
+    finally:
+        client.flushdb()
+        client.close()

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from app.config import get_settings
 from app.db import is_unavailable, session_scope
-from app.jobs import outbox
+from app.jobs import faults, outbox
 from app.jobs.outbox import LeaseLostError
 from app.jobs.tables import Job
 from app.registry import versions as registry
@@ -54,6 +54,7 @@ def claim(job_id: str, owner: str) -> Job | None:
         if outbox.model_busy(session, job_id):  # offered again when the model's lease ends
             outbox.wait_for_model(session, job_id, "waiting: another job on this model is running")
             return None
+        faults.point("claim")  # the per-model check has passed; the claim has not been written yet
         job = outbox.claim(session, job_id, owner)
         if job is None:
             return None

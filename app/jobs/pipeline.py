@@ -16,7 +16,7 @@ import structlog
 
 from app.config import get_settings
 from app.db import new_id, session_scope
-from app.jobs import blobs, federated, lease, tabular
+from app.jobs import blobs, faults, federated, lease, tabular
 from app.jobs.lease import JobContext
 from app.jobs.outbox import LeaseLostError, PermanentJobError, infrastructure_error, max_runtime
 from app.jobs.publish import publish, reject, split_off
@@ -112,13 +112,17 @@ def run_deletion(job: Job, ctx: JobContext, wing: DeletionWing) -> None:
     work = load(job, ctx, wing)
     attempts: list[Attempt] = []
     while work.members:
+        faults.point("unlearn")
         unlearned = wing.unlearn(work, ctx)
         draft = store_version(work, unlearned)
+        faults.point("verify")
         verifications = verify(work, unlearned, ctx, attempt=len(attempts) + 1, wing=wing)
         attempts.append(Attempt(work.method_name, unlearned, verifications, len(work.members)))
         failing = attempts[-1].failing(work.members)
         if not failing:
+            faults.point("erase")
             erasure = wing.erase(work, unlearned, ctx)
+            faults.point("publish")
             result = publish(work, attempts, draft, erasure, ctx)
             return upkeep(work.model.id, ctx, wing, result)
         blobs.settle(ctx.owner)  # the failed attempt's weights (or lock) will never be published
@@ -223,6 +227,7 @@ def upkeep(model_id: str, ctx: JobContext, wing: DeletionWing, result: dict) -> 
     pool; then the job is finished and due blobs are shredded."""
     counts = wing.upkeep(model_id, ctx)
     lease.finish(ctx.members[0], ctx.owner, {**result, "upkeep": counts})
+    faults.point("shred")
     shred()
 
 

@@ -1,4 +1,4 @@
-"""Integration tests: a fresh PostgreSQL database per session, Redis as the Celery broker, and real processes
+"""Integration tests: a fresh PostgreSQL database per module, Redis as the Celery broker, and real processes
 (uvicorn for the API, `celery worker` for jobs). They fail, not skip, when PostgreSQL or Redis is not there."""
 
 from __future__ import annotations
@@ -7,25 +7,24 @@ import os
 
 import httpx
 import pytest
-import redis
 
 from tests.helpers import configure, make_key
-from tests.stack import REDIS_URL, Services, fresh_database
+from tests.stack import REDIS_URL, Services, claimed_redis_db, fresh_database
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def pg_url():
+    """Each test module its own PostgreSQL database, dropped afterwards."""
     with fresh_database() as url:
         yield url
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def redis_url():
-    client = redis.Redis.from_url(REDIS_URL)
-    client.ping()
-    client.flushdb()
-    yield REDIS_URL
-    client.flushdb()
+    """Each test module starts on an empty Redis database (``LETHE_TEST_REDIS``) and leaves it empty; one holding
+    anybody else's keys is refused, never flushed."""
+    with claimed_redis_db(REDIS_URL) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

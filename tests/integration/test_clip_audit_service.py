@@ -7,11 +7,16 @@ from __future__ import annotations
 import base64
 import json
 
+import pytest
+
 from app.fedclient import SimulatedClients
 from tests.helpers import wait_model, wait_request
 
 DATA = {"kind": "synthetic", "seed": 0, "n_clients": 3, "pairs_per_client": 30, "n_test": 30}
 FED = {"rounds": 2, "batch_size": 15, "local_epochs": 1.0}
+
+
+pytestmark = pytest.mark.timeout(1200)  # each wait below is at most 600 s: a slow job names itself before the kill
 
 
 def test_a_federated_deletion_is_audited_with_shadow_lora_runs(stack):
@@ -30,7 +35,7 @@ def test_a_federated_deletion_is_audited_with_shadow_lora_runs(stack):
     model = wait_model(
         stack.client,
         model_id,
-        timeout=900,
+        timeout=600,
         interval=0.5,
         what="version 1 and the shadow LoRA runs",
     )
@@ -49,7 +54,7 @@ def test_a_federated_deletion_is_audited_with_shadow_lora_runs(stack):
         },
     )
     assert response.status_code == 202, response.text
-    done = wait_request(stack.client, response.json()["id"], timeout=900)
+    done = wait_request(stack.client, response.json()["id"], timeout=600)
     report = stack.client.get(done["links"]["reports"]).json()["items"][-1]
     assert done["status"] == "certified", report
     attack = report["attack"]

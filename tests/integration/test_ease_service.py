@@ -3,6 +3,7 @@ delete a whole client, read the forget lock, and see later rounds projected and 
 
 from __future__ import annotations
 
+import pytest
 import torch
 from safetensors.torch import save as save_tensors
 
@@ -21,6 +22,7 @@ without informative evidence (per-model settings); the defaults' own effect is t
 (test_federated_verdict_follows_the_policy, test_clip_evidence.py)."""
 
 
+@pytest.mark.timeout(1200)  # each wait below is at most 600 s: a slow job names itself before the kill
 def test_client_deletion_with_ease(stack):
     response = stack.client.post(
         "/v1/models",
@@ -37,7 +39,7 @@ def test_client_deletion_with_ease(stack):
     model = wait_model(
         stack.client,
         model_id,
-        timeout=900,
+        timeout=600,
         interval=0.5,
         what="version 1 (tiny CLIP, LoRA init)",
     )
@@ -62,7 +64,7 @@ def test_client_deletion_with_ease(stack):
     )
     assert response.status_code == 202, response.text
     request_id = response.json()["id"]
-    done = wait_request(stack.client, request_id, timeout=900)
+    done = wait_request(stack.client, request_id, timeout=600)
     assert done["status"] == "certified", (done.get("error"), done.get("verification"))
     version = stack.client.get(f"/v1/models/{model_id}/versions").json()[-1]
     assert version["method"] == "ease" and version["request_id"] == request_id
@@ -120,7 +122,7 @@ def test_client_deletion_with_ease(stack):
         },
     )
     assert response.status_code == 202, response.text
-    done = wait_request(stack.client, response.json()["id"], timeout=900)
+    done = wait_request(stack.client, response.json()["id"], timeout=600)
     assert done["status"] == "certified", (done.get("error"), done.get("verification"))
     version = stack.client.get(f"/v1/models/{model_id}/versions").json()[-1]
     info = version["metrics"]["method_info"]

@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.helpers import wait_for, wait_request, write_table
 
 SMALL_L2UL = {"m": 40, "subset_size": 200, "t": 20, "epochs": 60, "workers": 1, "units": 4, "calibration_tasks": 0}
 """No output calibration (c = 1): on a table this small c can come out 0, and L2UL is then refused (tested in
 tests/unit/test_l2ul.py); this test is about its deletions through PostgreSQL and Celery."""
+
+
+pytestmark = pytest.mark.timeout(1200)  # each wait below is at most 600 s: a slow job names itself before the kill
 
 
 def _finished(stack, request_id):

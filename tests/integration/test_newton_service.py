@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.helpers import delete_rows, wait_for, write_table
 
 SMALL_L2ULN = {"m": 16, "units": 4, "subset_size": 200, "epochs": 30, "calibration_tasks": 2, "workers": 1}
+
+
+pytestmark = pytest.mark.timeout(1200)  # each wait below is at most 600 s: a slow job names itself before the kill
 
 
 def _delete(stack, model_id, rows, method):
@@ -66,9 +71,16 @@ def test_newton_l2ul_n_and_auto_through_the_api(stack, tmp_path):
     assert [v["method"] for v in versions[: len(published)]] == published
     choice = versions[len(published)]["metrics"]["choice"]
     validated = {m: model["unlearning"][m]["info"]["validation"] for m in ("newton", "l2ul_n")}
-    within = {m: v for m, v in validated.items() if v["param_ratio_median"] <= 0.1}
-    expected = min(within, key=lambda m: within[m]["method_seconds_median"]) if within else "retrain"
-    assert versions[len(published)]["method"] == choice["method"] == expected, (choice, validated)
+    # stated, not derived from the measurement: the Newton step on a logistic regression is within the quality bar
+    # (ratio <= 0.1; README "Fast tabular methods"), so auto takes a fast method, never retrain: newton, or L2UL-N
+    # (that same step plus its learned correction) if it measured faster and within the bar too. A collapse of
+    # Newton's quality, or auto falling back to retraining, fails here.
+    assert validated["newton"]["param_ratio_median"] <= 0.1, validated
+    assert versions[len(published)]["method"] == choice["method"], choice
+    assert choice["method"] in ("newton", "l2ul_n") and validated[choice["method"]]["param_ratio_median"] <= 0.1, (
+        choice,
+        validated,
+    )
     assert choice["reason"]
     assert [v["parent_id"] for v in versions[1:]] == [v["id"] for v in versions[:-1]]
     if second["status"] == "certified":

@@ -9,8 +9,6 @@ clearly above chance, and a model that never saw them is at chance within the ve
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import pytest
 import torch
@@ -71,7 +69,6 @@ def test_shadows_that_saw_an_erased_pair_are_replaced_and_the_pair_leaves_the_po
         replace_clip_shadows(shadows, erased, model, model.theta_init, data.clients)  # the pool must shrink
 
 
-@functools.lru_cache(maxsize=1)
 def test_memorised_pairs_are_flagged_above_chance_and_a_model_that_never_saw_them_is_not():
     model, data, shadows, original, retrained = memorising_world()
     forget, positions = data.clients[0], np.arange(MEMO_PAIRS)

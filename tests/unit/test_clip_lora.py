@@ -14,7 +14,7 @@ from app.ml.clip import (
 )
 from app.ml.data.captions import make_pretraining_set
 
-from .clip_helpers import tiny_checkpoint, tiny_model
+from .clip_helpers import tiny_model
 
 
 def test_lora_is_on_both_towers_and_every_tensor_gets_gradient():
@@ -72,10 +72,6 @@ def test_checkpoint_loader_reads_a_local_file(tmp_path, suffix):
     # and through the LoRA wrapper: the frozen backbone equals the file
     wrapped = ClipLoRA(ClipSpec(checkpoint=str(path)), device="cpu")
     assert float(wrapped.model.logit_scale) == pytest.approx(1.234)
-
-
-def test_cached_pretraining_is_reused():
-    assert tiny_checkpoint() == tiny_checkpoint()
 
 
 def test_pretraining_is_pinned_whatever_the_callers_threads(tmp_path):

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from app.ml.unlearning import base
 from app.ml.unlearning.base import (
     InvalidMethodSettingsError,
     MethodNotSupportedError,
@@ -37,7 +38,14 @@ def test_builtin_methods_declare_kinds_and_scopes():
         get_method("no-such-method")
 
 
-def test_settings_are_validated_and_typos_refused():
+@pytest.fixture
+def own_method():
+    """The test's method leaves the registry as it found it (a second run in one process registers it afresh)."""
+    yield
+    base._REGISTRY.pop("test-method", None)
+
+
+def test_settings_are_validated_and_typos_refused(own_method):
     spec = register_method("test-method", _Config, _Method, model_kinds={"tabular"}, scopes={"samples"})
     assert spec.build({"steps": 5}).config.steps == 5
     with pytest.raises(InvalidMethodSettingsError, match="stpes"):
