@@ -408,8 +408,10 @@ def _request_context(session: Session, principal: Principal, request_id: str) ->
             "valid": valid,
             "message": message,
         }
+    typed = requests.operator_texts(row)  # the log keeps their digests; the text lives on the request row
     timeline = [
-        {"seq": e.seq, "at": e.at, "actor": e.actor, "action": e.action, "payload": e.payload}
+        {"seq": e.seq, "at": e.at, "actor": e.actor, "action": e.action, "payload": e.payload,
+         "text": typed.get(e.payload.get("reason_digest") or e.payload.get("note_digest") or "")}
         for e in events_for(session, request_id)
     ] if principal.has("audit:read") else None  # fmt: skip
     submitter = f"api-key:{row.api_key_id}" if row.api_key_id else None

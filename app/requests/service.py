@@ -469,7 +469,8 @@ def get_request_or_404(session: Session, request_id: str) -> DeletionRequest:
 
 
 WAITING_STATUSES = ("received", "queued")
-CANCELLABLE_STATUSES = (APPROVAL_STATUS, *WAITING_STATUSES)
+CANCELLABLE_STATUSES = (APPROVAL_STATUS, *WAITING_STATUSES, "failed")
+"""Not started yet, or failed (withdrawn instead of retried: it still holds its rows)."""
 
 
 def is_stuck(request: DeletionRequest) -> bool:
@@ -810,6 +811,15 @@ def flag_overdue(session: Session) -> int:
             payload={"due_at": request.due_at.isoformat(), "status": request.status},
         )
     return len(late)
+
+
+def operator_texts(request: DeletionRequest) -> dict[str, str]:
+    """The free text operators typed on a request (approval notes, extension reasons, a rejection's reason), by the
+    keyed digest its audit event carries: what a timeline shows beside the event."""
+    texts = [n.get("note") for n in request.notes or []] + [e.get("reason") for e in request.extensions or []]
+    if request.status == "rejected" and request.error:
+        texts.append(request.error.get("detail"))
+    return {text_digest(t): t for t in texts if isinstance(t, str)}
 
 
 def text_digest(text: str) -> str:
