@@ -1258,7 +1258,7 @@ def clip_impostors(plan: Plan, trials: int, ease_trials: int, log) -> dict[str, 
                 )
                 verdict = decide(
                     report, fed_policy, exact=exact, evidence=evidence,
-                    extra_checks=[_retain_check(unlearned, policy, exact)],
+                    extra_checks=[_retain_check(unlearned, policy, exact)], attack_supports=False,  # samples
                 )  # fmt: skip
                 row = {
                     "passed": verdict["verdict"] == "pass",

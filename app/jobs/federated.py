@@ -569,6 +569,7 @@ def verify_federated(work: DeletionWork, unlearned: Unlearned) -> Verification:
                 exact=exact,
                 evidence=evidence,
                 extra_checks=[_retain_check(unlearned, policy, exact)],
+                attack_supports=scope != "samples",  # one-sided: a samples deletion is judged two-sided (excess)
             )
             return Verification(report, verdict, plot_data(scores))
     return _verify_without_shadows(work, unlearned, fed_policy, nonmembers, reason)

@@ -151,7 +151,7 @@ def _advisory_waiters() -> int:
     )[0][0]
 
 
-def test_two_workers_racing_one_model_run_its_jobs_one_at_a_time(stack, model_id, workers, tmp_path):
+def test_two_workers_racing_one_model_run_its_jobs_one_at_a_time(stack, model_id, workers, tmp_path, redis_url):
     """A stops between the per-model check and its claim (the check passed: the model is free). B takes a second
     deletion on the same model meanwhile. Per-model serialisation means B waits for A's claim and then finds the
     model busy; without it, B claims too and both run on one model at once. Each request is then published exactly
@@ -161,6 +161,13 @@ def test_two_workers_racing_one_model_run_its_jobs_one_at_a_time(stack, model_id
     wait_stopped(a, "A between the per-model check and its claim")
     workers("race-b", LETHE_TEST_HOLD_AT="publish", LETHE_TEST_HOLD_DIR=str(tmp_path))
     second = ask(stack, model_id, ["r32", "r33"], subject="b")
+    # the dispatcher hands a worker one job per model at a time, so B's job waits in the outbox while A's is on its
+    # way; a second dispatcher, or a re-offer after the dispatch timeout, can still send it: send it as they would,
+    # so that B meets the per-model check its own claim makes (what this test is about)
+    from celery import Celery
+
+    ((b_job,),) = sql("SELECT id FROM jobs WHERE request_id = :r", r=second)
+    Celery(broker=redis_url).send_task("workers.tasks.execute_job", args=[b_job], queue="cpu")
     wait_for(
         lambda: _advisory_waiters() or (tmp_path / "publish.reached").exists(),
         timeout=240,

@@ -171,13 +171,12 @@ def test_a_redis_restart_loses_no_deletion_and_duplicates_none(stack, broker, mo
     port, held, home = broker
     rows = [[f"r{50 + 2 * k}", f"r{51 + 2 * k}"] for k in range(4)]
     ids = [ask(stack, model_id, r, subject=f"s{k}") for k, r in enumerate(rows)]  # no worker: queued in Redis
+    # the dispatcher hands the broker one job per model at a time (the others wait in the outbox): that one's message
+    # is what the restart loses
     wait_for(
-        lambda: (
-            sql("SELECT count(*) FROM jobs WHERE request_id = ANY(:ids) AND status = 'dispatched'", ids=ids)[0][0]
-            == len(ids)
-        ),
+        lambda: sql("SELECT count(*) FROM jobs WHERE request_id = ANY(:ids) AND status = 'dispatched'", ids=ids)[0][0],
         timeout=60,
-        what="the jobs dispatched into the broker",
+        what="a job dispatched into the broker",
     )
     assert redis.Redis(host="127.0.0.1", port=port).llen("cpu") >= 1  # the messages are in the queue
 

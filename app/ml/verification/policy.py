@@ -189,6 +189,7 @@ def decide(
     exact: bool = False,
     extra_checks: list[dict[str, Any]] | None = None,
     evidence: list[dict[str, Any]] | None = None,
+    attack_supports: bool = True,
 ) -> dict:
     """Verdict on one deletion from its audit report (audit.audit_forget_set; a report without attack figures says
     why in ``informative_detail``), an optional proven distance bound and the evidence checks of evidence.py.
@@ -200,6 +201,12 @@ def decide(
     that passed], "checks": [every check with figure, threshold, passed (True / False / None = not evaluated); evidence
     checks also carry informative and power], "evidence": [the names of the informative evidence that passed],
     "notes": [...], "policy": policy.to_dict()}.
+
+    ``attack_supports=False``: the forget-set attack may fail a deletion but not certify one. A membership attack is
+    one-sided: rows pushed BELOW comparable non-members (gradient ascent on them) look forgotten to it, so where that
+    is a tell — a samples deletion of a federated CLIP model, whose two-sided forget excess (clip_evidence) is the
+    evidence that can certify — its pass is no evidence. (Measured: on a machine where the attack was informative,
+    three Adam steps of ascent passed it and were certified; test_clip_evidence.)
     """
     policy = policy or VerdictPolicy()
     checks: list[dict[str, Any]] = []
@@ -227,7 +234,12 @@ def decide(
 
     # 1. forget-set attack on the unlearned model
     if report.get("models"):
-        checks.append(_attack_check(report, policy, exact, notes))
+        attack = _attack_check(report, policy, exact, notes)
+        if not attack_supports:
+            attack["supports"] = False
+            if attack["passed"] is True and attack.get("informative"):
+                notes.append("the forget-set attack passed, but here it cannot certify (one-sided): it fails, or not")
+        checks.append(attack)
     else:
         notes.append(f"no membership attack: {report.get('informative_detail', 'it did not run')}")
 
@@ -277,7 +289,11 @@ def decide(
     # 5. evidence
     checks += list(evidence or [])
     checks += list(extra_checks or [])
-    supporting = [c["name"] for c in checks if c.get("evidence") and c.get("informative") and c["passed"] is True]
+    supporting = [
+        c["name"]
+        for c in checks
+        if c.get("evidence") and c.get("informative") and c["passed"] is True and c.get("supports", True)
+    ]
     evidence_failed = any(c.get("evidence") and c["passed"] is False for c in checks)
     if policy.require_informative_evidence and not supporting and not evidence_failed:
         weak = [c["name"] for c in checks if c.get("evidence")]
