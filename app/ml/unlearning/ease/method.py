@@ -341,14 +341,16 @@ def decompose(
 class ProbeJudge:
     """The forget R@1 of a candidate model, as the holders and the server measure it (one probe each call).
 
-    The holders embed their forget pairs under the candidate and send the embeddings (float16); the server embeds
+    Only the probe split (``problem.probe_data()``, issue 24 item 1) and the server's gallery are seen: an evaluation
+    that scores the held-out forget pairs against another gallery scores what the control never measured.
+    The holders embed their probe pairs under the candidate and send the embeddings (float16); the server embeds
     the gallery's distractor pairs it holds and ranks (retrieval.py: forget pairs against forget + distractors —
     the metric the service reports and the benchmark compares). Each call is counted in the ledger.
     """
 
     def __init__(self, problem: FederatedProblem, model: ClipLoRA, ledger: Ledger):
         self.problem, self.model, self.ledger = problem, model, ledger
-        self.forget = problem.forget_data()
+        self.forget = problem.probe_data()  # the probe split only: evaluation scores the held-out forget pairs
         self.gallery = problem.gallery if problem.gallery is not None and len(problem.gallery) else None
         self.calls = 0
 
