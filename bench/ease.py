@@ -728,7 +728,9 @@ def write_report(
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller sizes and 2 seeds (same code), under five minutes")
-    ap.add_argument("--seeds", default=None, help="comma-separated seeds (default: 2-11, quick: 2,3; 0-1 tuned the defaults)")
+    ap.add_argument(
+        "--seeds", default=None, help="comma-separated seeds (default: 2-11, quick: 2,3; 0-1 tuned the defaults)"
+    )
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--ease", default="{}", help="JSON overrides of EaseConfig")
     ap.add_argument("--no-baselines", action="store_true")
