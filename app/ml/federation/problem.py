@@ -183,6 +183,14 @@ class FederatedProblem:
         )
 
 
+PROBE_FRACTION = 0.4
+"""Share of a deletion's forget pairs a method may measure itself on (the service's and the benchmark's split)."""
+PROBE_SEED = 24
+MIN_PROBE_SPLIT = 10
+"""Below this many forget pairs the service gives no probe split (a 4-pair probe is no measurement): the control
+then sees every forget pair, and the verdict scores them all — stated in the report."""
+
+
 def probe_split(forget_masks: Sequence[np.ndarray], fraction: float, seed: int = 0) -> list[np.ndarray]:
     """A random ``fraction`` of all forget pairs as the probe split (``FederatedProblem.probe_masks``, one mask per
     client), the rest held out; with two or more forget pairs in all, both sides keep at least one (issue 24 item 1)."""
