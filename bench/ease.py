@@ -171,7 +171,8 @@ def add_costs(rows: dict[str, dict[str, Any]], plan: dict[str, Any], rounds: int
     """Cost ratios against retrain's, for every method alike (issue 24 item 4): the unlearning alone; the whole
     verified deletion — the unlearning plus the replaced shadows' retraining, against a verified retraining (which
     replaces the same shadows) —, per deletion and per batch of ``BATCH`` deletions (each unlearned on its own, the
-    shadows replaced once); and client round trips, without and with the shadows' (their rounds run side by side)."""
+    shadows replaced once; exact retraining covers a batch with one run); and client round trips, without and with
+    the shadows' (their rounds run side by side). Recomputed at ``--merge`` from the stored raw figures."""
     base = rows["retrain"]
     n, keep = plan["replaced"], plan["keep_fraction"]
     # a shadow is a full federated run of the recipe: retrain's bytes (same rounds, same clients); keep_fraction of
@@ -189,15 +190,16 @@ def add_costs(rows: dict[str, dict[str, Any]], plan: dict[str, Any], rounds: int
         if "critical_seconds" in row:
             row["critical_path_ratio"] = round(row["critical_seconds"] / base["critical_seconds"], 4)
             row["pair_grads_ratio"] = round(row["pair_grads"] / base["pair_grads"], 4)
+        batch = 1 if row.get("exact") else BATCH  # one retraining removes a whole batch
         for key, out in (("bytes", "bytes"), ("cpu_seconds", "time"), ("critical_seconds", "critical_path")):
             if key not in row:
                 continue
             v = verify[key]
             row[f"{out}_ratio_with_verification"] = round((row[key] + v) / (base[key] + v), 4)
-            row[f"{out}_ratio_with_verification_batch"] = round((BATCH * row[key] + v) / (base[key] + v), 4)
+            row[f"{out}_ratio_with_verification_batch"] = round((batch * row[key] + v) / (base[key] + v), 4)
         if row.get("client_round_trips") is not None:
             row["client_round_trips_with_verification"] = row["client_round_trips"] + (rounds if n else 0)
-            row["client_round_trips_batch"] = BATCH * row["client_round_trips"] + (rounds if n else 0)
+            row["client_round_trips_batch"] = batch * row["client_round_trips"] + (rounds if n else 0)
     rows["retrain"]["verification"] = {**plan, **{k: round(v, 3) for k, v in verify.items()}, "batch": BATCH}
 
 
@@ -273,6 +275,7 @@ def run_scenario(
             "bytes": res.info["bytes_total"],
             "pair_grads": res.info["pair_grads"],
             "client_round_trips": res.info["client_round_trips"],
+            "exact": True,
         }
         return res
 
@@ -653,6 +656,24 @@ whether baselines and ablations ran, and whether the re-anchoring test ran (``re
 MERGE_MAY_DIFFER = ("seeds", "baselines", "ablations", "relearn_rounds")
 
 
+def recompute_costs(result: dict[str, Any]) -> None:
+    """The cost ratios of one seed's scenario from its stored raw figures (bytes, CPU and critical seconds, round
+    trips, the verification plan), with this code's rules: a merge states every part's costs alike."""
+    rows = result.get("methods", {})
+    plan = rows.get("retrain", {}).get("verification")
+    if not plan:
+        return
+    for label, row in rows.items():
+        row.setdefault("exact", label.startswith("retrain"))
+    add_costs(
+        rows, {k: plan[k] for k in ("n_shadows", "replaced", "keep_fraction")}, rows["retrain"]["client_round_trips"]
+    )
+    summary = result.get("summary", {})
+    for key in ("bytes_ratio", "critical_path_ratio", "time_ratio", "pair_grads_ratio"):
+        if key in summary and key in rows.get("ease", {}):
+            summary[key] = rows["ease"][key]
+
+
 def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """One results file from parts that each ran some scenarios (the same sizes, settings and backbone): the seeds'
     scenario results are combined, the summary and aims recomputed, and each part's run facts kept under ``parts``."""
@@ -673,6 +694,7 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     for part in parts:
         for seed, scenarios in part["seeds"].items():
             for scenario, result in scenarios.items():
+                recompute_costs(result)
                 if scenario in seeds.get(seed, {}):
                     raise ValueError(f"seed {seed} scenario {scenario} is in more than one part")
                 seeds.setdefault(seed, {})[scenario] = result
