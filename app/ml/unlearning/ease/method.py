@@ -29,8 +29,10 @@ The paper's body could not be read (ease-notes §0): every formula and threshold
 4. **Adaptive strength** (strength.py, issue 11 item 1): the excision displacement E enters the model scaled,
    θ_unl = θ_p + s·E + Δ_rep, with Δ_rep the protected repair round's update (orthogonal to E, which is locked). The
    scale s is searched so that the forget R@1 of the published model lies in [T, T + band], T the level of version 1
-   (and of matched non-members where they exist). A probe costs the holders one evaluation of their forget pairs,
-   not a federated round; every probe is counted in time and bytes.
+   (and of matched non-members where they exist) — both measured on the probe split only (``problem.probe_data()``,
+   issue 24 item 1), so that an evaluation of the other forget pairs scores what the control never saw. A probe
+   costs the holders one evaluation of their probe pairs, not a federated round; every probe is counted in time,
+   bytes and client round trips.
 
 Defaults were chosen on the synthetic benchmark (bench/ease.py, seed 0), one setting at a time: δ = 65° (45° removed
 too much retained support, 70° too little forget knowledge), SGD excision with the ``"reference"`` objective (Adam
