@@ -1,8 +1,8 @@
-"""EASE benchmark on the synthetic federated CLIP: four deletion scenarios, several seeds, against retrain.
+"""EASE benchmark on the synthetic federated CLIP: four deletion scenarios, ten seeds, against retrain (issue 24).
 
-    .venv/bin/python -m bench.ease            # full: 5 seeds × {client, class, samples, membership}
-    .venv/bin/python -m bench.ease --quick    # the same code on smaller sizes and 2 seeds (< 5 minutes)
-    # one scenario per run (each under the shared benchmark lock), then one results file:
+    .venv/bin/python -m bench.ease            # full: seeds 2–11 × {client, class, samples, membership}
+    .venv/bin/python -m bench.ease --quick    # the same code on smaller sizes and 2 seeds
+    # parts (each under the shared benchmark lock), then one results file:
     .venv/bin/python -m bench.ease --scenarios client --out bench/results/parts/ease_client.json
     .venv/bin/python -m bench.ease --merge bench/results/parts/ease_*.json --out bench/results/ease.json
     .venv/bin/python -m bench.ease --table bench/results/ease.json     # the summary as Markdown
@@ -10,20 +10,29 @@
 Scenarios (app/ml/data/captions.py): ``client`` (the client holding the novel shape leaves), ``class`` (every caption
 with the novel colour), ``samples`` (one data subject's pairs of a novel shape) on the concept federation, and
 ``membership`` (30 % of the data subjects of a same-distribution federation whose captions carry a per-pair nuisance
-word; the matched held-out split is EASE's non-member target). For each seed and scenario the original federation is
-trained once (cached), then every method unlearns from the same state: retrain (the reference), EASE, in the client
-scenario EASE's server-only fallback for an offline leaving client (``ease_offline``), the baselines (projected
-gradient ascent, FedEraser, FedOSD) and the ablations — one-tower excision *matched by displacement norm*
-(the norm EASE's search chose), the whole forget subspace, no GSD, no excision, and the fixed strength (scale 1).
+word). For each seed and scenario the original federation is trained once (cached), then every method unlearns from
+the same state.
 
-Figures (issue 11 "Benchmark"): forget / retain / test R@1 (mean of both directions, points; forget and retain
-galleries hold the test pairs as distractors); bytes with everything counted; total compute (CPU seconds of every
-party) and critical path (clients in parallel) relative to retrain's; pair-gradient evaluations. Client scenario: the
-re-anchoring test — 10 further FedAvg rounds of the retained data from retrain, from a retrain trained with another
-data order (the noise floor), and from EASE with and without the lock, over several data orders; the figure is the
-mean gap of each curve to the moving retrain. Summaries: mean over seeds, 95 % interval (Student t), worst seed.
+Control and evaluation are separated (issue 24 item 1): the methods receive a probe split of the forget pairs (40 %,
+``FederatedProblem.probe_masks``: all that EASE's strength control measures), the methods' half of the test pairs as
+their gallery and, for membership, the methods' half of the matched held-out split as the non-member target
+(clip_evidence.split_reference, as the service); every figure is scored on the other 60 % of the forget pairs
+against the other half of the test pairs. Rows: retrain (the reference), retrain with another data order
+(``retrain_other_order``: retraining's own spread, the noise floor every gap is judged against), ``ease`` (strength
+controlled on the probe split), ``ease_fixed`` (scale 1, no probes: the seed notes' method), in the client scenario
+``ease_offline``, and the baselines (projected gradient ascent, FedEraser, FedOSD); ablations on request.
 
-Results: bench/results/ease.json (``--quick``: ease_quick.json) with a ``summary`` keyed by scenario.
+Seeds: EASE's defaults were tuned on seeds 0–1 (method.py); the default seeds are 2–11.
+
+Costs, every method alike (issue 24 item 4): bytes, total compute and critical path against retrain's; the same with
+the verification — the service's shadow federations whose subsets held an erased pair are retrained (4 by default,
+each a full federated run on keep_fraction of the data: retrain's bytes, half its compute) —, per deletion and per
+batch of ``BATCH`` deletions (the shadows replaced once per batch); client round trips (stages in which clients take
+part, one after another), without and with the shadows' rounds. The shadows' cost is derived from the measured
+retrain, not run. Summaries: mean over seeds, 95 % interval (Student t), worst seed.
+
+Results: bench/results/ease.json (``--quick``: ease_quick.json) with a ``summary`` keyed by scenario, holding the
+``ease`` and ``ease_fixed`` rows and ``retrain_noise_pts``; ``aims`` per scenario and row.
 """
 
 from __future__ import annotations
@@ -41,15 +50,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from app.ml.clip import ClipLoRA, LoraSettings, checkpoint_sha256, pretrain_tiny_clip
 from app.ml.data.captions import CaptionDataset
 from app.ml.federation import DemoFederation, FederatedProblem, FedSettings, make_demo_federation
 from app.ml.federation.lock import ForgetLock
+from app.ml.federation.problem import probe_split
 from app.ml.unlearning.base import UnlearningResult, get_method
 from app.ml.unlearning.ease import EaseConfig
+from app.ml.verification.clip_evidence import split_reference
+from app.ml.verification.clip_shadows import ClipShadowSettings
 from app.ml.verification.retrieval import evaluate_retrieval
+from app.ml.verification.shadows import balanced_in_mask
 
 RESULTS = Path(__file__).parent / "results"
 SCENARIOS = ("client", "class", "samples", "membership")
@@ -65,9 +79,10 @@ class Sizes:
     rounds: int = 20
     relearn_rounds: int = 10
     relearn_orders: int = 3
-    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    # seeds 0–1 are where EASE's defaults were tuned (method.py): the reported seeds exclude them (issue 24 item 2)
+    seeds: tuple[int, ...] = tuple(range(2, 12))
     baselines: bool = True
-    ablations: bool = True
+    ablations: bool = False
     # the membership federation: a larger LoRA and two local epochs, the least that made the tiny CLIP memorise
     # measurably (original − retrain ≈ 6 points on seed 0, against ≈ 2 with rank 4 and one epoch)
     membership_lora_rank: int = 16
@@ -76,35 +91,116 @@ class Sizes:
 
 FULL = Sizes()
 QUICK = Sizes(
-    pairs_per_client=60, n_test=100, rounds=8, relearn_rounds=3, relearn_orders=3, seeds=(0, 1), ablations=False
+    pairs_per_client=60, n_test=100, rounds=8, relearn_rounds=3, relearn_orders=3, seeds=(2, 3), ablations=False
 )
+
+PROBE_FRACTION = 0.4
+"""Share of the forget pairs EASE's strength control may measure (``FederatedProblem.probe_masks``); the other 60 %
+are the held-out forget pairs every figure is scored on (issue 24 item 1: one query < 1 point from 100 held out)."""
+PROBE_SEED = 24
+BATCH = 10
+"""Deletions per batch in the batch cost: each unlearned by the method, the shadows replaced once for the batch."""
+SHADOWS = ClipShadowSettings()
+"""The verification shadows the service trains at registration (clip_shadows.py, 4 by default): every shadow whose
+subset held an erased pair is retrained on what remains — a full federated training run at keep_fraction of the
+data, needing the clients' data."""
 
 ABLATIONS: dict[str, dict[str, Any]] = {
     "ease_gsd_whole": {"gsd": "whole"},
     "ease_no_gsd": {"gsd": "none"},
     "ease_no_excision": {"excision_steps": 0},
-    "ease_fixed_strength": {"strength": "fixed", "excision_scale": 1.0},
 }
+FIXED = {"strength": "fixed", "excision_scale": 1.0}
+"""``ease_fixed``: EASE at a fixed strength (scale 1 of BKE's displacement, no probes): the seed notes' method."""
 ONE_TOWER = {"ease_image_only": ["image"], "ease_text_only": ["text"]}
 BASELINES = (("gradient_ascent", "fed_gradient_ascent"), ("federaser", "federaser"), ("fedosd", "fedosd"))
 
 
-def evaluate(model: ClipLoRA, theta: torch.Tensor, problem: FederatedProblem, test: CaptionDataset) -> dict[str, Any]:
-    """Forget / retain / test R@1 (points) of θ. Forget and retain galleries include the test pairs as distractors."""
+def evaluate(
+    model: ClipLoRA, theta: torch.Tensor, problem: FederatedProblem, gallery: CaptionDataset
+) -> dict[str, Any]:
+    """Forget / retain / test R@1 (points) of θ on what no control measured: the held-out forget pairs
+    (``problem.heldout_forget_data()``) and the evaluation half of the test pairs (distractors in the forget and
+    retain galleries, and the test R@1's own pairs); the strength control saw the probe split and the other half."""
     model.set_theta(theta)
-    forget = problem.forget_data()
+    forget = problem.heldout_forget_data()
     retain = CaptionDataset.concat([d for d in problem.retained_datasets() if len(d)])
-    f = evaluate_retrieval(model, forget, test)
+    f = evaluate_retrieval(model, forget, gallery)
     out = {
         "forget_r1": round(f.mean_r1, 2),
-        "retain_r1": round(evaluate_retrieval(model, retain, test).mean_r1, 2),
-        "test_r1": round(evaluate_retrieval(model, test).mean_r1, 2),
+        "retain_r1": round(evaluate_retrieval(model, retain, gallery).mean_r1, 2),
+        "test_r1": round(evaluate_retrieval(model, gallery).mean_r1, 2),
     }
     # binomial standard error of the forget R@1 (mean of two directions, taken as independent: an upper bound)
     se = 0.5 * math.sqrt(sum(r * (1 - r) for r in (f.i2t_r1, f.t2i_r1)) / max(f.n_queries, 1)) * 100
     out["forget_r1_se"] = round(se, 2)
     out["n_forget"] = f.n_queries
     return out
+
+
+def scenario_problem(demo: DemoFederation, scenario: str) -> tuple[FederatedProblem, CaptionDataset]:
+    """The deletion problem with control and evaluation separated (issue 24 item 1), and the evaluation gallery.
+
+    The methods get the probe split of the forget pairs (``probe_masks``), the methods' half of the test pairs as
+    their gallery and, for membership, the methods' half of the matched held-out split as the non-member target
+    (clip_evidence.split_reference, as the service builds it); the evaluation scores the other forget pairs against
+    the other half of the test pairs."""
+    probe_gallery, eval_gallery = split_reference(demo.data.test)
+    masks = demo.data.forget_masks(scenario)
+    overrides: dict[str, Any] = {
+        "gallery": probe_gallery,
+        "probe_masks": probe_split(masks, PROBE_FRACTION, PROBE_SEED),
+    }
+    if scenario == "membership" and demo.data.heldout is not None:
+        overrides["nonmembers"] = split_reference(demo.data.heldout)[0]
+    return demo.problem(scenario, **overrides), eval_gallery
+
+
+def verification_plan(problem: FederatedProblem) -> dict[str, Any]:
+    """How many of the service's verification shadows this deletion forces to be retrained (those whose subset held
+    an erased pair: clip_shadows.replace_clip_shadows), drawn as the service draws them (balanced halves)."""
+    sizes = [len(c) for c in problem.clients]
+    rng = np.random.default_rng([int(SHADOWS.seed), 0])
+    mask = balanced_in_mask(SHADOWS.n_shadows, sum(sizes), SHADOWS.keep_fraction, rng)
+    positions = np.flatnonzero(np.concatenate(problem.forget_masks))
+    replaced = int(mask[:, positions].any(axis=1).sum()) if len(positions) else 0
+    return {"n_shadows": SHADOWS.n_shadows, "replaced": replaced, "keep_fraction": SHADOWS.keep_fraction}
+
+
+def add_costs(rows: dict[str, dict[str, Any]], plan: dict[str, Any], rounds: int) -> None:
+    """Cost ratios against retrain's, for every method alike (issue 24 item 4): the unlearning alone; the whole
+    verified deletion — the unlearning plus the replaced shadows' retraining, against a verified retraining (which
+    replaces the same shadows) —, per deletion and per batch of ``BATCH`` deletions (each unlearned on its own, the
+    shadows replaced once; exact retraining covers a batch with one run); and client round trips, without and with
+    the shadows' (their rounds run side by side). Recomputed at ``--merge`` from the stored raw figures."""
+    base = rows["retrain"]
+    n, keep = plan["replaced"], plan["keep_fraction"]
+    # a shadow is a full federated run of the recipe: retrain's bytes (same rounds, same clients); keep_fraction of
+    # its compute (half the pairs); each client trains its shadows one after another (critical path adds up)
+    verify = {
+        "bytes": n * base["bytes"],
+        "cpu_seconds": n * keep * base["cpu_seconds"],
+        "critical_seconds": n * keep * base["critical_seconds"],
+    }
+    for row in rows.values():
+        if "cpu_seconds" not in row:
+            continue
+        row["time_ratio"] = round(row["cpu_seconds"] / base["cpu_seconds"], 4)
+        row["bytes_ratio"] = round(row["bytes"] / base["bytes"], 4)
+        if "critical_seconds" in row:
+            row["critical_path_ratio"] = round(row["critical_seconds"] / base["critical_seconds"], 4)
+            row["pair_grads_ratio"] = round(row["pair_grads"] / base["pair_grads"], 4)
+        batch = 1 if row.get("exact") else BATCH  # one retraining removes a whole batch
+        for key, out in (("bytes", "bytes"), ("cpu_seconds", "time"), ("critical_seconds", "critical_path")):
+            if key not in row:
+                continue
+            v = verify[key]
+            row[f"{out}_ratio_with_verification"] = round((row[key] + v) / (base[key] + v), 4)
+            row[f"{out}_ratio_with_verification_batch"] = round((batch * row[key] + v) / (base[key] + v), 4)
+        if row.get("client_round_trips") is not None:
+            row["client_round_trips_with_verification"] = row["client_round_trips"] + (rounds if n else 0)
+            row["client_round_trips_batch"] = batch * row["client_round_trips"] + (rounds if n else 0)
+    rows["retrain"]["verification"] = {**plan, **{k: round(v, 3) for k, v in verify.items()}, "batch": BATCH}
 
 
 def run_method(name: str, settings: dict[str, Any], problem: FederatedProblem) -> tuple[UnlearningResult, float]:
@@ -131,7 +227,7 @@ def relearn_curve(
         )
         theta = res.theta
         model.set_theta(theta)
-        curve.append(round(evaluate_retrieval(model, problem.forget_data(), test).mean_r1, 2))
+        curve.append(round(evaluate_retrieval(model, problem.heldout_forget_data(), test).mean_r1, 2))
     return curve
 
 
@@ -165,24 +261,35 @@ def build(seed: int, sizes: Sizes, regime: str, cache_dir: str | None) -> DemoFe
 def run_scenario(
     demo: DemoFederation, scenario: str, sizes: Sizes, ease_settings: dict[str, Any], log: Any
 ) -> dict[str, Any]:
-    problem = demo.problem(scenario)
+    problem, gallery = scenario_problem(demo, scenario)
     model = problem.get_model()
-    test = demo.data.test
-    rows: dict[str, dict[str, Any]] = {"original": evaluate(model, demo.theta, problem, test)}
+    rows: dict[str, dict[str, Any]] = {"original": evaluate(model, demo.theta, problem, gallery)}
+    rounds = int(problem.n_rounds or problem.fed_settings.rounds)
 
-    rt, rt_cpu = run_method("fed_retrain", {}, problem)
-    rows["retrain"] = {
-        **evaluate(model, rt.theta, problem, test),
-        "cpu_seconds": rt_cpu,
-        "critical_seconds": rt.info["critical_seconds"],
-        "bytes": rt.info["bytes_total"],
-        "pair_grads": rt.info["pair_grads"],
-    }
+    def retrain(label: str, prob: FederatedProblem) -> UnlearningResult:
+        res, cpu = run_method("fed_retrain", {}, prob)
+        rows[label] = {
+            **evaluate(model, res.theta, problem, gallery),
+            "cpu_seconds": cpu,
+            "critical_seconds": res.info["critical_seconds"],
+            "bytes": res.info["bytes_total"],
+            "pair_grads": res.info["pair_grads"],
+            "client_round_trips": res.info["client_round_trips"],
+            "exact": True,
+        }
+        return res
+
+    rt = retrain("retrain", problem)
+    # retraining against retraining: the same recipe with another data order (the noise floor of every gap)
+    other = dataclasses.replace(problem.fed_settings, seed=problem.fed_settings.seed + 1000)
+    retrain("retrain_other_order", dataclasses.replace(problem, fed_settings=other))
     gap = rows["original"]["forget_r1"] - rows["retrain"]["forget_r1"]
+    noise_f = abs(rows["retrain_other_order"]["forget_r1"] - rows["retrain"]["forget_r1"])
+    noise_r = abs(rows["retrain_other_order"]["retain_r1"] - rows["retrain"]["retain_r1"])
     log(
-        f"[{scenario}] forget R@1: original {rows['original']['forget_r1']:.1f} vs retrain "
-        f"{rows['retrain']['forget_r1']:.1f} → gap {gap:+.1f} pts (SE ≈ {rows['retrain']['forget_r1_se']:.1f})"
-        + ("" if gap >= 5 else "  (WARNING: too small a gap to show forgetting)")
+        f"[{scenario}] forget R@1 (held-out {rows['retrain']['n_forget']} queries): original "
+        f"{rows['original']['forget_r1']:.1f} vs retrain {rows['retrain']['forget_r1']:.1f} → gap {gap:+.1f} pts; "
+        f"retrain vs retrain (other order): forget {noise_f:.1f}, retain {noise_r:.1f} pts"
     )
 
     results: dict[str, UnlearningResult] = {}
@@ -190,13 +297,14 @@ def run_scenario(
     def record(label: str, name: str, settings: dict[str, Any]) -> None:
         res, cpu = run_method(name, settings, problem)
         results[label] = res
-        row = {**evaluate(model, res.theta, problem, test), "cpu_seconds": cpu, "bytes": res.info["bytes_total"]}
+        row = {**evaluate(model, res.theta, problem, gallery), "cpu_seconds": cpu, "bytes": res.info["bytes_total"]}
+        row["client_round_trips"] = res.info.get("client_round_trips")
         if "critical_seconds" in res.info:  # EASE's ledger: unstaged CPU counted as if sequential
             row["critical_seconds"] = res.info["critical_seconds"] + max(0.0, cpu - res.info["compute_seconds"])
             row["pair_grads"] = res.info["pair_grads"]
         rows[label] = row
-        if label == "ease":
-            row["info"] = res.info
+        if label in ("ease", "ease_fixed"):
+            row["info"] = {k: v for k, v in res.info.items() if k != "stages"}
         strength = res.info.get("strength", {})
         extra = (
             f" T {strength['target_r1']:.1f} s {strength['scale']:.2f} probes {len(strength['probes'])}"
@@ -205,10 +313,11 @@ def run_scenario(
         )
         log(
             f"[{scenario}] {label:20s} forget {row['forget_r1']:5.1f} retain {row['retain_r1']:5.1f} "
-            f"test {row['test_r1']:5.1f}  cpu {cpu:6.1f}s{extra}"
+            f"test {row['test_r1']:5.1f}  cpu {cpu:6.1f}s trips {row['client_round_trips']}{extra}"
         )
 
     record("ease", "ease", ease_settings)
+    record("ease_fixed", "ease", {**ease_settings, **FIXED})
     if scenario == "client":  # the server-only fallback (issue 11 item 6): always measured, it is a service path
         record("ease_offline", "ease", {**ease_settings, "leaving_client": "offline"})
     if sizes.baselines:
@@ -223,14 +332,8 @@ def run_scenario(
         for label, extra in ABLATIONS.items():
             record(label, "ease", {**ease_settings, **extra})
 
+    add_costs(rows, verification_plan(problem), rounds)
     base = rows["retrain"]
-    for row in rows.values():
-        if "cpu_seconds" in row:
-            row["time_ratio"] = round(row["cpu_seconds"] / base["cpu_seconds"], 4)
-            row["bytes_ratio"] = round(row["bytes"] / base["bytes"], 4)
-        if "critical_seconds" in row:
-            row["critical_path_ratio"] = round(row["critical_seconds"] / base["critical_seconds"], 4)
-            row["pair_grads_ratio"] = round(row["pair_grads"] / base["pair_grads"], 4)
     ease = rows["ease"]
     summary = {
         "original_forget_gap_pts": round(gap, 2),
@@ -243,6 +346,9 @@ def run_scenario(
         "time_ratio": ease["time_ratio"],
         "pair_grads_ratio": ease["pair_grads_ratio"],
         "forget_r1_se_pts": base["forget_r1_se"],
+        "retrain_noise_pts": round(noise_f, 2),
+        "retrain_noise_retain_pts": round(noise_r, 2),
+        "n_forget_heldout": base["n_forget"],
         "in_band": ease["info"]["strength"].get("in_band"),
         "scale": ease["info"]["strength"].get("scale"),
         "probes": len(ease["info"]["strength"].get("probes", [])),
@@ -251,17 +357,16 @@ def run_scenario(
 
     if scenario == "client" and sizes.relearn_rounds > 0:
         lock = ForgetLock.from_bytes(results["ease"].artifacts["forget_lock"])
-        other = dataclasses.replace(problem.fed_settings, seed=problem.fed_settings.seed + 1000)
         rt_b = get_method("fed_retrain").build({}).unlearn(dataclasses.replace(problem, fed_settings=other))
         orders = []
         for o in range(sizes.relearn_orders):
             offset = 50_000 + 1_000 * o
             n = sizes.relearn_rounds
             curves = {
-                "retrain": relearn_curve(problem, rt.theta, n, None, test, offset),
-                "retrain_other_order": relearn_curve(problem, rt_b.theta, n, None, test, offset),
-                "ease_lock": relearn_curve(problem, results["ease"].theta, n, lock, test, offset),
-                "ease_no_lock": relearn_curve(problem, results["ease"].theta, n, None, test, offset),
+                "retrain": relearn_curve(problem, rt.theta, n, None, gallery, offset),
+                "retrain_other_order": relearn_curve(problem, rt_b.theta, n, None, gallery, offset),
+                "ease_lock": relearn_curve(problem, results["ease"].theta, n, lock, gallery, offset),
+                "ease_no_lock": relearn_curve(problem, results["ease"].theta, n, None, gallery, offset),
             }
             gaps = {k: round(mean_gap(v, curves["retrain"]), 3) for k, v in curves.items() if k != "retrain"}
             orders.append({"offset": offset, "forget_r1_per_round": curves, "mean_gap_pts": gaps})
@@ -306,6 +411,9 @@ SUMMARY_KEYS = (
     "lock_mean_gap_pts",
     "nolock_mean_gap_pts",
     "noise_floor_pts",
+    "retrain_noise_pts",
+    "retrain_noise_retain_pts",
+    "n_forget_heldout",
 )
 
 
@@ -329,26 +437,54 @@ def summarise(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
         for s in seeds
     }
     out["methods"] = method_means(per_seed)
+    for label in REPORTED:  # the issue's two rows, with the noise floor they are judged against
+        if label in out["methods"]:
+            out[label] = {
+                **out["methods"][label],
+                "retrain_noise_pts": out.get("retrain_noise_pts"),
+                "retrain_noise_retain_pts": out.get("retrain_noise_retain_pts"),
+            }
     return out
 
 
-def method_means(per_seed: dict[int, dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Every method's (baselines, ablations) mean over seeds: |forget R@1 − retrain's|, retain drop, and its cost
-    ratios — the comparison rows of the table, on the seeds that ran it."""
+ROW_COST_KEYS = (
+    "bytes_ratio",
+    "critical_path_ratio",
+    "time_ratio",
+    "bytes_ratio_with_verification",
+    "bytes_ratio_with_verification_batch",
+    "critical_path_ratio_with_verification",
+    "critical_path_ratio_with_verification_batch",
+    "time_ratio_with_verification",
+    "time_ratio_with_verification_batch",
+    "client_round_trips",
+    "client_round_trips_with_verification",
+    "client_round_trips_batch",
+)
+
+
+def method_means(per_seed: dict[int, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every method's mean over seeds (on the seeds that ran it): |forget R@1 − retrain's| on the held-out forget
+    pairs (with its 95 % interval and worst seed), the retain drop, and every cost ratio — the rows of the table."""
     labels: list[str] = []
     for result in per_seed.values():
         labels += [m for m in result["methods"] if m not in ("original", "retrain") and m not in labels]
-    out: dict[str, dict[str, float]] = {}
+    out: dict[str, dict[str, Any]] = {}
     for label in labels:
         rows = [(r["methods"]["retrain"], r["methods"][label]) for r in per_seed.values() if label in r["methods"]]
         n = len(rows)
-        entry = {
+        gaps = [abs(m["forget_r1"] - b["forget_r1"]) for b, m in rows]
+        drops = [b["retain_r1"] - m["retain_r1"] for b, m in rows]
+        entry: dict[str, Any] = {
             "seeds": n,
-            "forget_r1_gap_pts": round(sum(abs(m["forget_r1"] - b["forget_r1"]) for b, m in rows) / n, 3),
-            "forget_r1_gap_worst_pts": round(max(abs(m["forget_r1"] - b["forget_r1"]) for b, m in rows), 3),
-            "retain_r1_drop_pts": round(sum(b["retain_r1"] - m["retain_r1"] for b, m in rows) / n, 3),
+            "forget_r1_gap_pts": round(sum(gaps) / n, 3),
+            "forget_r1_gap_ci95": interval(gaps)["ci95"],
+            "forget_r1_gap_worst_pts": round(max(gaps), 3),
+            "forget_r1_signed_gap_pts": round(sum(m["forget_r1"] - b["forget_r1"] for b, m in rows) / n, 3),
+            "retain_r1_drop_pts": round(sum(drops) / n, 3),
+            "retain_r1_drop_ci95": interval(drops)["ci95"],
         }
-        for key in ("bytes_ratio", "critical_path_ratio", "time_ratio"):
+        for key in ROW_COST_KEYS:
             values = [m[key] for _, m in rows if m.get(key) is not None]
             if len(values) == n:
                 entry[key] = round(sum(values) / n, 4)
@@ -356,58 +492,83 @@ def method_means(per_seed: dict[int, dict[str, Any]]) -> dict[str, dict[str, flo
     return out
 
 
+REPORTED = ("ease", "ease_fixed")
+"""The two rows of issue 24: EASE with its strength controlled on the probe split, and at fixed strength."""
+AIM_SCENARIOS = ("client", "class", "samples")
+"""Where the issue's aims apply; membership is reported against FedEraser and retrain."""
 AIMS = {
-    "forget_r1_gap_pts": ("≤", 3.0),
-    "forget_r1_gap_worst_pts": ("≤", 6.0),
+    "forget_r1_gap_pts": ("≤ max(3, retrain_noise_pts)", 3.0),
     "retain_r1_drop_pts": ("≤", 3.0),
-    "bytes_ratio": ("≤", 0.10),
-    "critical_path_ratio": ("≤", 0.25),
-    "lock_mean_gap_pts": ("≤", 2.0),
+    "bytes_ratio": ("≤", 0.25),
 }
 
 
 def aims(summary: dict[str, Any]) -> dict[str, Any]:
-    """Each aim of issue 11 against the means over seeds: met or missed, per scenario."""
+    """Issue 24's aims against the means over seeds, for ``ease`` and ``ease_fixed``: the forget gap against
+    max(3, retraining's own spread), the retain drop, the unlearning's bytes; met or missed, per scenario."""
     out: dict[str, Any] = {}
     for scenario, s in summary.items():
-        checks = {}
-        for key, (_, bound) in AIMS.items():
-            if key in s:
-                checks[key] = {"value": s[key], "bound": bound, "met": bool(s[key] <= bound)}
+        if scenario not in AIM_SCENARIOS:
+            continue
+        per_row: dict[str, Any] = {}
+        for label in REPORTED:
+            row = s.get(label)
+            if not row:
+                continue
+            checks = {}
+            for key, (_, bound) in AIMS.items():
+                if key == "forget_r1_gap_pts":
+                    bound = max(bound, s.get("retrain_noise_pts", 0.0))
+                if key in row:
+                    checks[key] = {"value": row[key], "bound": round(bound, 3), "met": bool(row[key] <= bound)}
+            per_row[label] = checks
         if "nolock_mean_gap_pts" in s and "lock_mean_gap_pts" in s:
-            checks["nolock_at_least_twice_lock"] = {
-                "value": s["nolock_mean_gap_pts"],
-                "bound": 2 * s["lock_mean_gap_pts"],
-                "met": bool(s["nolock_mean_gap_pts"] >= 2 * s["lock_mean_gap_pts"]),
+            per_row["lock"] = {
+                "lock_mean_gap_pts": {
+                    "value": s["lock_mean_gap_pts"],
+                    "bound": 2.0,
+                    "met": bool(s["lock_mean_gap_pts"] <= 2.0),
+                },
+                "nolock_at_least_twice_lock": {
+                    "value": s["nolock_mean_gap_pts"],
+                    "bound": 2 * s["lock_mean_gap_pts"],
+                    "met": bool(s["nolock_mean_gap_pts"] >= 2 * s["lock_mean_gap_pts"]),
+                },
             }
-        out[scenario] = checks
+        out[scenario] = per_row
     return out
 
 
 def print_table(report: dict[str, Any]) -> None:
     cols = [
-        ("original_forget_gap_pts", "orig−rt"),
         ("forget_r1_gap_pts", "|E−rt|"),
         ("forget_r1_gap_worst_pts", "worst"),
         ("retain_r1_drop_pts", "ret.drop"),
         ("bytes_ratio", "bytes×"),
         ("critical_path_ratio", "crit×"),
-        ("time_ratio", "time×"),
-        ("lock_mean_gap_pts", "lock"),
-        ("nolock_mean_gap_pts", "nolock"),
-        ("noise_floor_pts", "floor"),
+        ("bytes_ratio_with_verification", "bytes×+v"),
+        ("bytes_ratio_with_verification_batch", "batch+v"),
+        ("client_round_trips", "trips"),
+        ("client_round_trips_with_verification", "trips+v"),
     ]
-    print("\n== summary: mean over seeds [95 % interval] ==")
+    print("\n== summary: mean over seeds (held-out forget pairs) ==")
     for scenario, s in report["summary"].items():
-        print(f"-- {scenario} ({s['seeds']} seeds, {s['in_band_seeds']} in band)")
-        for key, name in cols:
-            if key in s:
-                ci = s.get(f"{key}_ci95")
-                ci_txt = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
-                print(f"   {name:9s} {s[key]:8.3f}{ci_txt}")
+        print(
+            f"-- {scenario} ({s['seeds']} seeds {s['seed_list']}, {s['in_band_seeds']} in band; retrain noise "
+            f"forget {s.get('retrain_noise_pts', float('nan')):.2f} retain {s.get('retrain_noise_retain_pts', 0):.2f}"
+            f"; original − retrain {s.get('original_forget_gap_pts', float('nan')):.2f})"
+        )
+        print("   " + " ".join(f"{name:>9s}" for _, name in cols) + "  method")
+        for label, row in s.get("methods", {}).items():
+            cells = " ".join(f"{row[k]:9.3f}" if row.get(k) is not None else f"{'–':>9s}" for k, _ in cols)
+            print(f"   {cells}  {label}")
     print("\n== aims ==")
-    for scenario, checks in report["aims"].items():
-        print(f"{scenario:10s} " + "  ".join(f"{k}:{'met' if c['met'] else 'MISSED'}" for k, c in checks.items()))
+    for scenario, per_row in report["aims"].items():
+        for label, checks in per_row.items():
+            marks = "  ".join(
+                f"{k}:{'met' if c['met'] else 'MISSED'} ({c['value']} vs {c['bound']})" for k, c in checks.items()
+            )
+            print(f"{scenario:10s} {label:10s} {marks}")
 
 
 def markdown_table(report: dict[str, Any]) -> str:
@@ -495,6 +656,24 @@ whether baselines and ablations ran, and whether the re-anchoring test ran (``re
 MERGE_MAY_DIFFER = ("seeds", "baselines", "ablations", "relearn_rounds")
 
 
+def recompute_costs(result: dict[str, Any]) -> None:
+    """The cost ratios of one seed's scenario from its stored raw figures (bytes, CPU and critical seconds, round
+    trips, the verification plan), with this code's rules: a merge states every part's costs alike."""
+    rows = result.get("methods", {})
+    plan = rows.get("retrain", {}).get("verification")
+    if not plan:
+        return
+    for label, row in rows.items():
+        row.setdefault("exact", label.startswith("retrain"))
+    add_costs(
+        rows, {k: plan[k] for k in ("n_shadows", "replaced", "keep_fraction")}, rows["retrain"]["client_round_trips"]
+    )
+    summary = result.get("summary", {})
+    for key in ("bytes_ratio", "critical_path_ratio", "time_ratio", "pair_grads_ratio"):
+        if key in summary and key in rows.get("ease", {}):
+            summary[key] = rows["ease"][key]
+
+
 def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """One results file from parts that each ran some scenarios (the same sizes, settings and backbone): the seeds'
     scenario results are combined, the summary and aims recomputed, and each part's run facts kept under ``parts``."""
@@ -515,6 +694,7 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     for part in parts:
         for seed, scenarios in part["seeds"].items():
             for scenario, result in scenarios.items():
+                recompute_costs(result)
                 if scenario in seeds.get(seed, {}):
                     raise ValueError(f"seed {seed} scenario {scenario} is in more than one part")
                 seeds.setdefault(seed, {})[scenario] = result
@@ -570,7 +750,9 @@ def write_report(
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller sizes and 2 seeds (same code), under five minutes")
-    ap.add_argument("--seeds", default=None, help="comma-separated seeds (default: 0-4, quick: 0,1)")
+    ap.add_argument(
+        "--seeds", default=None, help="comma-separated seeds (default: 2-11, quick: 2,3; 0-1 tuned the defaults)"
+    )
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--ease", default="{}", help="JSON overrides of EaseConfig")
     ap.add_argument("--no-baselines", action="store_true")
@@ -645,7 +827,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "platform": platform.platform(),
             "torch_threads": torch.get_num_threads(),
         },
-        "aims_source": "issue 11 'Benchmark': means over seeds",
+        "aims_source": "issue 24 'Done when': means over seeds; forget gap ≤ max(3, retrain_noise_pts)",
         "seeds": {},
     }
     per_scenario: dict[str, dict[int, dict[str, Any]]] = {s: {} for s in scenarios}

@@ -33,6 +33,7 @@ from app.ml.clip import TINY_ARCH, ClipLoRA, ClipSpec, LoraSettings, pretrain_ti
 from app.ml.data.captions import CaptionDataset, federation_from_spec, file_sha256
 from app.ml.federation import FederatedProblem, FedSettings, apply_round
 from app.ml.federation.lock import ForgetLock, merge_locks
+from app.ml.federation.problem import MIN_PROBE_SPLIT, PROBE_FRACTION, PROBE_SEED, probe_split
 from app.ml.verification.audit import theta_facts
 from app.ml.verification.clip_evidence import clip_evidence, replay_of, split_reference
 from app.ml.verification.clip_shadows import (
@@ -355,13 +356,19 @@ class Deletion:
         removed = [model.state["clients"].index(c) for c in model.state.get("removed", [])]
         lock_entry = model.state.get("forget_lock")
         clip = clip_for(model)
+        alive_masks = [m[keep] for m, keep in zip(masks, alive, strict=True)]
+        # the part of the forget pairs a method may measure itself on (EASE's strength control); the verdict scores
+        # the rest when the method did (issue 24 item 1: control and evaluation on separate pairs)
+        n_forget = sum(int(m.sum()) for m in alive_masks)
+        probe_masks = probe_split(alive_masks, PROBE_FRACTION, PROBE_SEED) if n_forget >= MIN_PROBE_SPLIT else None
         problem = FederatedProblem(
             spec=clip.spec,
             theta=weights(work.parent.digest),
             theta_init=weights(model.state["theta_init"]),
             history=torch.stack([load_tensors(get_store().get_bytes(d))["updates"] for d in rounds]),
             clients=[c.subset(np.flatnonzero(keep)) for c, keep in zip(data.clients, alive, strict=True)],
-            forget_masks=[m[keep] for m, keep in zip(masks, alive, strict=True)],
+            forget_masks=alive_masks,
+            probe_masks=probe_masks,
             scope=request.scope["kind"],
             forget_client=forget_client,
             fed_settings=FedSettings(**model.spec.get("fed_settings", {})),
@@ -513,6 +520,24 @@ def _retain_check(unlearned: Unlearned, policy: VerdictPolicy, exact: bool = Fal
     }
 
 
+def _audited_positions(problem: FederatedProblem, data: Any, unlearned: Unlearned) -> tuple[list[int], str]:
+    """The forget pairs the verdict scores: all of them, unless the method measured itself on the probe split
+    (EASE's strength probes), then only the others — a verdict on pairs its control never saw (issue 24 item 1)."""
+    positions = sorted(int(p) for p in unlearned.positions)
+    probed = bool(unlearned.metrics.get("method_info", {}).get("strength", {}).get("probes"))
+    if not probed:
+        return positions, f"all {len(positions)} forget pairs (the method measured none of them)"
+    if problem.probe_masks is None:
+        return positions, (
+            f"all {len(positions)} forget pairs, which the method's strength control also measured (fewer than "
+            f"{MIN_PROBE_SPLIT}: no probe split)"
+        )
+    ids = [pid for c in data.clients for pid in c.ids]
+    probe = set(problem.probe_data().ids)
+    held = [p for p in positions if ids[p] not in probe]
+    return held, f"{len(held)} of {len(positions)} forget pairs: those the method's strength control never measured"
+
+
 def verify_federated(work: DeletionWork, unlearned: Unlearned) -> Verification:
     """Offline LiRA with the model's shadow LoRA runs on the forget pairs against matched non-member pairs (the
     verifier's half of the federation's held-out split, else of its test pairs: clip_evidence.split_reference), over
@@ -536,7 +561,7 @@ def verify_federated(work: DeletionWork, unlearned: Unlearned) -> Verification:
         started = time.perf_counter()
         try:
             shadows = clip_shadows_from_bytes(get_store().get_bytes(entry["shadows"]))
-            positions = sorted(int(p) for p in unlearned.positions)
+            positions, audited = _audited_positions(problem, data, unlearned)
             forget = CaptionDataset.concat(data.clients).subset(positions)
             report, scores = audit_clip_deletion(
                 shadows,
@@ -555,6 +580,7 @@ def verify_federated(work: DeletionWork, unlearned: Unlearned) -> Verification:
         else:
             report["attack"]["shadow_rounds"] = entry.get("rounds")
             report["attack"]["model_rounds"] = len(work.model.state.get("rounds", []))
+            report["forget_pairs_audited"] = audited
             held = "held-out split" if data.heldout is not None else "test pairs"
             report["nonmember_set"] = f"the verifier's half of the {held} (clip_evidence.split_reference)"
             report["retrieval"] = {"before": unlearned.metrics["before"], "after": unlearned.metrics["after"]}

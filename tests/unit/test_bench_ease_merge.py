@@ -36,7 +36,8 @@ def test_parts_merge_into_one_summary():
     assert client["forget_r1_gap_worst_pts"] == 4.0 and client["forget_r1_gap_worst_seed"] == 2
     assert client["methods"]["ease_no_excision"]["forget_r1_gap_pts"] == pytest.approx(15.0)
     assert report["sizes"]["seeds"] == [0, 1, 2] and len(report["parts"]) == 3 and report["wall_seconds"] == 30.0
-    assert report["aims"]["class"]["forget_r1_gap_pts"]["met"] is True
+    assert report["aims"]["class"]["ease"]["forget_r1_gap_pts"]["met"] is True
+    assert client["ease"]["forget_r1_gap_pts"] == pytest.approx(3.0) and "ease_fixed" not in client
 
 
 def test_parts_of_another_experiment_or_twice_the_same_seed_are_refused():

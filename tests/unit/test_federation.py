@@ -76,6 +76,8 @@ def test_ledger_stages_count_parallel_parties_once_on_the_critical_path():
     info = ledger.to_info()
     assert info["compute_seconds"] == 6.5 and info["critical_seconds"] == 5.0
     assert info["pair_grads"] == 10 and info["pair_forwards"] == 7 and info["bytes_total"] == 12
+    # issue 24 item 4: a stage in which clients take part is one client round trip; a server-only stage is none
+    assert info["client_round_trips"] == 1
 
 
 def test_a_federated_deletion_drops_the_workers_decoded_copy_of_the_clients_data():

@@ -5,7 +5,9 @@
 * **critical path**: the same work with the parties of each stage in parallel — per stage the slowest party — which is
   what a deployment waits for;
 * **pair-gradient evaluations**: pairs × steps of every backward pass (a CPU-independent measure of work), and pair
-  forwards (evaluations without gradient, e.g. the probes of EASE's adaptive strength).
+  forwards (evaluations without gradient, e.g. the probes of EASE's adaptive strength);
+* **client round trips**: stages in which any client takes part, one after another — the latency in rounds a
+  deployment waits for, whatever the CPU (issue 24 item 4: retraining's is its number of rounds).
 
 CPU time (``time.process_time``), not wall time: on a shared machine the wall clock measures the neighbours.
 """
@@ -30,6 +32,7 @@ class Ledger:
     pair_grads: int = 0
     pair_forwards: int = 0
     stages: list[dict[str, Any]] = field(default_factory=list)
+    client_round_trips: int = 0
 
     def down(self, item: str, nbytes: int) -> None:
         self.bytes_down[item] = self.bytes_down.get(item, 0) + int(nbytes)
@@ -40,6 +43,8 @@ class Ledger:
     def stage(self, name: str, party_seconds: Mapping[str, float], pair_grads: int = 0, pair_forwards: int = 0) -> None:
         """One stage whose parties (``"server"``, ``"client 3"`` …) run in parallel."""
         secs = [float(s) for s in party_seconds.values()]
+        if any(party != "server" for party in party_seconds):  # clients took part: one more round trip
+            self.client_round_trips += 1
         self.compute_seconds += sum(secs)
         self.critical_seconds += max(secs, default=0.0)
         self.pair_grads += int(pair_grads)
@@ -57,6 +62,7 @@ class Ledger:
     def round(self, name: str, res: RoundResult) -> None:
         """A FedAvg round: its clients in parallel, then the server."""
         self.down(f"{name}: θ to clients", res.bytes_down)
+        self.client_round_trips += 1
         self.up(f"{name}: updates from clients", res.bytes_up)
         self.compute_seconds += res.compute_seconds
         self.critical_seconds += res.critical_seconds
@@ -85,6 +91,7 @@ class Ledger:
             "critical_seconds": round(self.critical_seconds, 4),
             "pair_grads": self.pair_grads,
             "pair_forwards": self.pair_forwards,
+            "client_round_trips": self.client_round_trips,
             "stages": list(self.stages),
         }
 

@@ -42,6 +42,9 @@ class FederatedProblem:
       same gallery the service's and the benchmark's forget R@1 use); ``nonmembers``: held-out pairs drawn like the
       forget pairs and never trained on (a membership deletion's matched split), or None where no such split exists
       (a concept's held-out pairs share the concept and are no target).
+    * ``probe_masks``: per client, the forget pairs a method may *measure itself on* (EASE's strength control): a
+      subset of ``forget_masks``; None = all of them. Every forget pair is still removed; an evaluation that scores
+      only the other forget pairs (``heldout_forget_data``) scores pairs no control saw (issue 24 item 1).
     """
 
     spec: ClipSpec
@@ -63,6 +66,7 @@ class FederatedProblem:
     forget_lock: ForgetLock | None = None
     gallery: CaptionDataset | None = None
     nonmembers: CaptionDataset | None = None
+    probe_masks: list[np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         if self.scope not in ("client", "class", "samples"):
@@ -80,6 +84,12 @@ class FederatedProblem:
             raise ValueError(f"client {self.forget_client} already left the federation")
         for k in self.removed:  # a departed client holds nothing to forget any more (its pairs are erased)
             self.forget_masks[k] = np.zeros(len(self.clients[k]), dtype=bool)
+        if self.probe_masks is not None:
+            if len(self.probe_masks) != len(self.clients):
+                raise ValueError("one probe mask per client")
+            self.probe_masks = [
+                np.asarray(p, dtype=bool) & f for p, f in zip(self.probe_masks, self.forget_masks, strict=True)
+            ]
         if self.weights is None:
             self.weights = torch.tensor([float(len(c)) for c in self.clients])
         self.weights = torch.as_tensor(self.weights, dtype=torch.float32).clone()
@@ -107,6 +117,23 @@ class FederatedProblem:
     def forget_data(self, k: int | None = None) -> CaptionDataset:
         ks = self.holders() if k is None else [k]
         return CaptionDataset.concat([self.clients[i].subset(np.flatnonzero(self.forget_masks[i])) for i in ks])
+
+    def probe_data(self) -> CaptionDataset:
+        """The forget pairs a method may measure itself on (``probe_masks``; all forget pairs where unset)."""
+        if self.probe_masks is None:
+            return self.forget_data()
+        ks = self.holders()
+        return CaptionDataset.concat([self.clients[i].subset(np.flatnonzero(self.probe_masks[i])) for i in ks])
+
+    def heldout_forget_data(self) -> CaptionDataset:
+        """The forget pairs no control measured (all forget pairs where ``probe_masks`` is unset)."""
+        if self.probe_masks is None:
+            return self.forget_data()
+        ks = self.holders()
+        masks = [self.forget_masks[i] & ~self.probe_masks[i] for i in ks]
+        return CaptionDataset.concat(
+            [self.clients[i].subset(np.flatnonzero(m)) for i, m in zip(ks, masks, strict=True)]
+        )
 
     def retain_data(self, k: int) -> CaptionDataset:
         if (self.scope == "client" and k == self.forget_client) or k in self.removed:
@@ -154,3 +181,28 @@ class FederatedProblem:
         return fed.run_round(
             theta, clients, round_index=round_index, projection=projection, penalty=penalty, epochs=epochs
         )
+
+
+PROBE_FRACTION = 0.4
+"""Share of a deletion's forget pairs a method may measure itself on (the service's and the benchmark's split)."""
+PROBE_SEED = 24
+MIN_PROBE_SPLIT = 10
+"""Below this many forget pairs the service gives no probe split (a 4-pair probe is no measurement): the control
+then sees every forget pair, and the verdict scores them all — stated in the report."""
+
+
+def probe_split(forget_masks: Sequence[np.ndarray], fraction: float, seed: int = 0) -> list[np.ndarray]:
+    """A random ``fraction`` of all forget pairs as the probe split (``FederatedProblem.probe_masks``, one mask per
+    client), the rest held out; with two or more forget pairs in all, both sides keep at least one (issue 24 item 1)."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError("the probe fraction must lie in (0, 1)")
+    rng = np.random.default_rng(seed)
+    positions = [(k, i) for k, m in enumerate(forget_masks) for i in np.flatnonzero(m)]
+    n = len(positions)
+    n_probe = min(max(int(round(fraction * n)), 1), n - 1) if n >= 2 else n
+    chosen = rng.permutation(n)[:n_probe]
+    out = [np.zeros(len(m), dtype=bool) for m in forget_masks]
+    for j in chosen:
+        k, i = positions[j]
+        out[k][i] = True
+    return out

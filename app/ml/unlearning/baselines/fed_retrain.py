@@ -39,6 +39,7 @@ class FedRetrain:
             info={
                 "method": "fed_retrain",
                 "rounds": rounds,
+                "client_round_trips": rounds,
                 "clients": problem.retained_clients(),
                 "seconds": result.seconds,
                 "bytes_down": result.bytes_down,

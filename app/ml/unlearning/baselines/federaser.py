@@ -65,6 +65,7 @@ class FedEraser:
                 "method": "federaser",
                 "calibration_rounds": calibrations,
                 "calibration_epochs": epochs,
+                "client_round_trips": calibrations,  # one calibration round each, one after another
                 "seconds": time.perf_counter() - start,
                 "bytes_total": bytes_total,
             },

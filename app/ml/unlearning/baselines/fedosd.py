@@ -75,6 +75,7 @@ class FedOSD:
                 "method": "fedosd",
                 "rounds": cfg.rounds,
                 "post_rounds": cfg.post_rounds,
+                "client_round_trips": cfg.rounds + cfg.post_rounds,  # gradients per round, then FedAvg rounds
                 "seconds": time.perf_counter() - start,
                 "bytes_total": bytes_total,
             },

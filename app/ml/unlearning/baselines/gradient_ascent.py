@@ -88,6 +88,7 @@ class GradientAscent:
                 "method": "fed_gradient_ascent",
                 "radius": radius,
                 "post_rounds": cfg.post_rounds,
+                "client_round_trips": (1 if problem.holders() else 0) + cfg.post_rounds,  # the ascent, then rounds
                 "seconds": time.perf_counter() - start,
                 "bytes_total": bytes_total,
             },

@@ -29,8 +29,10 @@ The paper's body could not be read (ease-notes §0): every formula and threshold
 4. **Adaptive strength** (strength.py, issue 11 item 1): the excision displacement E enters the model scaled,
    θ_unl = θ_p + s·E + Δ_rep, with Δ_rep the protected repair round's update (orthogonal to E, which is locked). The
    scale s is searched so that the forget R@1 of the published model lies in [T, T + band], T the level of version 1
-   (and of matched non-members where they exist). A probe costs the holders one evaluation of their forget pairs,
-   not a federated round; every probe is counted in time and bytes.
+   (and of matched non-members where they exist) — both measured on the probe split only (``problem.probe_data()``,
+   issue 24 item 1), so that an evaluation of the other forget pairs scores what the control never saw. A probe
+   costs the holders one evaluation of their probe pairs, not a federated round; every probe is counted in time,
+   bytes and client round trips.
 
 Defaults were chosen on the synthetic benchmark (bench/ease.py, seed 0), one setting at a time: δ = 65° (45° removed
 too much retained support, 70° too little forget knowledge), SGD excision with the ``"reference"`` objective (Adam
@@ -341,14 +343,16 @@ def decompose(
 class ProbeJudge:
     """The forget R@1 of a candidate model, as the holders and the server measure it (one probe each call).
 
-    The holders embed their forget pairs under the candidate and send the embeddings (float16); the server embeds
+    Only the probe split (``problem.probe_data()``, issue 24 item 1) and the server's gallery are seen: an evaluation
+    that scores the held-out forget pairs against another gallery scores what the control never measured.
+    The holders embed their probe pairs under the candidate and send the embeddings (float16); the server embeds
     the gallery's distractor pairs it holds and ranks (retrieval.py: forget pairs against forget + distractors —
     the metric the service reports and the benchmark compares). Each call is counted in the ledger.
     """
 
     def __init__(self, problem: FederatedProblem, model: ClipLoRA, ledger: Ledger):
         self.problem, self.model, self.ledger = problem, model, ledger
-        self.forget = problem.forget_data()
+        self.forget = problem.probe_data()  # the probe split only: evaluation scores the held-out forget pairs
         self.gallery = problem.gallery if problem.gallery is not None and len(problem.gallery) else None
         self.calls = 0
 

@@ -1,0 +1,52 @@
+"""Issue 24 item 1: what sets EASE's strength measures only the probe split of the forget pairs, and the verdict
+scores only the other forget pairs when the method measured itself."""
+
+import numpy as np
+import pytest
+
+from app.jobs.federated import _audited_positions
+from app.jobs.work import Unlearned
+from app.ml.federation.accounting import Ledger
+from app.ml.federation.problem import probe_split
+from app.ml.unlearning.ease.method import ProbeJudge
+
+from .clip_helpers import tiny_demo
+
+
+def _split_problem():
+    demo = tiny_demo()
+    masks = demo.data.forget_masks("client")
+    return demo, demo.problem("client", probe_masks=probe_split(masks, 0.4, seed=24))
+
+
+def test_probe_split_is_a_disjoint_part_of_the_forget_pairs():
+    masks = [np.array([True] * 10 + [False] * 5), np.zeros(7, bool), np.array([True, True, False])]
+    probe = probe_split(masks, 0.4, seed=3)
+    assert sum(int(p.sum()) for p in probe) == round(0.4 * 12)
+    assert all(not (p & ~m).any() for p, m in zip(probe, masks, strict=True))  # only forget pairs
+    assert probe_split([np.array([True, True])], 0.01)[0].sum() == 1  # both sides keep one
+    with pytest.raises(ValueError):
+        probe_split(masks, 1.0)
+
+
+def test_the_strength_control_measures_only_the_probe_pairs():
+    demo, problem = _split_problem()
+    judge = ProbeJudge(problem, demo.model, Ledger())
+    probe, heldout = set(problem.probe_data().ids), set(problem.heldout_forget_data().ids)
+    assert set(judge.forget.ids) == probe and not probe & heldout
+    assert probe | heldout == set(problem.forget_data().ids) and heldout
+
+
+def test_the_verdict_scores_the_pairs_the_control_never_measured():
+    demo, problem = _split_problem()
+    ids = [pid for c in demo.data.clients for pid in c.ids]
+    forgotten = set(problem.forget_data().ids)
+    positions = [i for i, pid in enumerate(ids) if pid in forgotten]
+
+    def unlearned(info):
+        return Unlearned(theta=demo.theta, method="ease", metrics={"method_info": info}, positions=positions)
+
+    held, why = _audited_positions(problem, demo.data, unlearned({"strength": {"probes": [{"scale": 1.0}]}}))
+    assert {ids[p] for p in held} == set(problem.heldout_forget_data().ids) and "never measured" in why
+    every, _ = _audited_positions(problem, demo.data, unlearned({"strength": {"mode": "fixed", "probes": []}}))
+    assert every == positions
