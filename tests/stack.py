@@ -163,3 +163,23 @@ def claimed_redis_db(url: str):
     finally:
         client.flushdb()
         client.close()
+
+
+@contextlib.contextmanager
+def api_stack(home: Path, **settings: str):
+    """``configure(home, **settings)``, then the API as a child process and a client holding an all-scopes key
+    (``services.key``); no worker — the caller starts its own. Stopped (with every worker) on exit."""
+    from tests.helpers import configure, make_key
+
+    configure(home, **settings)
+    services = Services({**os.environ, "PYTHONUNBUFFERED": "1"}, home)
+    services.start_api()
+    services.key = make_key()
+    services.client = httpx.Client(
+        base_url=services.base_url, headers={"authorization": f"Bearer {services.key}"}, timeout=60
+    )
+    try:
+        yield services
+    finally:
+        services.client.close()
+        services.stop()

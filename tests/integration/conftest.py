@@ -3,13 +3,9 @@
 
 from __future__ import annotations
 
-import os
-
-import httpx
 import pytest
 
-from tests.helpers import configure, make_key
-from tests.stack import REDIS_URL, Services, claimed_redis_db, fresh_database
+from tests.stack import REDIS_URL, api_stack, claimed_redis_db, fresh_database
 
 
 @pytest.fixture(scope="module")
@@ -31,21 +27,13 @@ def redis_url():
 def stack(pg_url, redis_url, tmp_path_factory):
     """PostgreSQL + Redis + API process + one Celery worker, migrated, with an all-scopes key."""
     home = tmp_path_factory.mktemp("lethe")
-    configure(
+    with api_stack(
         home,
         database_url=pg_url,
         broker_url=redis_url,
         poll_seconds="0.2",
         lease_seconds="3",
         webhook_allowed_hosts='["127.0.0.1"]',  # the tests' own receivers listen on loopback only
-    )
-    key = make_key()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    services = Services(env, home)
-    services.start_api()
-    services.worker = services.start_worker("w1")
-    services.key = key
-    services.client = httpx.Client(base_url=services.base_url, headers={"authorization": f"Bearer {key}"}, timeout=60)
-    yield services
-    services.client.close()
-    services.stop()
+    ) as services:
+        services.worker = services.start_worker("w1")
+        yield services

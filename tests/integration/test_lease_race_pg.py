@@ -4,12 +4,9 @@ keeps one at a step with its lease renewed. Leases last 3 s here; a job has 2 at
 
 from __future__ import annotations
 
-import os
-
-import httpx
 import pytest
 
-from tests.helpers import configure, make_key, wait_for, wait_request
+from tests.helpers import wait_for, wait_request
 from tests.integration.pipeline_faults import (
     ask,
     assert_erased,
@@ -23,7 +20,7 @@ from tests.integration.pipeline_faults import (
     wait_stopped,
     written_for,
 )
-from tests.stack import Services
+from tests.stack import api_stack
 from tests.unit.loopback_server import loopback_server
 
 NOTHING = {"versions": 0, "certificates": 0, "erased_rows": 0, "webhooks": 0}
@@ -32,25 +29,16 @@ NOTHING = {"versions": 0, "certificates": 0, "erased_rows": 0, "webhooks": 0}
 @pytest.fixture(scope="module")
 def stack(pg_url, redis_url, tmp_path_factory):
     """API only: each test starts (and kills) its own workers, each with its own fault points."""
-    home = tmp_path_factory.mktemp("lethe-race")
-    configure(
-        home,
+    with api_stack(
+        tmp_path_factory.mktemp("lethe-race"),
         database_url=pg_url,
         broker_url=redis_url,
         poll_seconds="0.2",
         lease_seconds="3",
         max_attempts="2",
-        model_busy_retry_seconds="0.5",
         webhook_allowed_hosts='["127.0.0.1"]',
-    )
-    services = Services({**os.environ, "PYTHONUNBUFFERED": "1"}, home)
-    services.start_api()
-    services.client = httpx.Client(
-        base_url=services.base_url, headers={"authorization": f"Bearer {make_key()}"}, timeout=60
-    )
-    yield services
-    services.client.close()
-    services.stop()
+    ) as services:
+        yield services
 
 
 @pytest.fixture(scope="module")

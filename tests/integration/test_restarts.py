@@ -19,11 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 import redis
 
-from tests.helpers import configure, make_key, wait_for, wait_request
+from tests.helpers import wait_for, wait_request
 from tests.integration.pipeline_faults import (
     ask,
     assert_erased,
@@ -33,7 +32,7 @@ from tests.integration.pipeline_faults import (
     version_chain,
     written_for,
 )
-from tests.stack import Services, _free_port
+from tests.stack import _free_port, api_stack
 
 
 def _redis_server(port: int, home) -> subprocess.Popen:
@@ -127,23 +126,15 @@ def cluster():
 @pytest.fixture(scope="module")
 def stack(cluster, broker, tmp_path_factory):
     port, _, _ = broker
-    home = tmp_path_factory.mktemp("lethe-restarts")
-    configure(
-        home,
+    with api_stack(
+        tmp_path_factory.mktemp("lethe-restarts"),
         database_url=cluster.url,
         broker_url=f"redis://127.0.0.1:{port}/0",
         poll_seconds="0.2",
         lease_seconds="3",
         dispatch_timeout_seconds="5",  # a job dispatched into a lost queue is re-offered this soon
-    )
-    services = Services({**os.environ, "PYTHONUNBUFFERED": "1"}, home)
-    services.start_api()
-    services.client = httpx.Client(
-        base_url=services.base_url, headers={"authorization": f"Bearer {make_key()}"}, timeout=60
-    )
-    yield services
-    services.client.close()
-    services.stop()
+    ) as services:
+        yield services
 
 
 @pytest.fixture(scope="module")
