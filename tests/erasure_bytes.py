@@ -140,3 +140,36 @@ def tables_holding(pg_url: str, rows: list[Row]) -> list[str]:
                     if conn.execute(query, (f"%{text.lower()}%",)).fetchone()[0]:
                         hits.append(f"{table}: {row.row_id} {kind}")
     return hits
+
+
+def pages_holding(pg_url: str, rows: list[Row], skip: tuple[str, ...] = ()) -> list[str]:
+    """Every (relation, page, needle) where a PostgreSQL page of a public table, its TOAST table or one of their
+    indexes holds a needle in its raw 8 KB — live tuples, dead ones (an updated row's old versions) and the free
+    space VACUUM leaves unzeroed alike (``pageinspect``'s ``get_raw_page``; the test's role is a superuser).
+    ``skip``: tables that hold the rows by design until their erasure (the data set's row index)."""
+    import psycopg
+
+    url = pg_url.replace("postgresql+psycopg://", "postgresql://", 1)
+    hits = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pageinspect")
+        relations = conn.execute(
+            """
+            SELECT t.relname, r.oid::regclass::text
+            FROM pg_class t
+            JOIN pg_class r ON r.oid = t.oid OR r.oid = t.reltoastrelid
+                OR r.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid IN (t.oid, t.reltoastrelid))
+            WHERE t.relnamespace = 'public'::regnamespace AND t.relkind = 'r'
+            """
+        ).fetchall()
+        for table, relation in relations:
+            if table in skip:
+                continue
+            blocks = conn.execute("SELECT pg_relation_size(%s::regclass) / 8192", (relation,)).fetchone()[0]
+            for block in range(int(blocks)):
+                page = bytes(conn.execute("SELECT get_raw_page(%s, %s)", (relation, block)).fetchone()[0])
+                for row in rows:
+                    for kind, needle in row.needles().items():
+                        if needle in page:
+                            hits.append(f"{table} ({relation}) page {block}: {row.row_id} {kind}")
+    return hits

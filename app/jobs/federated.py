@@ -299,7 +299,10 @@ def _forget_masks(model: Model, request: DeletionRequest, data, tombstoned: set[
             mask = np.full(len(client), k == forget_client)
         elif scope["kind"] == "class":
             mask = client.has_word(scope["label"])
-        else:
+        elif "sample_id_hashes" in scope:  # the request row keeps the ids' keyed hashes, never the ids (issue 22)
+            wanted = set(scope["sample_id_hashes"])
+            mask = np.array([h in wanted for h in registry.hash_row_ids(client.ids)], dtype=bool)
+        else:  # written by an older release
             wanted = set(scope["sample_ids"])
             mask = np.array([pid in wanted for pid in client.ids], dtype=bool)
         masks.append(mask & ~np.array([pid in tombstoned for pid in client.ids], dtype=bool))

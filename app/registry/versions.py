@@ -240,16 +240,12 @@ def index_rows(session: Session, dataset_id: str, row_ids: Iterable[str], labels
 
 
 def positions_of(session: Session, dataset_id: str, scope: Mapping[str, Any]) -> list[int]:
-    """Row positions a ``samples`` or ``class`` scope names (sorted). Raises ValueError for another scope kind."""
-    query = select(DatasetRow.position).where(DatasetRow.dataset_id == dataset_id)
+    """Row positions a ``samples`` or ``class`` scope names (sorted), those the index still holds (a row erased by
+    another request meanwhile is not). Raises ValueError for another scope kind."""
     if scope["kind"] == "samples":
-        ids = [str(s) for s in scope["sample_ids"]]
-        positions: list[int] = []
-        for start in range(0, len(ids), ID_QUERY_CHUNK):
-            chunk = ids[start : start + ID_QUERY_CHUNK]
-            positions += session.execute(query.where(DatasetRow.row_id.in_(chunk))).scalars().all()
-        return sorted(positions)
+        return positions_by_request(session, dataset_id, {"": scope})[""]
     if scope["kind"] == "class":
+        query = select(DatasetRow.position).where(DatasetRow.dataset_id == dataset_id)
         return sorted(session.execute(query.where(DatasetRow.label == str(scope["label"]))).scalars().all())
     raise ValueError(f"scope {scope['kind']!r} names no rows of a table")
 
@@ -257,20 +253,34 @@ def positions_of(session: Session, dataset_id: str, scope: Mapping[str, Any]) ->
 def positions_by_request(
     session: Session, dataset_id: str, scopes: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, list[int]]:
-    """``positions_of`` for a batch's ``samples`` scopes (request id → scope) in one query per ID_QUERY_CHUNK ids
-    instead of one per request; an id two requests name counts for both."""
-    wanted: dict[str, list[str]] = {}
+    """``positions_of`` for a batch's ``samples`` scopes (request id → scope) in one query per ID_QUERY_CHUNK rows
+    instead of one per request; a row two requests name counts for both. A scope names its rows by ``positions``
+    (written at intake beside the ids' keyed hashes: the request row never holds the ids, issue 22) or, written by
+    an older release, by ``sample_ids``."""
+    by_position: dict[int, list[str]] = {}
+    by_id: dict[str, list[str]] = {}
     for request_id, scope in scopes.items():
-        for sample_id in scope["sample_ids"]:
-            wanted.setdefault(str(sample_id), []).append(request_id)
-    ids, found = list(wanted), {}
+        if "positions" in scope:
+            for position in scope["positions"]:
+                by_position.setdefault(int(position), []).append(request_id)
+        else:
+            for sample_id in scope["sample_ids"]:
+                by_id.setdefault(str(sample_id), []).append(request_id)
+    out: dict[str, list[int]] = {request_id: [] for request_id in scopes}
+    query = select(DatasetRow.position).where(DatasetRow.dataset_id == dataset_id)
+    wanted = list(by_position)
+    for start in range(0, len(wanted), ID_QUERY_CHUNK):
+        chunk = wanted[start : start + ID_QUERY_CHUNK]
+        for position in session.execute(query.where(DatasetRow.position.in_(chunk))).scalars():
+            for request_id in by_position[position]:
+                out[request_id].append(position)
+    ids = list(by_id)
     query = select(DatasetRow.row_id, DatasetRow.position).where(DatasetRow.dataset_id == dataset_id)
     for start in range(0, len(ids), ID_QUERY_CHUNK):
-        found.update(session.execute(query.where(DatasetRow.row_id.in_(ids[start : start + ID_QUERY_CHUNK]))).all())
-    out: dict[str, list[int]] = {request_id: [] for request_id in scopes}
-    for row_id, position in found.items():
-        for request_id in wanted[row_id]:
-            out[request_id].append(position)
+        chunk = ids[start : start + ID_QUERY_CHUNK]
+        for row_id, position in session.execute(query.where(DatasetRow.row_id.in_(chunk))):
+            for request_id in by_id[row_id]:
+                out[request_id].append(position)
     return {request_id: sorted(positions) for request_id, positions in out.items()}
 
 
@@ -308,16 +318,25 @@ def hash_row_id(row_id: str) -> str:
     return hash_subject(get_settings().derived_key("row-id-hash"), str(row_id))
 
 
-def rows_with_hashes(session: Session, dataset_id: str, hashes: set[str]) -> dict[str, str]:
-    """Keyed hash → row id for the data set's live rows whose hash is in ``hashes`` (hashes every row id once)."""
-    query = select(DatasetRow.row_id).where(DatasetRow.dataset_id == dataset_id, DatasetRow.deleted_by.is_(None))
-    found: dict[str, str] = {}
+def rows_with_hashes(session: Session, dataset_id: str, hashes: set[str]) -> dict[str, int]:
+    """Keyed hash → position for the data set's live rows whose id's hash is in ``hashes`` (hashes every row id
+    once: for a request written before intake kept positions, a rare operator action)."""
+    query = select(DatasetRow.row_id, DatasetRow.position).where(
+        DatasetRow.dataset_id == dataset_id, DatasetRow.deleted_by.is_(None)
+    )
+    found: dict[str, int] = {}
     key = get_settings().derived_key("row-id-hash")  # hash_row_id's key, derived once for the pass
-    for row_id in session.execute(query.execution_options(yield_per=10_000)).scalars():
+    for row_id, position in session.execute(query.execution_options(yield_per=10_000)).all():
         digest = hash_subject(key, str(row_id))
         if digest in hashes:
-            found[digest] = row_id
+            found[digest] = int(position)
     return found
+
+
+def hash_row_ids(row_ids: Iterable[str]) -> list[str]:
+    """``hash_row_id`` of each, the key derived once."""
+    key = get_settings().derived_key("row-id-hash")
+    return [hash_subject(key, str(r)) for r in row_ids]
 
 
 def present_row_ids(session: Session, dataset_id: str) -> set[str]:

@@ -251,9 +251,9 @@ class IntakeBatcher:
             self._models[model_id] = (now + MODEL_TTL, model)
         return model
 
-    def _rows(self, session, batch: list[_Item]) -> dict[str, dict[str, str | None]]:
+    def _rows(self, session, batch: list[_Item]) -> dict[str, dict[str, tuple[str | None, int]]]:
         """The data-set rows every sample-scoped request of the batch names, in one query per data set (not one per
-        request): data set id → row id → ``deleted_by``."""
+        request): data set id → row id → (``deleted_by``, position)."""
         wanted: dict[str, dict[str, None]] = {}
         max_ids = get_settings().max_sample_ids
         for item in batch:
@@ -299,10 +299,9 @@ class IntakeBatcher:
                         outcomes.append((item, (replay(known[key], fingerprint), False)))
                         continue
                     model = self._model(session, item.body.model_id)
-                    model = validate_against_registry(
-                        session, item.body, model, rows.get(model.dataset_id) if model is not None else None
-                    )
-                    values = request_rows(item.principal, item.body, item.idempotency_key, model, fingerprint)
+                    found = rows.get(model.dataset_id) if model is not None else None
+                    model = validate_against_registry(session, item.body, model, found)
+                    values = request_rows(item.principal, item.body, item.idempotency_key, model, fingerprint, found)
                     staged.append(values)
                     request = StagedRequest(**values["request"])
                     if key:

@@ -28,7 +28,14 @@ from app.paging import decode_cursor, encode_cursor
 from app.problems import Problem
 from app.registry.schemas import SCOPES_BY_KIND
 from app.registry.tables import DatasetRow, Model, ModelVersion
-from app.registry.versions import ID_QUERY_CHUNK, erased_hashes, hash_row_id, rows_with_hashes
+from app.registry.versions import (
+    ID_QUERY_CHUNK,
+    erased_hashes,
+    hash_row_id,
+    hash_row_ids,
+    positions_by_request,
+    rows_with_hashes,
+)
 from app.requests.schemas import DeletionRequestCreate, DeletionRequestOut
 from app.requests.tables import ANSWERED_STATUSES, TERMINAL_STATUSES, DeletionRequest, InflightRow
 from app.requests.tables import REQUEST_STATUSES as REQUEST_STATUSES  # re-exported: the dashboard reads no tables
@@ -53,7 +60,7 @@ def to_out(request: DeletionRequest) -> DeletionRequestOut:
         id=request.id,
         model_id=request.model_id,
         subject_hash=request.subject_hash,
-        scope=request.scope,
+        scope={k: v for k, v in request.scope.items() if k != "positions"},
         method=request.method,
         status=request.status,
         progress=request.progress,
@@ -210,14 +217,16 @@ def validate_against_registry(
     return model
 
 
-def lookup_rows(session: Session, dataset_id: str, ids: list[str]) -> dict[str, str | None]:
-    """Row id → ``deleted_by`` for those of ``ids`` the data set holds (one query per ``ID_QUERY_CHUNK`` ids)."""
-    found: dict[str, str | None] = {}
+def lookup_rows(session: Session, dataset_id: str, ids: list[str]) -> dict[str, tuple[str | None, int]]:
+    """Row id → (``deleted_by``, position) for those of ``ids`` the data set holds (one query per ``ID_QUERY_CHUNK``
+    ids): validation reads the first, the request row keeps the second instead of the id."""
+    found: dict[str, tuple[str | None, int]] = {}
     for start in range(0, len(ids), ID_QUERY_CHUNK):
         chunk = ids[start : start + ID_QUERY_CHUNK]
         found.update(
-            session.execute(
-                select(DatasetRow.row_id, DatasetRow.deleted_by).where(
+            (row_id, (deleted_by, position))
+            for row_id, deleted_by, position in session.execute(
+                select(DatasetRow.row_id, DatasetRow.deleted_by, DatasetRow.position).where(
                     DatasetRow.dataset_id == dataset_id, DatasetRow.row_id.in_(chunk)
                 )
             ).all()
@@ -226,7 +235,7 @@ def lookup_rows(session: Session, dataset_id: str, ids: list[str]) -> dict[str, 
 
 
 def _validate_rows(
-    session: Session, model: Model, body: DeletionRequestCreate, rows: dict[str, str | None] | None = None
+    session: Session, model: Model, body: DeletionRequestCreate, rows: dict[str, tuple[str | None, int]] | None = None
 ) -> None:
     scope = body.scope
     if scope.kind == "samples":
@@ -258,7 +267,7 @@ def _validate_rows(
                 f"{len(unknown)} of {len(ids)} ids are unknown",
                 unknown_sample_ids=unknown[:1000],
             )
-        deleted = [i for i in ids if found[i] is not None]
+        deleted = [i for i in ids if found[i][0] is not None]
         if deleted:
             raise Problem(
                 409,
@@ -298,11 +307,17 @@ def request_rows(
     idempotency_key: str | None,
     model: Model,
     fingerprint: str,
+    rows: dict[str, tuple[str | None, int]] | None = None,
 ) -> dict[str, Any]:
     """What intake writes for one validated request, as plain values: ``request`` (every column of the
     deletion_requests row), ``job`` (its outbox row), ``inflight`` (the rows it holds) and ``event`` (its audit
     event). ``add_request`` turns them into ORM objects; the intake batch inserts a whole batch of them with one
-    statement per table (``insert_requests``)."""
+    statement per table (``insert_requests``).
+
+    A ``samples`` scope is written as the ids' keyed hashes and the rows' positions (``rows``: id → (deleted_by,
+    position), from ``lookup_rows``), never the ids: a request row outlives the rows it erases, and on PostgreSQL an
+    updated row's old version stays in the heap until vacuumed, so ids written at intake and hashed at the end
+    would outlive the erasure (issue 22). The worker finds the rows by position, a federation's pairs by hash."""
     received = body.received_at.astimezone(UTC) if body.received_at else utcnow()
     request_id = new_id()
     held = bool(model.requires_approval)  # no job until an admin approves: nothing can be dispatched or claimed
@@ -314,7 +329,7 @@ def request_rows(
         "id": request_id,
         "model_id": model.id,
         "subject_hash": hash_subject(get_settings().derived_key("subject-hash"), body.subject_ref),
-        "scope": body.scope.model_dump(exclude_none=True),
+        "scope": _stored_scope(body, rows),
         "method": body.method,
         "method_settings": body.method_settings,
         "callback_url": str(body.callback_url) if body.callback_url else None,
@@ -331,15 +346,11 @@ def request_rows(
         "updated_at": now,
         **dict.fromkeys(_UNSET_AT_INTAKE),
     }
-    inflight = []
-    if "sample_ids" in request["scope"]:  # hold the rows: a second request for one of them is answered with this one
-        inflight = [
-            {"model_id": model.id, "id_hash": h, "request_id": request_id}
-            for h in dict.fromkeys(hash_row_id(s) for s in request["scope"]["sample_ids"])
-        ]
-    scope_summary = {k: v for k, v in request["scope"].items() if k != "sample_ids"}
-    if "sample_ids" in request["scope"]:
-        scope_summary["n_samples"] = len(request["scope"]["sample_ids"])
+    inflight = [  # hold the rows: a second request for one of them is answered with this one
+        {"model_id": model.id, "id_hash": h, "request_id": request_id}
+        for h in request["scope"].get("sample_id_hashes", ())
+    ]
+    scope_summary = {k: v for k, v in request["scope"].items() if k not in ("sample_id_hashes", "positions")}
     event = {
         "actor": principal.actor,
         "action": "deletion_request.received",
@@ -357,6 +368,23 @@ def request_rows(
     return {"request": request, "job": job, "inflight": inflight, "event": event}
 
 
+def _stored_scope(body: DeletionRequestCreate, rows: dict[str, tuple[str | None, int]] | None) -> dict[str, Any]:
+    scope = body.scope.model_dump(exclude_none=True)
+    if "sample_ids" not in scope:
+        return scope
+    if rows is None:
+        raise ValueError("a samples scope is written with its rows' positions: look them up first (lookup_rows)")
+    ids = list(dict.fromkeys(str(s) for s in scope.pop("sample_ids")))
+    hashes = hash_row_ids(ids)
+    return {**scope, "sample_id_hashes": hashes, "n_samples": len(hashes), "positions": [rows[i][1] for i in ids]}
+
+
+def _rows_of(session: Session, model: Model, body: DeletionRequestCreate) -> dict[str, tuple[str | None, int]] | None:
+    if body.scope.kind != "samples":
+        return None
+    return lookup_rows(session, model.dataset_id, list(dict.fromkeys(body.scope.sample_ids)))
+
+
 def add_request(
     session: Session,
     principal: Principal,
@@ -366,7 +394,7 @@ def add_request(
     fingerprint: str,
 ) -> DeletionRequest:
     """Add request + job + audit event to the session (validated already; nothing is flushed here)."""
-    rows = request_rows(principal, body, idempotency_key, model, fingerprint)
+    rows = request_rows(principal, body, idempotency_key, model, fingerprint, _rows_of(session, model, body))
     if rows["job"] is not None:
         session.add(Job(**rows["job"]))
     request = DeletionRequest(**rows["request"])
@@ -384,7 +412,7 @@ def add_refused_request(
     rows held, so the erasure is recorded and audited like any other. Refusing the whole erasure instead, only when
     a model holds the person's rows, told a caller — with nothing written — that the person is there (issue 22,
     subject oracle). ``retry`` runs it once the cause is gone; ``cancel`` withdraws it."""
-    rows = request_rows(principal, body, None, model, body_fingerprint(body))
+    rows = request_rows(principal, body, None, model, body_fingerprint(body), _rows_of(session, model, body))
     request = DeletionRequest(**{**rows["request"], "job_id": None, "status": "failed"})
     request.completed_at = request.updated_at
     request.error = {"type": f"https://lethe.dev/problems/{problem.slug}", "detail": problem.detail, "attempts": 0}
@@ -638,8 +666,8 @@ def record_progress(session: Session, request_ids: list[str], progress: float, m
 
 
 def _hash_sample_ids(request: DeletionRequest) -> None:
-    """A finished request keeps only keyed hashes of its sample ids: the audit trail must prove what was erased,
-    not keep it (the hashes are those of app.registry.versions.hash_row_id)."""
+    """A request an older release wrote with its raw sample ids keeps only their keyed hashes once it ends (intake
+    now writes the hashes and positions from the start: ``request_rows``)."""
     scope = request.scope
     if "sample_ids" in scope:
         hashes = [hash_row_id(s) for s in scope["sample_ids"]]
@@ -906,11 +934,18 @@ def retry_request(session: Session, principal: Principal, request_id: str):
     if request.status != "failed":
         raise Problem(409, "not-failed", "Only a failed request can be retried", f"status is {request.status!r}")
     model = session.get(Model, request.model_id)
-    if "sample_id_hashes" in request.scope and "sample_ids" not in request.scope:
-        request.scope = _ids_from_hashes(session, model, request.scope)
-    if "sample_ids" in request.scope:
+    if request.scope["kind"] == "samples":
+        if "positions" not in request.scope:  # written by an older release: ids hashed at the end, no positions
+            request.scope = _positions_from_hashes(session, model, request.scope)
+        live = positions_by_request(session, model.dataset_id, {request.id: request.scope})[request.id]
+        if len(live) < (n := len(request.scope["sample_id_hashes"])):
+            raise Problem(
+                409, "already-deleted", "Some samples were already deleted",
+                f"{n - len(live)} of this request's {n} rows were erased by other requests since it failed; cancel "
+                "it, or submit the remaining ids anew",
+            )  # fmt: skip
         held = set(session.execute(select(InflightRow.id_hash).where(InflightRow.request_id == request.id)).scalars())
-        for h in dict.fromkeys(hash_row_id(s) for s in request.scope["sample_ids"]):
+        for h in dict.fromkeys(request.scope["sample_id_hashes"]):
             if h not in held:  # a request that failed before failed requests kept their holds
                 session.add(InflightRow(model_id=request.model_id, id_hash=h, request_id=request.id))
     job = new_job(session, kind="deletion", model_id=model.id, model_kind=model.kind, request_id=request.id)
@@ -928,20 +963,12 @@ def retry_request(session: Session, principal: Principal, request_id: str):
     return request
 
 
-def _ids_from_hashes(session: Session, model: Model, scope: dict[str, Any]) -> dict[str, Any]:
-    """A failed request kept only keyed hashes of its ids: a retry finds the rows again by hashing the table's row
-    ids (one pass over the index; a rare operator action). Rows erased meanwhile by another request: 409."""
-    wanted = set(scope["sample_id_hashes"])
-    found = rows_with_hashes(session, model.dataset_id, wanted)
-    if len(found) < len(wanted):
-        raise Problem(
-            409, "already-deleted", "Some samples were already deleted",
-            f"{len(wanted) - len(found)} of this request's {len(wanted)} rows were erased by other requests since it "
-            "failed; cancel it, or submit the remaining ids anew",
-        )  # fmt: skip
-    order = {h: i for i, h in enumerate(scope["sample_id_hashes"])}
-    ids = [row_id for h, row_id in sorted(found.items(), key=lambda item: order[item[0]])]
-    return {**{k: v for k, v in scope.items() if k not in ("sample_id_hashes", "n_samples")}, "sample_ids": ids}
+def _positions_from_hashes(session: Session, model: Model, scope: dict[str, Any]) -> dict[str, Any]:
+    """A request written by an older release kept only keyed hashes of its ids once it failed: a retry finds the
+    rows again by hashing the table's row ids (one pass over the index; a rare operator action). Rows erased
+    meanwhile by another request are missing from the positions, which the caller answers with 409."""
+    found = rows_with_hashes(session, model.dataset_id, set(scope["sample_id_hashes"]))
+    return {**scope, "positions": [found[h] for h in scope["sample_id_hashes"] if h in found]}
 
 
 def approve_request(session: Session, principal: Principal, request_id: str, note: str | None = None):

@@ -331,3 +331,28 @@ def test_shredding_resumes_after_a_restart_mid_shred(tmp_path, monkeypatch):
         client.headers["authorization"] = f"Bearer {key}"
         check = lambda: _leftovers(home, model_id, [row], held - B.live_digests(model_id), manifest)  # noqa: E731
         assert _settled(check) == []
+
+
+def test_a_request_names_its_rows_by_position_and_one_written_by_an_older_release_by_id(tmp_path):
+    """Issue 22: intake writes a samples scope as its ids' keyed hashes and the rows' positions; a request an older
+    release wrote (raw ids, hashed only at its end) is still served by id. A row erased meanwhile (its index entry
+    deleted) is named by neither."""
+    from sqlalchemy import delete
+
+    from app.db import session_scope
+    from app.registry.tables import Dataset, DatasetRow
+    from app.registry.versions import index_rows, positions_by_request, positions_of
+
+    configure(tmp_path / "home")
+    with session_scope() as session:
+        session.add(Dataset(id="d1", name="t", format="csv", digest="0" * 64, row_id_column="id", label_column="y",
+                            columns=["id", "y"]))  # fmt: skip
+        session.flush()
+        index_rows(session, "d1", [f"p{i}" for i in range(10)], ["a", "b"] * 5)
+    with session_scope() as session:
+        new = {"kind": "samples", "sample_id_hashes": ["h"] * 3, "n_samples": 3, "positions": [7, 2, 5]}
+        old = {"kind": "samples", "sample_ids": ["p5", "p9"]}
+        assert positions_by_request(session, "d1", {"new": new, "old": old}) == {"new": [2, 5, 7], "old": [5, 9]}
+        assert positions_of(session, "d1", new) == [2, 5, 7] and positions_of(session, "d1", old) == [5, 9]
+        session.execute(delete(DatasetRow).where(DatasetRow.dataset_id == "d1", DatasetRow.position == 5))
+        assert positions_by_request(session, "d1", {"new": new, "old": old}) == {"new": [2, 7], "old": [9]}

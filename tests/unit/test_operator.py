@@ -15,6 +15,7 @@ from app.jobs.tabular import holdout_mask
 from app.main import create_app
 from app.ml.unlearning import base
 from app.requests.service import add_months, flag_overdue
+from app.requests.tables import DeletionRequest
 from tests.helpers import configure, make_key, wait_for, wait_request, write_table
 
 SCOPES = ["models:write", "requests:write", "requests:read", "audit:read", "admin"]
@@ -120,14 +121,23 @@ def test_a_failed_request_can_be_retried(setup):
         assert len(failed["scope"]["sample_id_hashes"]) == 1 and trained not in json.dumps(failed)
         clash = _ask(client, model_id, [trained])  # still owed: the row stays held by the failed request
         assert clash.status_code == 409 and clash.json()["type"].endswith("/deletion-in-progress"), clash.text
-        retried = client.post(f"/v1/deletion-requests/{failed['id']}/retry")  # finds its row again by the hash
+        retried = client.post(f"/v1/deletion-requests/{failed['id']}/retry")  # its row, by the position kept
         assert retried.status_code == 202 and retried.json()["status"] in ("received", "queued", "running")
         again = wait_request(client, failed["id"], timeout=120)
         assert again["status"] == "failed"  # the same method fails its verdict again, and says so
+        with session_scope() as session:  # as an older release wrote it: the ids' keyed hashes, no positions
+            request = session.get(DeletionRequest, failed["id"])
+            assert request.scope["positions"] == [int(trained[1:])]
+            request.scope = {k: v for k, v in request.scope.items() if k != "positions"}
+        retried = client.post(f"/v1/deletion-requests/{failed['id']}/retry")  # finds its row again by the hash
+        assert retried.status_code == 202, retried.text
+        assert wait_request(client, failed["id"], timeout=120)["status"] == "failed"
+        with session_scope() as session:
+            assert session.get(DeletionRequest, failed["id"]).scope["positions"] == [int(trained[1:])]
         reports = client.get(again["links"]["reports"]).json()["items"]
-        assert len(reports) == 2
+        assert len(reports) == 3
         events = [e["action"] for e in client.get("/v1/audit", params={"entity_id": failed["id"]}).json()["items"]]
-        assert "deletion_request.retried" in events
+        assert events.count("deletion_request.retried") == 2
 
 
 def test_a_failed_request_can_be_withdrawn_and_its_rows_asked_for_again(setup):
