@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
+import socket
+import threading
+import time
 import uuid
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -91,7 +97,7 @@ def make_engine(url: str) -> Engine:
         connect_args["connect_timeout"] = settings.db_connect_timeout_seconds
         if settings.db_statement_timeout_seconds > 0:
             connect_args["options"] = f"-c statement_timeout={int(settings.db_statement_timeout_seconds * 1000)}"
-    return create_engine(
+    engine = create_engine(
         url,
         pool_size=10,
         max_overflow=20,
@@ -100,6 +106,94 @@ def make_engine(url: str) -> Engine:
         hide_parameters=True,
         connect_args=connect_args,
     )
+    if url.startswith("postgresql") and settings.db_statement_timeout_seconds > 0:
+        _watch(engine, settings.db_statement_timeout_seconds + settings.db_connect_timeout_seconds)
+    return engine
+
+
+class StatementWatchdog:
+    """A client-side deadline on every round trip of a pooled PostgreSQL connection (issue 22: a frozen database).
+
+    A server that is frozen (SIGSTOP, a hung host) keeps an established connection's socket open and its kernel
+    acknowledges every byte, so neither ``statement_timeout`` (the server's own clock) nor TCP keepalives end the wait:
+    a call on a pooled connection waited without limit. One daemon thread shuts down the socket of a connection
+    whose statement, commit, rollback or ping outlives ``limit`` seconds; psycopg then raises OperationalError, the
+    pool discards the connection and the caller answers 503 (``is_unavailable``). ``limit`` is the server's
+    statement timeout plus the connect timeout, so a statement the server would end itself is never cut here.
+    Hand-written: neither psycopg nor SQLAlchemy bounds a synchronous round trip on the client."""
+
+    def __init__(self, limit: float) -> None:
+        self.limit = limit
+        self._due: dict[int, tuple[float, weakref.ref]] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.fired = 0
+
+    def arm(self, dbapi_connection) -> None:
+        dbapi_connection = getattr(dbapi_connection, "dbapi_connection", dbapi_connection)  # a pool's proxy: its own
+        with self._lock:
+            self._due[id(dbapi_connection)] = (time.monotonic() + self.limit, weakref.ref(dbapi_connection))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="lethe-db-watchdog", daemon=True)
+                self._thread.start()
+
+    def disarm(self, dbapi_connection) -> None:
+        dbapi_connection = getattr(dbapi_connection, "dbapi_connection", dbapi_connection)
+        with self._lock:
+            self._due.pop(id(dbapi_connection), None)
+
+    def _run(self) -> None:
+        tick = min(1.0, self.limit / 4)
+        while True:
+            time.sleep(tick)
+            now = time.monotonic()
+            with self._lock:
+                late = [key for key, (due, _) in self._due.items() if due <= now]
+                conns = [self._due.pop(key)[1]() for key in late]
+            for conn in conns:
+                if conn is not None:
+                    self._cut(conn)
+
+    def _cut(self, conn) -> None:
+        try:
+            if conn.closed:
+                return
+            fd = conn.pgconn.socket
+            with socket.socket(fileno=os.dup(fd)) as sock:  # a duplicate: shutting it down ends the shared socket
+                sock.shutdown(socket.SHUT_RDWR)
+            self.fired += 1
+            logging.getLogger("lethe.db").warning("a database round trip outlived %.0f s: connection cut", self.limit)
+        except Exception:  # closed meanwhile: nothing left to cut
+            pass
+
+
+def _watch(engine: Engine, limit: float) -> None:
+    """Arm the watchdog around each round trip an engine's connections make — statements, and the dialect's commit,
+    rollback (the pool's reset included) and pre-ping, which no engine event brackets — and disarm it when the round
+    trip returns."""
+    watchdog = engine.watchdog = StatementWatchdog(limit)
+    event.listen(engine, "before_cursor_execute", lambda conn, *_: watchdog.arm(conn.connection.dbapi_connection))
+    event.listen(engine, "after_cursor_execute", lambda conn, *_: watchdog.disarm(conn.connection.dbapi_connection))
+
+    @event.listens_for(engine, "handle_error")
+    def _disarm(context) -> None:
+        if context.connection is not None and context.connection.connection.dbapi_connection is not None:
+            watchdog.disarm(context.connection.connection.dbapi_connection)
+
+    dialect = engine.dialect
+    for name in ("do_commit", "do_rollback", "do_ping"):
+        setattr(dialect, name, _bracketed(watchdog, getattr(dialect, name)))
+
+
+def _bracketed(watchdog: StatementWatchdog, call):
+    def bracketed(dbapi_connection):
+        watchdog.arm(dbapi_connection)
+        try:
+            return call(dbapi_connection)
+        finally:
+            watchdog.disarm(dbapi_connection)
+
+    return bracketed
 
 
 def is_unavailable(exc: BaseException) -> bool:

@@ -137,3 +137,89 @@ def test_a_statement_that_waits_too_long_is_503_after_the_statement_timeout(tmp_
         _assert_503(answers[0])
         assert time.monotonic() - started < 10
         reset_engine_cache()
+
+
+class FreezableProxy:
+    """A loopback TCP proxy to PostgreSQL that can be frozen: it keeps every connection open and reads nothing more
+    (its kernel still acknowledges what the client sends), as a SIGSTOPped server or a hung host looks to a client
+    whose connection is already established; new connections are accepted and never answered."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.frozen = threading.Event()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client = self.server.accept()[0]
+            except OSError:
+                return
+            self.held.append(client)
+            if self.frozen.is_set():
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            self.held.append(upstream)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        while True:
+            while self.frozen.is_set():
+                time.sleep(0.05)
+            try:
+                data = source.recv(65536)
+                if not data:
+                    return
+                while self.frozen.is_set():  # a reply read just before the freeze is held back too
+                    time.sleep(0.05)
+                sink.sendall(data)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.server.close()
+        for sock in self.held:
+            sock.close()
+
+
+def test_a_database_frozen_under_a_pooled_connection_is_503_not_a_hang(tmp_path):
+    """Issue 22: PostgreSQL frozen while the API holds pooled connections to it. The server's statement_timeout
+    cannot fire (its clock is stopped) and the kernel acknowledges every byte, so only a client-side deadline ends
+    the wait: the call is answered 503 within about the statement plus the connect timeout (1 + 2 s here), and once
+    the database answers again so is the next call."""
+    from urllib.parse import urlsplit
+
+    from app.db import migrate
+    from tests.stack import fresh_database
+
+    with fresh_database("lethe_frozen") as url:
+        migrate(url)
+        real = urlsplit(url.replace("postgresql+psycopg://", "http://", 1))
+        proxy = FreezableProxy(real.port or 5432)
+        try:
+            proxied = url.replace(f"{real.hostname}:{real.port}", f"127.0.0.1:{proxy.port}", 1)
+            configure(tmp_path, database_url=proxied, db_statement_timeout_seconds="1", db_connect_timeout_seconds="2")
+            key = make_key()
+            client = TestClient(create_app(run_background=False), raise_server_exceptions=False)
+            auth = {"authorization": f"Bearer {key}"}
+            assert client.get("/v1/models", headers=auth).status_code == 200  # the pool holds a live connection
+            proxy.frozen.set()
+            answers: list = []
+            started = time.monotonic()
+            thread = threading.Thread(target=lambda: answers.append(client.get("/v1/models", headers=auth)))
+            thread.daemon = True
+            thread.start()
+            thread.join(timeout=30)
+            if not answers:
+                pytest.fail("a frozen database held a pooled connection's call for more than 30 s")
+            _assert_503(answers[0])
+            assert time.monotonic() - started < 15
+            proxy.frozen.clear()
+            assert client.get("/v1/models", headers=auth).status_code == 200  # a fresh connection, once it answers
+        finally:
+            proxy.close()
+            reset_engine_cache()
