@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 from app.audit.service import append_event
 from app.auth.tables import ApiKey, DashboardSession
 from app.config import get_settings
-from app.db import get_sessionmaker, session_scope, utcnow
+from app.db import get_sessionmaker, new_id, session_scope, utcnow
 from app.problems import Problem
 from app.registry.tables import Model
 
@@ -184,9 +184,10 @@ def _token_hash(token: str) -> str:
     return hmac.new(get_settings().derived_key("dashboard-session"), token.encode(), hashlib.sha256).hexdigest()
 
 
-def open_dashboard_session(key_id: str) -> str:
-    """A new dashboard session for the key ``key_id``; returns its token (for the cookie, and nowhere else: only its
-    keyed hash is stored). Sessions that have ended meanwhile are swept away here."""
+def open_dashboard_session(principal: Principal) -> str:
+    """A new dashboard session for the principal's key; returns its token (for the cookie, and nowhere else: only its
+    keyed hash is stored). Sessions that have ended meanwhile are swept away here. Audited (``dashboard.login``, the
+    session's id; issue 22) in the same transaction: who could act through the dashboard, and from when."""
     settings = get_settings()
     now = utcnow()
     token = secrets.token_urlsafe(32)
@@ -197,15 +198,19 @@ def open_dashboard_session(key_id: str) -> str:
                 or_(DashboardSession.expires_at <= now, DashboardSession.last_seen_at <= now - idle)
             )
         )
-        session.add(
-            DashboardSession(
-                token_hash=_token_hash(token),
-                key_id=key_id,
-                created_at=now,
-                last_seen_at=now,
-                expires_at=now + timedelta(seconds=settings.dashboard_session_max_seconds),
-            )
+        row = DashboardSession(
+            id=new_id(),
+            token_hash=_token_hash(token),
+            key_id=principal.key_id,
+            created_at=now,
+            last_seen_at=now,
+            expires_at=now + timedelta(seconds=settings.dashboard_session_max_seconds),
         )
+        session.add(row)
+        append_event(
+            session, actor=principal.actor, action="dashboard.login", entity_type="dashboard_session",
+            entity_id=row.id, payload={"key_id": principal.key_id, "expires_at": row.expires_at.isoformat()},
+        )  # fmt: skip
     return token
 
 
@@ -236,13 +241,24 @@ def dashboard_principal(token: str) -> Principal | None:
         return _principal(key)
 
 
-def end_dashboard_session(token: str) -> bool:
-    """Logout: delete the session, so its cookie, replayed, opens nothing. True when there was one."""
+def end_dashboard_session(token: str, reason: str = "logout") -> bool:
+    """Logout: delete the session, so its cookie, replayed, opens nothing, and audit it (``dashboard.logout``, with
+    ``reason``: ``logout``, or ``replaced`` by a new login in the same browser). True when there was one."""
     if not token:
         return False
     with session_scope() as session:
-        gone = session.execute(delete(DashboardSession).where(DashboardSession.token_hash == _token_hash(token)))
-        return gone.rowcount > 0
+        row = session.execute(
+            select(DashboardSession).where(DashboardSession.token_hash == _token_hash(token))
+        ).scalar_one_or_none()
+        if row is None:
+            return False
+        key = session.get(ApiKey, row.key_id)
+        session.delete(row)
+        append_event(
+            session, actor=_principal(key).actor if key else "unknown", action="dashboard.logout",
+            entity_type="dashboard_session", entity_id=row.id, payload={"key_id": row.key_id, "reason": reason},
+        )  # fmt: skip
+        return True
 
 
 def _principal(row: ApiKey) -> Principal:

@@ -207,9 +207,9 @@ def login(request: Request, api_key: str = Form("", max_length=200), csrf: str =
         return _login_page(request, "Unknown, expired or revoked API key.", 401)
     if not principal.has("requests:read") or principal.model_id is not None:
         return _login_page(request, "This key lacks the scope `requests:read`.", 403)
-    end_dashboard_session(cookies.session_token(request) or "")  # a login replaces this browser's earlier session
+    end_dashboard_session(cookies.session_token(request) or "", "replaced")  # a login replaces this browser's last
     response = RedirectResponse("/dashboard/requests", status_code=303, headers=SECURITY_HEADERS)
-    cookies.start_session(response, open_dashboard_session(principal.key_id))
+    cookies.start_session(response, open_dashboard_session(principal))
     return response
 
 

@@ -13,6 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
+from app.audit.tables import AuditEvent
 from app.auth.service import create_key, revoke_key
 from app.auth.tables import ApiKey, DashboardSession
 from app.db import session_scope, utcnow
@@ -109,6 +110,24 @@ def test_logout_deletes_the_session_so_a_replayed_cookie_is_refused(app):
             _refused(thief)
         with session_scope() as session:
             assert session.execute(select(DashboardSession)).first() is None
+        second = _login(client, key)
+        _login(client, key)  # again in the same browser: the earlier session is replaced
+        assert client.cookies["lethe_dashboard"] != second
+    with session_scope() as session:  # issue 22: who could act through the dashboard, from when to when
+        key_id = session.execute(select(ApiKey.id)).scalar_one()
+        events = (
+            session.execute(
+                select(AuditEvent).where(AuditEvent.entity_type == "dashboard_session").order_by(AuditEvent.seq)
+            )
+            .scalars()
+            .all()
+        )
+    assert [(e.action, e.payload.get("reason")) for e in events] == [
+        ("dashboard.login", None), ("dashboard.logout", "logout"), ("dashboard.login", None),
+        ("dashboard.logout", "replaced"), ("dashboard.login", None),
+    ]  # fmt: skip
+    assert {e.payload["key_id"] for e in events} == {key_id} and events[0].entity_id == events[1].entity_id
+    assert all(cookie not in str(e.payload) for e in events)  # never the token
 
 
 def test_revoking_the_key_ends_every_dashboard_session_of_it(app):
