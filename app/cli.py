@@ -1076,11 +1076,17 @@ def reject(
 
 
 @app.command()
-def retry(ctx: typer.Context, request_id: str) -> None:
-    """Run a failed request again (admin)."""
+def retry(
+    ctx: typer.Context,
+    request_id: str,
+    method: Annotated[
+        str | None, typer.Option(help="Run it with this method instead (e.g. retrain after a failed verdict).")
+    ] = None,
+) -> None:
+    """Run a failed request again (admin), with its own method or another."""
     with _api(ctx) as client:
-        request = client.retry(_resolve_request(client, request_id))
-    _console().print(f"{request.id} {request.status} (attempt {request.attempts + 1} queued)")
+        request = client.retry(_resolve_request(client, request_id), method=method)
+    _console().print(f"{request.id} {request.status} with {request.method} (attempt {request.attempts + 1} queued)")
 
 
 @app.command()

@@ -786,9 +786,12 @@ class LetheClient:
             self._json("POST", f"/v1/deletion-requests/{request_id}/reject", json={"reason": reason})
         )
 
-    def retry(self, request_id: str) -> DeletionRequest:
-        """Run a failed request again (admin)."""
-        return DeletionRequest.model_validate(self._json("POST", f"/v1/deletion-requests/{request_id}/retry"))
+    def retry(self, request_id: str, method: str | None = None) -> DeletionRequest:
+        """Run a failed request again (admin), with its own method or ``method`` (e.g. ``retrain``)."""
+        body = {"method": method} if method else None
+        return DeletionRequest.model_validate(
+            self._json("POST", f"/v1/deletion-requests/{request_id}/retry", json=body)
+        )
 
     def extend(self, request_id: str, months: int, reason: str) -> DeletionRequest:
         """Extend the deadline by one or two months in all, with the reason told to the data subject (admin)."""

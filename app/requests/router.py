@@ -3,7 +3,7 @@ from __future__ import annotations
 import asyncio
 from typing import Literal
 
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from pydantic import ConfigDict, Field, ValidationError
@@ -23,6 +23,7 @@ from app.config import get_settings
 from app.db import get_session
 from app.openapi import accepted
 from app.problems import Problem
+from app.registry.schemas import MethodName
 from app.requests import bulk, service
 from app.requests.intake import get_batcher, unavailable
 from app.requests.policy import check_request_settings
@@ -199,13 +200,26 @@ def cancel_deletion_request(
     return service.to_out(request)
 
 
+class RetryIn(NoNulModel):
+    model_config = ConfigDict(extra="forbid")
+    method: MethodName | None = Field(
+        None,
+        description="Run it with this method instead of its own (e.g. `retrain` after an approximate method failed "
+        "its verdict); the method settings it had are dropped. Checked as at submission.",
+    )
+
+
 @router.post("/{request_id}/retry", response_model=DeletionRequestOut, status_code=202)
 def retry_deletion_request(
-    request_id: str, principal: Principal = Depends(require_scope("admin")), session: Session = Depends(get_session)
+    request_id: str,
+    body: RetryIn | None = Body(None),
+    principal: Principal = Depends(require_scope("admin")),
+    session: Session = Depends(get_session),
 ):
-    """Run a failed request again (a new job; audited). 409 when another request now holds some of its rows."""
+    """Run a failed request again (a new job; audited), with its own method or the one the body names. 409 when
+    another request now holds some of its rows."""
     try:
-        request = service.retry_request(session, principal, request_id)
+        request = service.retry_request(session, principal, request_id, body.method if body else None)
         session.commit()
     except IntegrityError:
         session.rollback()

@@ -170,34 +170,7 @@ def validate_against_registry(
             "This model kind cannot take that scope",
             f"a {model.kind} model takes {list(SCOPES_BY_KIND.get(model.kind, ()))}, not {scope_kind!r}",
         )
-    if body.method not in META_METHODS:
-        try:
-            spec = get_method(body.method)
-        except UnknownMethodError:
-            raise Problem(422, "unknown-method", "Unknown unlearning method", body.method) from None
-        if model.kind not in spec.model_kinds or scope_kind not in spec.scopes:
-            raise Problem(
-                422,
-                "method-not-supported",
-                "The method cannot do this deletion",
-                f"{body.method} supports kinds {sorted(spec.model_kinds)} and scopes {sorted(spec.scopes)}",
-            )
-        entry = model.state.get("methods", {}).get(body.method, {})
-        if spec.needs_preparation and entry.get("status") == "refused":
-            raise Problem(
-                409,
-                "method-refused",
-                "The method was refused for this model at preparation",
-                f'{body.method}: {entry.get("reason", "no reason recorded")}. Use method "retrain" or "auto".',
-            )
-        if spec.needs_preparation and entry.get("status") != "ready":
-            raise Problem(
-                409,
-                "method-not-prepared",
-                "The method is not prepared for this model",
-                f'register the model with "unlearning": ["{body.method}"] and wait for it to be ready, '
-                'or use method "auto"',
-            )
+    check_method(model, body.method, scope_kind)
     if model.kind == "tabular" or body.scope.kind == "samples":
         _validate_rows(session, model, body, rows)
     elif body.scope.kind == "client":
@@ -215,6 +188,37 @@ def validate_against_registry(
             f"class scope names a caption word (an attribute value), one of {model.state.get('vocabulary', [])}",
         )
     return model
+
+
+def check_method(model: Model, method: str, scope_kind: str) -> None:
+    """422/409 unless ``method`` can do a ``scope_kind`` deletion on this model now (known, supported, prepared)."""
+    if method not in META_METHODS:
+        try:
+            spec = get_method(method)
+        except UnknownMethodError:
+            raise Problem(422, "unknown-method", "Unknown unlearning method", method) from None
+        if model.kind not in spec.model_kinds or scope_kind not in spec.scopes:
+            raise Problem(
+                422,
+                "method-not-supported",
+                "The method cannot do this deletion",
+                f"{method} supports kinds {sorted(spec.model_kinds)} and scopes {sorted(spec.scopes)}",
+            )
+        entry = model.state.get("methods", {}).get(method, {})
+        if spec.needs_preparation and entry.get("status") == "refused":
+            raise Problem(
+                409,
+                "method-refused",
+                "The method was refused for this model at preparation",
+                f'{method}: {entry.get("reason", "no reason recorded")}. Use method "retrain" or "auto".',
+            )
+        if spec.needs_preparation and entry.get("status") != "ready":
+            raise Problem(
+                409,
+                "method-not-prepared",
+                "The method is not prepared for this model",
+                f'register the model with "unlearning": ["{method}"] and wait for it to be ready, or use method "auto"',
+            )
 
 
 def lookup_rows(session: Session, dataset_id: str, ids: list[str]) -> dict[str, tuple[str | None, int]]:
@@ -928,12 +932,19 @@ def cancel_request(session: Session, principal: Principal, request_id: str):
     return request
 
 
-def retry_request(session: Session, principal: Principal, request_id: str):
-    """Run a failed request again with a new job (its rows are held again; a clash is 409)."""
+def retry_request(session: Session, principal: Principal, request_id: str, method: str | None = None):
+    """Run a failed request again with a new job (its rows are held again; a clash is 409). ``method``: run it with
+    another method this time (an approximate method failed its verdict: ``retrain``), checked as intake checks one;
+    the request's method settings belonged to the method it had and are dropped."""
     request = get_request_or_404(session, request_id)
     if request.status != "failed":
         raise Problem(409, "not-failed", "Only a failed request can be retried", f"status is {request.status!r}")
     model = session.get(Model, request.model_id)
+    previous_method = request.method
+    method_changed = method is not None and method != request.method
+    if method_changed:
+        check_method(model, method, request.scope["kind"])
+        request.method, request.method_settings = method, {}
     if request.scope["kind"] == "samples":
         if "positions" not in request.scope:  # written by an older release: ids hashed at the end, no positions
             request.scope = _positions_from_hashes(session, model, request.scope)
@@ -958,7 +969,15 @@ def retry_request(session: Session, principal: Principal, request_id: str):
         action="deletion_request.retried",
         entity_type="deletion_request",
         entity_id=request.id,
-        payload={"job_id": job.id, "previous_job_id": previous},
+        payload={
+            "job_id": job.id,
+            "previous_job_id": previous,
+            **(
+                {"method": request.method, "previous_method": previous_method}
+                if request.method != previous_method
+                else {}
+            ),
+        },
     )
     return request
 

@@ -140,6 +140,30 @@ def test_a_failed_request_can_be_retried(setup):
         assert events.count("deletion_request.retried") == 2
 
 
+def test_a_failed_request_can_be_retried_with_another_method(setup):
+    """The method failed its verdict: the operator retries with exact retraining, checked as at submission (an
+    unknown method 422, one the model has not prepared 409, the request untouched), and the change is audited."""
+    headers, model_id = setup
+    with _do_nothing("test-nothing"), TestClient(create_app(run_background=True), headers=headers) as client:
+        trained = next(f"r{i}" for i, held in enumerate(holdout_mask(200, 0.2, seed=0)) if not held)
+        failed = wait_request(client, _ask(client, model_id, [trained], method="test-nothing").json()["id"], 120)
+        assert failed["status"] == "failed" and failed["method"] == "test-nothing"
+        retry = f"/v1/deletion-requests/{failed['id']}/retry"
+        unknown = client.post(retry, json={"method": "no-such-method"})
+        assert unknown.status_code == 422, unknown.text
+        unprepared = client.post(retry, json={"method": "newton"})
+        assert unprepared.status_code == 409 and unprepared.json()["type"].endswith("/method-not-prepared")
+        assert client.post(retry, json={"method": "retrain", "x": 1}).status_code == 422  # extra fields refused
+        assert client.get(failed["links"]["self"]).json()["status"] == "failed"  # nothing changed by the refusals
+        retried = client.post(retry, json={"method": "retrain"})
+        assert retried.status_code == 202 and retried.json()["method"] == "retrain", retried.text
+        done = wait_request(client, failed["id"], timeout=120)
+        assert done["status"] == "certified" and done["method"] == "retrain", done
+        events = client.get("/v1/audit", params={"entity_id": failed["id"]}).json()["items"]
+        (event,) = [e for e in events if e["action"] == "deletion_request.retried"]
+        assert event["payload"]["method"] == "retrain" and event["payload"]["previous_method"] == "test-nothing"
+
+
 def test_a_failed_request_can_be_withdrawn_and_its_rows_asked_for_again(setup):
     headers, model_id = setup
     with _do_nothing("test-nothing"), TestClient(create_app(run_background=True), headers=headers) as client:
