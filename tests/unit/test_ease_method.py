@@ -146,8 +146,8 @@ def test_offline_leaving_client_runs_from_the_stored_updates_alone():
 
 def test_gsd_compares_one_update_space_block_by_block():
     """Issue 24 item 3: in class scope every retained client's support comes from gradients at the replayed models
-    (the clients without forget pairs replay too — no stored Adam update against raw gradients), and the subspaces
-    are built per LoRA tensor (every direction lives in one A or one B). ``gsd_space="mixed"`` keeps the stored
+    (the clients without forget pairs replay too — no stored Adam update against raw gradients), and with
+    ``gsd_blocks="tensor"`` the subspaces are built per LoRA tensor (every direction lives in one A or one B). ``gsd_space="mixed"`` keeps the stored
     updates of the clients without forget pairs and sends them nothing."""
     from app.ml.clip import lora_layout
     from app.ml.federation.accounting import Ledger
@@ -167,7 +167,7 @@ def test_gsd_compares_one_update_space_block_by_block():
 
     problem.client_history = client_history.__get__(problem)
     ledger = Ledger()
-    sub = decompose(problem, EaseConfig(**FAST), demo.model, ledger)
+    sub = decompose(problem, EaseConfig(**FAST, gsd_blocks="tensor"), demo.model, ledger)
     assert read == [], "a stored (Adam-normalised) update entered the class-scope decomposition"
     up = ledger.to_info()["bytes_by_item"]["up"]
     assert up.get("GSD: other clients' retain bases", 0) > 0
@@ -181,6 +181,8 @@ def test_gsd_compares_one_update_space_block_by_block():
                 if col[t["offset"] : t["offset"] + t["shape"][0] * t["shape"][1]].abs().max() > 0
             }
             assert len(touched) == 1
+    flat = decompose(problem, EaseConfig(**FAST), demo.model, Ledger())  # the default: flat, gradient space
+    assert read == [] and flat.info["blocks"] == 1 and flat.info["space"] == "gradient"
     mixed = decompose(problem, EaseConfig(**FAST, gsd_space="mixed"), demo.model, Ledger())
     assert sorted(set(read)) == others and mixed.info["space"] == "mixed"
     with pytest.raises(ValueError):
