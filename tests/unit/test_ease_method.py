@@ -145,10 +145,11 @@ def test_offline_leaving_client_runs_from_the_stored_updates_alone():
 
 
 def test_gsd_compares_one_update_space_block_by_block():
-    """Issue 24 item 3: in class scope every retained client's support comes from gradients at the replayed models
-    (the clients without forget pairs replay too — no stored Adam update against raw gradients), and with
-    ``gsd_blocks="tensor"`` the subspaces are built per LoRA tensor (every direction lives in one A or one B). ``gsd_space="mixed"`` keeps the stored
-    updates of the clients without forget pairs and sends them nothing."""
+    """Issue 24 item 3: with ``gsd_space="gradient"`` every retained client's support in class scope comes from
+    gradients at the replayed models (the clients without forget pairs replay too — no stored Adam update against
+    raw gradients), and with ``gsd_blocks="tensor"`` the subspaces are built per LoRA tensor (every direction lives
+    in one A or one B). The default ``"mixed"`` keeps the stored updates of the clients without forget pairs and
+    sends them nothing."""
     from app.ml.clip import lora_layout
     from app.ml.federation.accounting import Ledger
     from app.ml.unlearning.ease.method import decompose
@@ -167,7 +168,7 @@ def test_gsd_compares_one_update_space_block_by_block():
 
     problem.client_history = client_history.__get__(problem)
     ledger = Ledger()
-    sub = decompose(problem, EaseConfig(**FAST, gsd_blocks="tensor"), demo.model, ledger)
+    sub = decompose(problem, EaseConfig(**FAST, gsd_blocks="tensor", gsd_space="gradient"), demo.model, ledger)
     assert read == [], "a stored (Adam-normalised) update entered the class-scope decomposition"
     up = ledger.to_info()["bytes_by_item"]["up"]
     assert up.get("GSD: other clients' retain bases", 0) > 0
@@ -181,9 +182,9 @@ def test_gsd_compares_one_update_space_block_by_block():
                 if col[t["offset"] : t["offset"] + t["shape"][0] * t["shape"][1]].abs().max() > 0
             }
             assert len(touched) == 1
-    flat = decompose(problem, EaseConfig(**FAST), demo.model, Ledger())  # the default: flat, gradient space
+    flat = decompose(problem, EaseConfig(**FAST, gsd_space="gradient"), demo.model, Ledger())
     assert read == [] and flat.info["blocks"] == 1 and flat.info["space"] == "gradient"
-    mixed = decompose(problem, EaseConfig(**FAST, gsd_space="mixed"), demo.model, Ledger())
+    mixed = decompose(problem, EaseConfig(**FAST), demo.model, Ledger())  # the default: the earlier mixed space
     assert sorted(set(read)) == others and mixed.info["space"] == "mixed"
     with pytest.raises(ValueError):
         EaseConfig(gsd_blocks="rows")
@@ -214,20 +215,20 @@ def test_repair_round_is_rerun_at_a_scale_far_from_its_own(monkeypatch):
     monkeypatch.setattr(ease_method, "search_scale", search)
     demo = tiny_demo()
     problem = demo.problem("class")
-    result = get_method("ease").build(FAST).unlearn(problem)
+    result = get_method("ease").build({**FAST, "repair_at_scale": True}).unlearn(problem)
     info = result.info
     assert calls == [1.0, 3.0]
     assert info["strength"]["rescaled"]["repair_scale"] == 3.0
     assert any("(rescaled)" in item for item in info["bytes_by_item"]["up"])
     # the published model is θ_p + s·E + Δ_rep(3), not θ_p + s·E + Δ_rep(1)
-    ease = Ease(EaseConfig(**FAST))
+    ease = Ease(EaseConfig(**FAST, repair_at_scale=True))
     line = ease.line(problem, Ledger())
     s = info["strength"]["scale"]
     rep3 = ease.repair(problem, line.theta_p, line.excision, line.lock, 3.0, Ledger())
     assert torch.allclose(result.theta, line.theta_p + s * line.excision + rep3, atol=1e-6)
     assert not torch.allclose(rep3, line.repair, atol=1e-6)
     calls.clear()
-    off = get_method("ease").build({**FAST, "repair_at_scale": False}).unlearn(problem)
+    off = get_method("ease").build(FAST).unlearn(problem)  # the default: no rerun
     assert calls == [1.0] and "rescaled" not in off.info["strength"]
     assert torch.allclose(off.theta, line.at(3.0), atol=1e-6)
     assert off.info["client_round_trips"] < info["client_round_trips"]
