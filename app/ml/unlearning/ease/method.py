@@ -42,9 +42,10 @@ The paper's body could not be read (ease-notes §0): every formula and threshold
    search settles more than ``RESCALE_RATIO`` away from s₀ the repair round is rerun at the chosen scale and the
    search continues on that line (``rescale_probes`` more probes): a repair computed for θ_p + s₀·E does not repair
    θ_p + 4·s₀·E, and issue 24 measured class EASE's retained R@1 falling with the chosen scale (r = 0.98). One more
-   federated round, counted, only where the scale moved (off by default: see step 1's measurements — the repaired
-   model rebounds by 10–40 points, and with two further probes (the first re-measuring the chosen scale, the second
-   at most doubling or halving it) the band was found again on 2 of the 8 seeds 2–11 where the rerun ran).
+   federated round, counted, only where the scale moved (off by default: see step 1's measurements — rerun at the
+   same scale the repair moved the probe level by −12 to +30 points, and with two further probes (the first
+   re-measuring the chosen scale, the second at most doubling or halving it) the search ended in the band on 2 of
+   the 8 seeds 2–11 where the rerun ran).
 
 Defaults were chosen on the synthetic benchmark (bench/ease.py, seed 0), one setting at a time: δ = 65° (45° removed
 too much retained support, 70° too little forget knowledge), SGD excision with the ``"reference"`` objective (Adam
