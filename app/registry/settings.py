@@ -167,6 +167,8 @@ class EaseSettings(_Settings):
     replay_points: int = Field(2, ge=1, le=1000)
     replay_max_pairs: int | None = Field(64, ge=1, le=1_000_000)
     gsd: Literal["exclusive", "whole", "none"] = "exclusive"
+    gsd_blocks: Literal["tensor", "flat"] = "flat"
+    gsd_space: Literal["gradient", "mixed"] = "mixed"
     theta_ref: Literal["forget_contribution", "init", "zero"] = "init"
     excision_steps: int = Field(6, ge=0, le=100_000)
     excision_lr: Rate = 1e-2
@@ -187,6 +189,8 @@ class EaseSettings(_Settings):
     scale_max: float = Field(16.0, gt=0, le=1e3)
     lock_alpha: float = Field(0.0, ge=0, le=1e9)
     repair_rounds: int = Field(1, ge=0, le=1000)
+    repair_at_scale: bool = False
+    rescale_probes: int = Field(2, ge=1, le=32)
     repair_epochs: float | None = Field(None, gt=0, le=1000)
     lock_excision: bool = True
     leaving_client: Literal["online", "offline"] = "online"

@@ -142,3 +142,93 @@ def test_offline_leaving_client_runs_from_the_stored_updates_alone():
     # the same settings on a class deletion are refused: its holders' pairs are indispensable there
     with pytest.raises(ValueError, match="client scope only"):
         get_method("ease").build({**FAST, "leaving_client": "offline"}).unlearn(demo.problem("class"))
+
+
+def test_gsd_compares_one_update_space_block_by_block():
+    """Issue 24 item 3: with ``gsd_space="gradient"`` every retained client's support in class scope comes from
+    gradients at the replayed models (the clients without forget pairs replay too — no stored Adam update against
+    raw gradients), and with ``gsd_blocks="tensor"`` the subspaces are built per LoRA tensor (every direction lives
+    in one A or one B). The default ``"mixed"`` keeps the stored updates of the clients without forget pairs and
+    sends them nothing."""
+    from app.ml.clip import lora_layout
+    from app.ml.federation.accounting import Ledger
+    from app.ml.unlearning.ease.method import decompose
+
+    demo = tiny_demo()
+    problem = demo.problem("class")
+    others = [k for k in range(problem.n_clients) if k not in problem.holders()]
+    assert others, "the test federation has clients without forget pairs"
+    layout = lora_layout(demo.model.model)
+    read = []
+    original = type(problem).client_history
+
+    def client_history(self, k):
+        read.append(k)
+        return original(self, k)
+
+    problem.client_history = client_history.__get__(problem)
+    ledger = Ledger()
+    sub = decompose(problem, EaseConfig(**FAST, gsd_blocks="tensor", gsd_space="gradient"), demo.model, ledger)
+    assert read == [], "a stored (Adam-normalised) update entered the class-scope decomposition"
+    up = ledger.to_info()["bytes_by_item"]["up"]
+    assert up.get("GSD: other clients' retain bases", 0) > 0
+    assert sub.info["blocks"] == len(layout) and sub.info["space"] == "gradient"
+    # every direction of U_f, Q_r and U_μ lies inside one LoRA tensor
+    for basis in (sub.u_f, sub.q_r, sub.u_mu):
+        for col in basis.T:
+            touched = {
+                i
+                for i, t in enumerate(layout)
+                if col[t["offset"] : t["offset"] + t["shape"][0] * t["shape"][1]].abs().max() > 0
+            }
+            assert len(touched) == 1
+    flat = decompose(problem, EaseConfig(**FAST, gsd_space="gradient"), demo.model, Ledger())
+    assert read == [] and flat.info["blocks"] == 1 and flat.info["space"] == "gradient"
+    mixed = decompose(problem, EaseConfig(**FAST), demo.model, Ledger())  # the default: the earlier mixed space
+    assert sorted(set(read)) == others and mixed.info["space"] == "mixed"
+    with pytest.raises(ValueError):
+        EaseConfig(gsd_blocks="rows")
+    with pytest.raises(ValueError):
+        EaseConfig(gsd_space="adam")
+
+
+def test_repair_round_is_rerun_at_a_scale_far_from_its_own(monkeypatch):
+    """Issue 24 item 3 (the class scenario's scale): Δ_rep is computed at the first probe's scale s₀; when the search
+    settles far from it the repair round is rerun at the chosen scale (a counted round) and the search continues on
+    that line, so the published model is repaired where it is published. Off, the published model keeps Δ_rep(s₀).
+    The first search is made to settle at 3 × s₀ (the tiny federation's target is met anywhere)."""
+    import app.ml.unlearning.ease.method as ease_method
+    from app.ml.federation.accounting import Ledger
+    from app.ml.unlearning.ease import Ease
+    from app.ml.unlearning.ease.strength import ScaleSearch
+
+    real = ease_method.search_scale
+    calls = []
+
+    def search(response, target, band, **kw):
+        calls.append(kw["start"])
+        if len(calls) == 1:
+            level = response(3.0)
+            return ScaleSearch(3.0, level, target, band, [(3.0, level)], False, "forced")
+        return real(response, target, band, **kw)
+
+    monkeypatch.setattr(ease_method, "search_scale", search)
+    demo = tiny_demo()
+    problem = demo.problem("class")
+    result = get_method("ease").build({**FAST, "repair_at_scale": True}).unlearn(problem)
+    info = result.info
+    assert calls == [1.0, 3.0]
+    assert info["strength"]["rescaled"]["repair_scale"] == 3.0
+    assert any("(rescaled)" in item for item in info["bytes_by_item"]["up"])
+    # the published model is θ_p + s·E + Δ_rep(3), not θ_p + s·E + Δ_rep(1)
+    ease = Ease(EaseConfig(**FAST, repair_at_scale=True))
+    line = ease.line(problem, Ledger())
+    s = info["strength"]["scale"]
+    rep3 = ease.repair(problem, line.theta_p, line.excision, line.lock, 3.0, Ledger())
+    assert torch.allclose(result.theta, line.theta_p + s * line.excision + rep3, atol=1e-6)
+    assert not torch.allclose(rep3, line.repair, atol=1e-6)
+    calls.clear()
+    off = get_method("ease").build(FAST).unlearn(problem)  # the default: no rerun
+    assert calls == [1.0] and "rescaled" not in off.info["strength"]
+    assert torch.allclose(off.theta, line.at(3.0), atol=1e-6)
+    assert off.info["client_round_trips"] < info["client_round_trips"]

@@ -1,11 +1,13 @@
 """The service bugs of issue 11 item 5, at the level of app.ml: clients removed by earlier deletions, and the lock of
 an earlier deletion carried into the next."""
 
+import numpy as np
 import pytest
 import torch
 
 from app.ml.federation import trajectory
 from app.ml.unlearning.base import get_method
+from app.ml.unlearning.clip_objectives import data_gradient
 from app.ml.unlearning.ease.method import EaseConfig, decompose
 from app.ml.unlearning.ease.subspace import energy_basis
 
@@ -14,25 +16,40 @@ from .clip_helpers import tiny_demo
 FAST = {"excision_steps": 2, "excision_batch": 8, "replay_points": 2, "max_probes": 2}
 
 
-def _captured(problem, k: int) -> float:
-    """How much of client k's stored-update subspace the retain support Q_r spans (1 = all of it)."""
-    q_r = decompose(problem, EaseConfig(**FAST), problem.get_model()).q_r
-    b, _ = energy_basis(problem.client_history(k).T, 1.0)
+def _support(problem, k: int, space: str) -> torch.Tensor:
+    """Client k's own vectors in the space GSD compares (issue 24 item 3): its stored updates in client scope or in
+    class scope's ``"mixed"`` space; in the ``"gradient"`` space its CLIP-loss gradients at the replayed models."""
+    if problem.scope == "client" or space == "mixed":
+        return problem.client_history(k).T
+    cfg = EaseConfig(**FAST)
+    rounds = int(problem.n_rounds)
+    thetas = trajectory(problem.theta_init, problem.full_history()[:rounds], problem.weights)
+    points = np.unique(np.linspace(0, rounds - 1, cfg.replay_points).round().astype(int))
+    model = problem.get_model()
+    return torch.stack([data_gradient(model, thetas[t], problem.retain_data(k)) for t in points], dim=1)
+
+
+def _captured(problem, support: torch.Tensor, space: str) -> float:
+    """How much of a client's support (``_support``) the retain support Q_r spans (1 = all of it)."""
+    cfg = EaseConfig(**FAST, tau=1.0, replay_max_pairs=None, gsd_space=space)
+    q_r = decompose(problem, cfg, problem.get_model()).q_r
+    b, _ = energy_basis(support, 1.0)
     return float(torch.linalg.norm(q_r.T @ b) ** 2 / b.shape[1])
 
 
-@pytest.mark.parametrize("scope", ["client", "class"])
-def test_a_removed_client_is_out_of_the_retain_support_and_carries_no_weight(scope):
+@pytest.mark.parametrize(("scope", "space"), [("client", "mixed"), ("class", "mixed"), ("class", "gradient")])
+def test_a_removed_client_is_out_of_the_retain_support_and_carries_no_weight(scope, space):
     demo = tiny_demo()  # 3 clients; client 0 holds the star (client scope), class holders are 1..2
     gone = 2 if scope == "client" else 0
     kept = demo.problem(scope)
-    assert gone in kept.retained_clients() and _captured(kept, gone) > 0.99  # its stored updates are protected
+    support = _support(kept, gone, space)
+    assert gone in kept.retained_clients() and _captured(kept, support, space) > 0.99  # what it taught is protected
     problem = demo.problem(
         scope, removed=[gone]
     )  # the stored rows are *not* zeroed here: exclusion must not rely on it
     assert gone not in problem.retained_clients() and gone not in problem.holders()
     assert float(problem.weights[gone]) == 0.0 and len(problem.retain_data(gone)) == 0
-    assert _captured(problem, gone) < _captured(kept, gone) - 0.05
+    assert _captured(problem, support, space) < _captured(kept, support, space) - 0.05
     # the rebuilt trajectory ignores it: the same as with its stored rows zeroed (what the service's erasure does)
     zeroed = problem.full_history().clone()
     zeroed[:, gone] = 0.0

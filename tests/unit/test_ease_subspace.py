@@ -94,3 +94,49 @@ def test_empty_retain_support_makes_every_forget_direction_exclusive():
     u_f, _, _, _ = _constructed()
     u_mu, pa = forget_exclusive(u_f, torch.zeros(24, 0, dtype=torch.float64), 45.0)
     assert u_mu.shape[1] == 4 and torch.allclose(pa.degrees, torch.full((4,), 90.0, dtype=torch.float64))
+
+
+def _block_bases(columns: torch.Tensor, blocks):
+    from app.ml.unlearning.ease.subspace import block_bases
+
+    return block_bases(columns, blocks, 1.0)
+
+
+def test_one_block_is_the_flat_decomposition():
+    """``blockwise_exclusive`` with the single block [(0, p)] gives the flat GSD's U_μ (ease-notes §3 steps 2–5)."""
+    from app.ml.unlearning.ease.subspace import blockwise_exclusive
+
+    u_f, q_r, _, _ = _constructed()
+    blocks = [(0, 24)]
+    _, q_out, u_mu, pa = blockwise_exclusive([[u_f]], [[q_r]], blocks, 1.0, 45.0)
+    want, pa_flat = forget_exclusive(u_f, q_r, 45.0)
+    assert torch.allclose(u_mu @ u_mu.T, want @ want.T, atol=1e-8)
+    assert torch.allclose(pa.angles, pa_flat.angles, atol=1e-10)
+    assert torch.allclose(q_out @ q_out.T, q_r @ q_r.T, atol=1e-10)
+
+
+def test_blocks_compare_like_with_like():
+    """Two blocks (a LoRA A and B): the forget direction of block 1 is exclusive there (90° from block 1's retain
+    support) and the one of block 2 shared (0°). Per block, exactly block 1's direction is exclusive; the flat
+    decomposition of the same vectors sees one mixed direction at an angle set by the blocks' relative scale."""
+    from app.ml.unlearning.ease.subspace import blockwise_exclusive
+
+    p1, p2 = 6, 8
+    blocks = [(0, p1), (p1, p2)]
+    e = torch.eye(p1 + p2, dtype=torch.float64)
+    # forget: one vector with a part in each block; retain: shares block 2's part, is orthogonal in block 1
+    forget = (e[:, 0] + 10.0 * e[:, p1]).reshape(-1, 1)
+    retain = (e[:, 1] + e[:, p1]).reshape(-1, 1)
+    u_f_b, q_r_b = _block_bases(forget, blocks), _block_bases(retain, blocks)
+    u_f, q_r, u_mu, pa = blockwise_exclusive([u_f_b], [q_r_b], blocks, 1.0, 65.0)
+    assert u_mu.shape[1] == 1
+    assert torch.allclose((u_mu @ u_mu.T)[:, 0], e[:, 0], atol=1e-10)  # block 1's forget direction, alone
+    assert sorted(round(float(a), 6) for a in pa.degrees) == [0.0, 90.0]
+    # flat: one mixed direction, not exclusive at 65° (its angle depends on the 10:1 scale of the two parts)
+    flat_u, flat_q, flat_mu, flat_pa = blockwise_exclusive(
+        [_block_bases(forget, [(0, p1 + p2)])], [_block_bases(retain, [(0, p1 + p2)])], [(0, p1 + p2)], 1.0, 65.0
+    )
+    assert flat_mu.shape[1] == 0 and float(flat_pa.degrees[0]) < 65.0
+    # the bases are orthonormal and zero outside their blocks
+    assert torch.allclose(u_f.T @ u_f, torch.eye(u_f.shape[1], dtype=torch.float64), atol=1e-10)
+    assert torch.allclose(q_r.T @ q_r, torch.eye(q_r.shape[1], dtype=torch.float64), atol=1e-10)

@@ -130,3 +130,85 @@ def project_onto(x: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
 def project_model(theta: torch.Tensor, theta_ref: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
     """``θ_ref + (I − U_μU_μᵀ)(θ − θ_ref)``: remove the model's displacement along U_μ (ease-notes §4 [INFERENCE])."""
     return theta_ref + project_out(theta - theta_ref, basis)
+
+
+def tensor_blocks(layout: Sequence[dict]) -> list[tuple[int, int]]:
+    """``(offset, size)`` of every LoRA tensor in θ (``clip.lora_layout``): A and B of each adapted layer apart."""
+    return [(int(t["offset"]), int(math.prod(t["shape"]))) for t in layout]
+
+
+def block_bases(
+    columns: torch.Tensor, blocks: Sequence[tuple[int, int]], tau: float, max_rank: int | None = None
+) -> list[torch.Tensor]:
+    """One source's energy-cut basis per block: the thin SVD of each block's rows of ``columns`` [p × T], and one
+    energy cut ``τ`` over all blocks' directions together (largest singular values first).
+
+    Why one cut: a block the source barely moves (a small share of its energy) still has T directions of its own,
+    and a per-block cut would keep them — noise that looks orthogonal to everything and would be taken for
+    forget-exclusive. Cut jointly, a source keeps what carries ``τ`` of its energy wherever it lies; with a single
+    block this is :func:`energy_basis`. ``max_rank`` caps each block.
+    """
+    x = columns.detach().to(torch.float64).cpu()
+    x = x[:, x.abs().sum(dim=0) > 0]
+    svds = [torch.linalg.svd(x[o : o + n], full_matrices=False)[:2] if x.shape[1] else None for o, n in blocks]
+    energies = [(float(sv[1][i]) ** 2, b, i) for b, sv in enumerate(svds) if sv is not None for i in range(len(sv[1]))]
+    total = sum(e for e, _, _ in energies)
+    keep = [0] * len(blocks)
+    if total > 0:
+        top = max(e for e, _, _ in energies)
+        cum = 0.0
+        for e, b, _i in sorted(energies, key=lambda t: -t[0]):
+            if cum / total >= min(tau, 1.0) - 1e-12 or e <= top * 1e-20:
+                break
+            if max_rank is None or keep[b] < max_rank:
+                keep[b] += 1
+            cum += e
+    return [
+        svds[b][0][:, : keep[b]].contiguous() if svds[b] is not None else torch.zeros(n, 0, dtype=torch.float64)
+        for b, (_o, n) in enumerate(blocks)
+    ]
+
+
+def blockwise_exclusive(
+    forget: Sequence[Sequence[torch.Tensor]],
+    retain: Sequence[Sequence[torch.Tensor]],
+    blocks: Sequence[tuple[int, int]],
+    tau_retain: float,
+    delta_deg: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, PrincipalAngles]:
+    """GSD block by block (ease-notes §3 steps 2–5 inside each block): ``U_f``, ``Q_r``, ``U_μ`` and the angles.
+
+    ``forget[i][b]`` / ``retain[j][b]``: source i's (j's) orthonormal basis in block b (:func:`block_bases`). Within a
+    block the forget sources' bases are pooled (no cut), the retain sources' bases pooled with ``tau_retain``, and the
+    principal angles split off the exclusive directions. Why blocks: LoRA is bilinear (ΔW = B·A), and a flat
+    [A; B] direction mixes the two factors with weights set by their scales — a principal angle between such mixtures
+    says nothing about either factor. Taken per tensor, every direction lives in one factor of one layer, so the
+    angle compares like with like (measured-findings §EASE "algebra checked"; issue 24 item 3). The returned bases
+    are [p × ·], zero outside their block; directions of different blocks are orthogonal by construction, so the
+    concatenations stay orthonormal. A single block ``[(0, p)]`` is the flat decomposition.
+    """
+    p = sum(n for _, n in blocks)
+    u_fs, q_rs, u_mus, angles, vectors = [], [], [], [], []
+
+    def embed(x: torch.Tensor, o: int) -> torch.Tensor:
+        out = torch.zeros(p, x.shape[1], dtype=torch.float64)
+        out[o : o + x.shape[0]] = x
+        return out
+
+    for b, (o, n) in enumerate(blocks):
+        parts_f = [src[b] for src in forget if src[b].shape[1]]
+        u_f = orthonormalize(torch.cat(parts_f, dim=1), 1.0) if parts_f else torch.zeros(n, 0, dtype=torch.float64)
+        q_r = retain_support([src[b] for src in retain], tau_retain) if retain else torch.zeros(n, 0)
+        if q_r.shape[0] != n:  # every retain basis was empty
+            q_r = torch.zeros(n, 0, dtype=torch.float64)
+        pa = principal_angles(u_f, q_r)
+        keep = pa.degrees >= delta_deg - 1e-9
+        u_fs.append(embed(u_f, o))
+        q_rs.append(embed(q_r.to(torch.float64), o))
+        u_mus.append(embed(pa.vectors[:, keep], o))
+        angles.append(pa.angles)
+        vectors.append(embed(pa.vectors, o))
+    cat = lambda xs: torch.cat(xs, dim=1) if xs else torch.zeros(p, 0, dtype=torch.float64)  # noqa: E731
+    all_angles = torch.cat(angles) if angles else torch.zeros(0, dtype=torch.float64)
+    order = torch.argsort(all_angles)
+    return cat(u_fs), cat(q_rs), cat(u_mus), PrincipalAngles(all_angles[order], cat(vectors)[:, order])
