@@ -19,7 +19,9 @@ f.to_csv('patients.csv', index=False)"
 
 # 2. the service (it prints its URL, dashboard, home and database)
 "$BIN/lethe" serve --port "$PORT" > serve.log 2>&1 &
-trap 'kill $! 2>/dev/null; rm -rf "$WORK"' EXIT
+SERVER=$!
+# stop the service and wait until it has exited (it may still be writing its upkeep's blobs) before removing its home
+trap 'kill $SERVER 2>/dev/null || true; wait $SERVER 2>/dev/null || true; rm -rf "$WORK"' EXIT
 export LETHE_URL="http://127.0.0.1:$PORT"
 for _ in $(seq 120); do curl -sf "$LETHE_URL/readyz" > /dev/null && break; sleep 0.5; done
 head -6 serve.log
