@@ -471,6 +471,21 @@ def _computed_at(state: Any, *, theta: torch.Tensor, rows: np.ndarray, kind: str
     )
 
 
+def _residual_kept(theta: torch.Tensor, rows: np.ndarray, kind: str, base: float) -> torch.Tensor | None:
+    """The retained gradient at ``theta`` over ``rows`` that a state kept in memory already holds (the method that
+    answered the deletion computed it a moment ago at the same θ′ over the same rows: ``unlearn``'s residual), or
+    None. The same function of the same numbers, so a purge need not make another pass over the table for it."""
+    kept = WARM.find(
+        lambda s: (
+            isinstance(s, NewtonState)
+            and (s.hessian_kind, s.base_damping) == (kind, base)
+            and torch.equal(s.theta, theta)
+            and np.array_equal(s.rows, rows)
+        )
+    )
+    return None if kept is None else kept.residual
+
+
 # ---------------------------------------------------------------------------------------------- the methods
 class NewtonUnlearning:
     """Newton removal: the Hessian downdated by the erased rows (more exact, O(k p^2 + p^3) per request)."""
@@ -734,7 +749,9 @@ class NewtonUnlearning:
             H_f = tabular.data_hessian_sum(recipe, state.hessian_theta, X[erased], y[erased], C, kind)
             H = downdate(state.hessian, state.n, H_f, int(erased.sum()), l2_mask)
             L, damping = factor(H, state.base_damping)
-            _, residual = tabular.objective_gradient(recipe, theta, X[rows], y[rows], C)
+            residual = _residual_kept(theta, rows, kind, state.base_damping)
+            if residual is None:
+                _, residual = tabular.objective_gradient(recipe, theta, X[rows], y[rows], C)
             new_state = warm_views(NewtonState(
                 theta.clone(), state.hessian_theta, H, L, damping, residual, rows.copy(), kind, state.base_damping,
                 state.requests,
