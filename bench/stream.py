@@ -59,6 +59,8 @@ REDIS_URL = os.environ.get("LETHE_BENCH_REDIS", "redis://127.0.0.1:6379/14")
 RESULTS = REPO / "bench" / "results"
 IN_FLIGHT = 32
 """Concurrent POSTs of the stream (the intake's own limit is far above what the workers drain)."""
+IDLE_WARMUP = 4
+"""--idle-only: unbatched requests between the first requests and the idle ones (so that both workers serve it)."""
 ROW_ID = "row_id"
 ID_PATTERN = re.compile(rb"[a-z]+-\d{7}")
 """A row id as the tables write them: the table's own prefix (``row_prefix``) and seven digits. Each table has its
@@ -426,7 +428,9 @@ def run_model(
     model_id = model["id"]
     print(f"  registered in {model['registration_s']} s")
     n_stream = setting.quick_requests if quick else setting.requests
-    n_unbatched = setting.quick_unbatched if quick or idle_only else setting.unbatched
+    n_unbatched = setting.quick_unbatched if quick else setting.unbatched
+    if idle_only:
+        n_unbatched = min(n_unbatched, IDLE_WARMUP)
     order = [f"{row_prefix(setting)}-{i:07d}" for i in rng.permutation(n_rows)[: n_stream + n_unbatched + 6]]
     first_rows, idle_rows = order[:3], order[3:6]
     unbatched_rows, stream_rows = order[6 : 6 + n_unbatched], order[6 + n_unbatched :]
