@@ -677,7 +677,8 @@ class NewtonUnlearning:
         new_state = NewtonState(
             theta_new, H_at, H_new, L_new, damping_new, residual, retained, state.hessian_kind, base, state.requests + 1
         )
-        warm_views(new_state, recipe, d, C)  # the next request's precomputed views: upkeep, timed with the purge
+        if cfg.purge != "deferred":  # deferred: the upkeep replaces this state by the completed one, with its views
+            warm_views(new_state, recipe, d, C)  # the next request's precomputed views: timed with the purge
         timings["purge_seconds"] = time.perf_counter() - t0
 
         bound = None
@@ -752,10 +753,12 @@ class NewtonUnlearning:
             residual = _residual_kept(theta, rows, kind, state.base_damping)
             if residual is None:
                 _, residual = tabular.objective_gradient(recipe, theta, X[rows], y[rows], C)
-            new_state = warm_views(NewtonState(
+            new_state = NewtonState(
                 theta.clone(), state.hessian_theta, H, L, damping, residual, rows.copy(), kind, state.base_damping,
                 state.requests,
-            ), recipe, X.shape[1], C)  # fmt: skip
+            )  # fmt: skip
+            if self.config.purge != "deferred":  # deferred: the upkeep's complete_purge builds the views it serves
+                warm_views(new_state, recipe, X.shape[1], C)
         else:
             new_state = self._full_state(problem, theta, rows, kind, base, state.requests)
         artifacts = {ARTIFACT_STATE: new_state.to_bytes()}
