@@ -25,6 +25,7 @@ Rows are drawn at random from the whole table, as a user's requests would be: ab
     python -m bench.stream            # the full run (bench/results/stream.json, stream.png)
     python -m bench.stream --quick    # a short run of the same code (bench/results/stream_quick.json)
     python -m bench.stream --models adult_lr
+    python -m bench.stream --idle-only  # registration, first requests, warm-up, idle latency (stream_idle.json)
 
 Loopback only: every server listens on 127.0.0.1 and every request goes there.
 """
@@ -58,6 +59,8 @@ REDIS_URL = os.environ.get("LETHE_BENCH_REDIS", "redis://127.0.0.1:6379/14")
 RESULTS = REPO / "bench" / "results"
 IN_FLIGHT = 32
 """Concurrent POSTs of the stream (the intake's own limit is far above what the workers drain)."""
+IDLE_WARMUP = 4
+"""--idle-only: unbatched requests between the first requests and the idle ones (so that both workers serve it)."""
 ROW_ID = "row_id"
 ID_PATTERN = re.compile(rb"[a-z]+-\d{7}")
 """A row id as the tables write them: the table's own prefix (``row_prefix``) and seven digits. Each table has its
@@ -415,7 +418,9 @@ class Bench:
         return False
 
 
-def run_model(bench: Bench, name: str, setting: Setting, quick: bool, rng: np.random.Generator) -> dict[str, Any]:
+def run_model(
+    bench: Bench, name: str, setting: Setting, quick: bool, rng: np.random.Generator, idle_only: bool = False
+) -> dict[str, Any]:
     path = bench.home / "data" / f"{name}.parquet"
     n_rows = write_table(setting, path)
     print(f"{name}: {n_rows} rows; registering ({setting.family}, methods {list(setting.methods) or 'none'})")
@@ -424,6 +429,8 @@ def run_model(bench: Bench, name: str, setting: Setting, quick: bool, rng: np.ra
     print(f"  registered in {model['registration_s']} s")
     n_stream = setting.quick_requests if quick else setting.requests
     n_unbatched = setting.quick_unbatched if quick else setting.unbatched
+    if idle_only:
+        n_unbatched = min(n_unbatched, IDLE_WARMUP)
     order = [f"{row_prefix(setting)}-{i:07d}" for i in rng.permutation(n_rows)[: n_stream + n_unbatched + 6]]
     first_rows, idle_rows = order[:3], order[3:6]
     unbatched_rows, stream_rows = order[6 : 6 + n_unbatched], order[6 + n_unbatched :]
@@ -438,6 +445,16 @@ def run_model(bench: Bench, name: str, setting: Setting, quick: bool, rng: np.ra
     idle = bench.idle(model_id, idle_rows)  # the model in service (both workers have served it), idle again
     print(f"  idle one-row auto, model in service: {idle} s")
     print(f"  where it goes (s after acceptance): {bench.idle_phases[-len(idle) :]}")
+    if idle_only:  # --idle-only: the same registration, first requests, short unbatched warm-up and idle latency
+        return {
+            "rows": n_rows,
+            "registration_s": model["registration_s"],
+            "idle_auto_s": idle,
+            "idle_phases_s": bench.idle_phases[-len(idle) :],
+            "first_after_registration_s": first,
+            "first_after_registration_phases_s": first_phases,
+            "unbatched": {k: v for k, v in unbatched.items() if k not in ("ids", "timeline")},
+        }
     bench.set_batch(model_id, defaults["max_requests"], defaults["max_rows"])  # back to the defaults
     batched = bench.stream(model_id, stream_rows, "batched", timeout=3600)
     print(
@@ -530,6 +547,12 @@ def main() -> None:
         "--models", default=",".join(DEFAULT_MODELS), help=f"comma-separated, of {list(SETTINGS)} (default: both LR)"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--idle-only",
+        action="store_true",
+        help="registration, the first requests, a short unbatched warm-up (both workers serve the model) and the "
+        "idle latency only (bench/results/stream_idle.json); the full run is unchanged",
+    )
     args = parser.parse_args()
     names = [n for n in args.models.split(",") if n]
     unknown = set(names) - set(SETTINGS)
@@ -568,9 +591,23 @@ def main() -> None:
             bench = Bench(home, services, key)
             rng = np.random.default_rng(args.seed)
             for name in names:
-                results[name] = run_model(bench, name, SETTINGS[name], args.quick, rng)
+                results[name] = run_model(bench, name, SETTINGS[name], args.quick, rng, args.idle_only)
         finally:
             services.stop()
+    if args.idle_only:
+        idle = {
+            name: {
+                "idle_auto_s": statistics.median(r["idle_auto_s"]),
+                "first_after_registration_s": statistics.median(r["first_after_registration_s"]),
+            }
+            for name, r in results.items()
+        }
+        RESULTS.mkdir(exist_ok=True)
+        out = {"benchmark": "idle one-row auto latency only (--idle-only)", "summary": idle, "models": results,
+               "wall_s": round(time.perf_counter() - started, 1)}  # fmt: skip
+        (RESULTS / "stream_idle.json").write_text(json.dumps(out, indent=1, default=str))
+        print(json.dumps(idle, indent=1))
+        return
     out = {
         "benchmark": "stream of one-row auto deletions, batched versions vs one version per request",
         "quick": args.quick,

@@ -158,3 +158,55 @@ def test_the_bound_summed_over_row_blocks_equals_one_pass(monkeypatch, n_classes
     assert whole["bound"] is not None
     for key in ("bound", "mu", "mu_at_theta", "newton_step_norm"):
         assert blocked[key] == pytest.approx(whole[key], rel=1e-9), key
+
+
+@pytest.mark.parametrize("n_classes", [2, 3])
+def test_the_one_pass_over_the_retained_rows_gives_the_gradients_hessian_and_bound_of_the_separate_passes(
+    monkeypatch, n_classes
+):
+    """bounds.retained_pass reads the retained rows once for both gradients, the Hessian and the row norms (issue 21:
+    the 1M-row deletion's verification made three passes and two float64 copies of the rows): each figure must be
+    the one objective_gradient and strong_convexity_bound compute from the copied-out rows, to float64 summation
+    order, with a row mask, several blocks (some with no retained row) and an objective perturbation."""
+    import torch
+
+    from app.ml import tabular as T
+    from app.ml.verification import bounds, evidence
+
+    rng = np.random.default_rng(10 + n_classes)
+    X = rng.normal(size=(1_200, 6)).astype(np.float32)
+    y = rng.integers(0, n_classes, 1_200)
+    retain = rng.random(1_200) < 0.8
+    retain[64:128] = False  # a whole block without a retained row
+    recipe = T.TabularRecipe(l2=1e-2)
+    theta, _ = T.fit(recipe, X[retain], y[retain], n_classes)
+    parent = theta + 0.05 * torch.from_numpy(rng.normal(size=theta.numel()).astype(np.float32))
+    linear = rng.normal(size=theta.numel())
+    monkeypatch.setattr(bounds, "ROW_BLOCK", 64)
+    one = bounds.retained_pass(recipe, [theta, parent], X, y, n_classes, retain, linear)
+    assert one.rows == int(retain.sum())
+    for got, at in zip(one.grads, (theta, parent), strict=True):
+        _, want = T.objective_gradient(recipe, at, X[retain], y[retain], n_classes, linear=linear)
+        assert np.allclose(got, want.numpy(), rtol=1e-9, atol=1e-13)
+    k = 1 if n_classes == 2 else n_classes
+    hessian = bounds._hessian64(recipe, theta.double().numpy(), X[retain], k)
+    assert np.allclose(one.hessian, hessian, rtol=1e-12, atol=1e-15)
+    norms = np.linalg.norm(np.concatenate([X[retain], np.ones((retain.sum(), 1))], 1).astype(np.float64), axis=1)
+    assert one.typical_row_norm == pytest.approx(norms.mean(), rel=1e-12)
+
+    _, g = T.objective_gradient(recipe, theta, X[retain], y[retain], n_classes)
+    separate = bounds.strong_convexity_bound(recipe, theta, X[retain], n_classes, g, others={"parent": parent})
+    plain = bounds.retained_pass(recipe, [theta, parent], X, y, n_classes, retain)
+    fused = bounds.strong_convexity_bound(
+        recipe, theta, X, n_classes, torch.from_numpy(plain.grads[0]), {"parent": parent}, mask=retain, computed=plain
+    )
+    assert separate["bound"] is not None and separate["rows"] == fused["rows"]
+    for key in ("bound", "mu", "mu_at_theta", "newton_step_norm"):
+        assert fused[key] == pytest.approx(separate[key], rel=1e-6), key
+
+    # the evidence itself: the same figures and verdict as from the copied-out rows' separate passes
+    checks = evidence.tabular_evidence(recipe, parent, theta, X, y, n_classes, retain, exact=False)
+    assert [c["name"] for c in checks] == ["proven_distance"]
+    assert checks[0]["passed"] and checks[0]["informative"]
+    assert checks[0]["figure"] == pytest.approx(separate["bound"], rel=1e-6)
+    assert checks[0]["detail"]["rows"] == int(retain.sum())

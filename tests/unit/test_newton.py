@@ -477,3 +477,30 @@ def test_newton_and_influence_keep_one_state(lr, monkeypatch):
     newton_module.WARM.clear()  # nothing kept: the purge computes the state itself
     NewtonUnlearning(RECOMPUTE).purge(problem)
     assert passes == [1]
+
+
+def test_a_deferred_purge_takes_the_answering_methods_residual(lr, monkeypatch):
+    """purge="deferred" (the default) on the erase step: the method that did not answer downdates its Hessian by the
+    erased rows and needs the residual at the new θ over the retained rows, which the answering method computed a
+    moment ago (``unlearn``): it is taken from that state instead of another pass over the rows (issue 21), and it is
+    the very number a fresh pass gives; with nothing kept, the purge makes the pass itself."""
+    from app.ml.unlearning.newton import method as newton_module
+
+    forget = mask(lr.n, [3, 11])
+    answered = lr.unlearn(NewtonUnlearning(), forget)
+    prepared = lr.artifacts(InfluenceUnlearning())
+    passes = []
+    real_gradient = T.objective_gradient
+    monkeypatch.setattr(
+        newton_module.tabular, "objective_gradient", lambda *a, **k: passes.append(1) or real_gradient(*a, **k)
+    )
+    problem = TabularProblem(lr.recipe, lr.X, lr.y, lr.C, answered.theta, ~forget, forget, lr.none, artifacts=prepared)
+    purged = NewtonState.from_bytes(InfluenceUnlearning().purge(problem).artifacts[ARTIFACT_STATE])
+    assert passes == []  # taken, not recomputed
+    _, fresh = real_gradient(lr.recipe, answered.theta, lr.X[~forget], lr.y[~forget], lr.C)
+    assert torch.equal(purged.residual, fresh) and torch.equal(purged.theta, answered.theta)
+    newton_module.WARM.clear()  # nothing kept: the purge computes the residual itself
+    again = NewtonState.from_bytes(InfluenceUnlearning().purge(problem).artifacts[ARTIFACT_STATE])
+    assert passes == [1] and torch.equal(again.residual, fresh)
+    for name in ("hessian_theta", "hessian", "cholesky"):
+        assert torch.equal(getattr(again, name), getattr(purged, name)), name

@@ -506,3 +506,38 @@ def test_large_audits_stay_cheap_and_mean_the_same():
     picked = audit_nonmembers(many, 0)
     assert len(picked) == MAX_NONMEMBERS == len(np.unique(picked)) and np.all(np.diff(picked) > 0)
     assert np.isin(picked, many).all() and np.array_equal(picked, audit_nonmembers(many, 0))
+
+
+@pytest.mark.parametrize("n_classes", [2, 3])
+def test_batched_scoring_equals_model_by_model(n_classes):
+    """Issue 21, the idle deletion's critical path: the shadows' logits come from one product with the stacked
+    weights and φ is computed for all of them at once; a deletion's before/after predictions share one pass; the
+    audit reads its rows from the table through the pool's row index instead of a copy of the pool. Each must equal
+    what the model-by-model code computes (logits to float64 summation order, predictions and LiRA scores alike)."""
+    rng = np.random.default_rng(n_classes)
+    X = rng.normal(size=(700, 5)).astype(np.float32)
+    y = rng.integers(0, n_classes, 700)
+    for recipe in (LR, T.TabularRecipe(family="mlp", hidden_units=3, l2=1e-2)):
+        thetas = torch.randn(7, T.param_count(recipe, 5, n_classes))
+        one_by_one = np.stack(list(T.predict_logits_many(recipe, thetas, X, n_classes)))
+        stacked = T.predict_logits_stacked(recipe, thetas, X, n_classes)
+        assert stacked.shape == one_by_one.shape and np.allclose(stacked, one_by_one, rtol=1e-12, atol=1e-12)
+        fake = S.ShadowSet(recipe, n_classes, thetas, np.ones((7, 700), bool), np.arange(700), S.ShadowSettings())
+        want = np.stack([G.logit_scaled_confidence(z, y) for z in one_by_one])
+        assert np.allclose(S.shadow_phi(fake, X, y), want, rtol=1e-12, atol=1e-12)
+        for got, theta in zip(T.predict_many(recipe, list(thetas[:3]), X, n_classes), thetas[:3], strict=True):
+            assert np.array_equal(got, T.predict(recipe, theta, X, n_classes))
+
+    shadows = S.train_shadows(LR, X, y, n_classes, S.ShadowSettings(n_shadows=8, seed=0))
+    table_rows = np.sort(rng.permutation(1_000)[:700])  # the pool's columns are these rows of a larger table
+    X_table, y_table = np.zeros((1_000, 5), np.float32), np.zeros(1_000, np.int64)
+    X_table[table_rows], y_table[table_rows] = X, y
+    forget, nonmembers = np.arange(0, 20), np.arange(300, 700)
+    thetas = {"original": shadows.thetas[0], "unlearned": shadows.thetas[1]}
+    copied = A.forget_set_scores(shadows, X, y, forget, nonmembers, thetas)
+    indexed = A.forget_set_scores(shadows, X_table, y_table, forget, nonmembers, thetas, pool_rows=table_rows)
+    for name in thetas:
+        assert np.array_equal(copied.forget_scores[name], indexed.forget_scores[name])
+        assert np.array_equal(copied.nonmember_scores[name], indexed.nonmember_scores[name])
+    with pytest.raises(ValueError, match="shadow pool"):
+        A.forget_set_scores(shadows, X_table, y_table, forget, nonmembers, thetas, pool_rows=table_rows[:-1])

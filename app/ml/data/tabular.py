@@ -112,6 +112,19 @@ def _label_str(value: Any) -> str:
     return str(value).strip()
 
 
+def _category_codes(s: pd.Series, cats: list[str]) -> np.ndarray:
+    """Each value's index in ``cats`` (-1: missing or unseen), the value read as ``str(x).strip()``. A column of
+    strings is factorised and each distinct value mapped once (a Python call per value cost a worker that re-encodes
+    a chunk of 8,192 Adult rows 0.09 s on a deletion's path); for strings, equal values are equal text, so it is the
+    same mapping. Anything else (numbers, mixed types: 1 and 1.0 are equal but print differently) value by value."""
+    index = pd.Index(cats)
+    if pd.api.types.infer_dtype(s, skipna=True) == "string":
+        codes, uniques = pd.factorize(s, use_na_sentinel=True)  # -1: missing
+        mapped = index.get_indexer([str(u).strip() for u in uniques])
+        return np.where(codes >= 0, mapped[np.maximum(codes, 0)] if len(mapped) else -1, -1)
+    return index.get_indexer([str(x).strip() if pd.notna(x) else None for x in s.tolist()])
+
+
 @dataclass
 class TableEncoder:
     """Fitted encoding of one table; see the module docstring for the rules."""
@@ -200,8 +213,7 @@ class TableEncoder:
             s = df[col]
             if col in self.categories:
                 cats = self.categories[col]
-                values = [str(x).strip() if pd.notna(x) else None for x in s.tolist()]
-                codes = pd.Index(cats).get_indexer(values)
+                codes = _category_codes(s, cats)
                 rows = np.nonzero(codes >= 0)[0]  # -1: missing or unseen category -> all-zero block
                 out[rows, j + codes[rows]] = 1.0
                 j += len(cats)

@@ -92,26 +92,29 @@ def forget_set_scores(
     mode: str = "auto",
     variance: str = "auto",
     center: str = "mean",
+    pool_rows: np.ndarray | None = None,
 ) -> AuditScores:
     """φ and LiRA scores of each model in ``thetas`` on the forget rows and the non-member rows.
 
     ``mode`` "auto" is online LiRA when every audited row has ≥ 2 IN and ≥ 2 OUT shadows, offline otherwise.
+    ``pool_rows``: X_pool / y_pool are a larger table whose rows ``pool_rows`` are the pool's columns, in order (only
+    the audited rows are read: no copy of a 1M-row pool is made).
     """
     X_pool, y_pool = np.asarray(X_pool), np.asarray(y_pool)
     n_pool = shadows.in_mask.shape[1]
-    if len(X_pool) != n_pool or len(y_pool) != n_pool:
+    held = len(X_pool) if pool_rows is None else len(pool_rows)
+    if held != n_pool or len(y_pool) != len(X_pool):
         raise ValueError(f"X_pool / y_pool must hold the shadow pool's {n_pool} rows")
     f = _positions(forget_positions, n_pool, "forget_positions")
     nm = _positions(nonmember_positions, n_pool, "nonmember_positions")
     if np.intersect1d(f, nm).size:
         raise ValueError("a row cannot be both a forget row and a non-member")
-    rows = np.concatenate([f, nm])
-    phis = {
-        name: model_phi(shadows.recipe, theta, X_pool[rows], y_pool[rows], shadows.n_classes)
-        for name, theta in thetas.items()
-    }
-    phi_sh = shadow_phi(shadows, X_pool[rows], y_pool[rows])
-    return scores_from_phi(phi_sh, shadows.in_mask[:, rows], phis, f.size, mode, variance, center)
+    columns = np.concatenate([f, nm])
+    rows = columns if pool_rows is None else np.asarray(pool_rows, dtype=np.int64)[columns]
+    X_rows, y_rows = X_pool[rows], y_pool[rows]
+    phis = {name: model_phi(shadows.recipe, theta, X_rows, y_rows, shadows.n_classes) for name, theta in thetas.items()}
+    phi_sh = shadow_phi(shadows, X_rows, y_rows)
+    return scores_from_phi(phi_sh, shadows.in_mask[:, columns], phis, f.size, mode, variance, center)
 
 
 def scores_from_phi(
@@ -179,14 +182,15 @@ def run_audit(
     mode: str = "auto",
     variance: str = "auto",
     center: str = "mean",
+    pool_rows: np.ndarray | None = None,
 ) -> tuple[dict[str, Any], AuditScores]:
-    """``audit_forget_set`` plus the arrays behind it (for plots.plot_data)."""
+    """``audit_forget_set`` plus the arrays behind it (for plots.plot_data); ``pool_rows``: forget_set_scores'."""
     policy = policy or VerdictPolicy()
     thetas = {"original": theta_original, "unlearned": theta_unlearned}
     if theta_retrained is not None:
         thetas["retrained"] = theta_retrained
     scores = forget_set_scores(
-        shadows, X_pool, y_pool, forget_positions, nonmember_positions, thetas, mode, variance, center
+        shadows, X_pool, y_pool, forget_positions, nonmember_positions, thetas, mode, variance, center, pool_rows
     )
     k = int(np.asarray(forget_positions).size)
     m = int(np.asarray(nonmember_positions).size)

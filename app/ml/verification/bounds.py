@@ -38,10 +38,12 @@ The MLP objective is not convex: a small gradient says theta' is near *a* statio
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import scipy.linalg
+import scipy.special
 import torch
 
 from app.ml import tabular
@@ -71,11 +73,60 @@ ROW_BLOCK = 65_536
 (0.9 s of a deletion's critical path in the stream); a block of 65,536 stays within the caches' reach."""
 
 
-def _blocks(X: np.ndarray):
-    """[x, 1] in float64, ROW_BLOCK rows at a time."""
+def _blocks(X: np.ndarray, mask: np.ndarray | None = None, y: np.ndarray | None = None):
+    """[x, 1] in float64, ROW_BLOCK rows at a time; ``mask``: only the rows it marks (the retained rows of the whole
+    table, without first copying them out of it: a 1M-row table's copy is 80 MB); with ``y``, (block, its labels).
+    Each block is written into one buffer whose ones column is set once (a block is valid until the next one)."""
+    buffer = None
     for start in range(0, len(X), ROW_BLOCK):
-        rows = np.asarray(X[start : start + ROW_BLOCK], dtype=np.float64)
-        yield np.concatenate([rows, np.ones((len(rows), 1))], axis=1)
+        rows = X[start : start + ROW_BLOCK]
+        labels = None if y is None else y[start : start + ROW_BLOCK]
+        if mask is not None:
+            keep = mask[start : start + ROW_BLOCK]
+            rows = rows[keep]
+            labels = None if labels is None else labels[keep]
+        m = len(rows)
+        if m == 0:  # every row of this block is left out
+            continue
+        if buffer is None:
+            buffer = np.ones((min(ROW_BLOCK, len(X)), rows.shape[1] + 1))
+        block = buffer[:m]
+        block[:, :-1] = rows  # converted to float64 on the way in
+        yield block if y is None else (block, labels)
+
+
+def _hessian_block(H: np.ndarray, Xa: np.ndarray, Z: np.ndarray, k: int, n: int) -> None:
+    """Add one block's share of the data Hessian (mean over ``n`` rows) to ``H`` (sigmoid: [d1, d1]; softmax:
+    [k, d1, k, d1], the upper class pairs), given the block's logits ``Z`` ([rows] or [rows, k]) at the point."""
+    if k == 1:
+        s = np.exp(-np.logaddexp(0.0, Z) - np.logaddexp(0.0, -Z))  # sigmoid(z) sigmoid(-z) without underflow
+        H += (Xa * (s / n)[:, None]).T @ Xa
+        return
+    P = np.exp(Z - np.logaddexp.reduce(Z, axis=1, keepdims=True))
+    for c in range(k):
+        for c2 in range(c, k):
+            w = P[:, c] * ((1.0 if c == c2 else 0.0) - P[:, c2]) / n
+            H[c, :, c2, :] += (Xa * w[:, None]).T @ Xa
+
+
+def _hessian_finish(recipe: tabular.TabularRecipe, H: np.ndarray, k: int, d: int) -> np.ndarray:
+    """The summed blocks in the flat layout, the penalty added (softmax: the lower class pairs mirrored)."""
+    if k == 1:
+        H[np.arange(d), np.arange(d)] += recipe.l2
+        return H
+    for c in range(k):
+        for c2 in range(c + 1, k):
+            H[c2, :, c, :] = H[c, :, c2, :].T
+    d1 = d + 1
+    idx = np.concatenate([np.arange(k * d1).reshape(k, d1)[:, :d].reshape(-1), np.arange(k) * d1 + d])
+    H = H.reshape(k * d1, k * d1)[np.ix_(idx, idx)]
+    H[np.arange(k * d), np.arange(k * d)] += recipe.l2
+    return H
+
+
+def _augmented(theta: np.ndarray, k: int, d: int) -> np.ndarray:
+    """The flat layout as [k, d + 1] rows (weights then bias per output): logits of [x, 1] are ``Xa @ Wa.T``."""
+    return np.concatenate([theta[: k * d].reshape(k, d), theta[k * d :, None]], axis=1)
 
 
 def _softmax_rho(Xa: np.ndarray, T: np.ndarray, k: int, d: int) -> float:
@@ -85,35 +136,80 @@ def _softmax_rho(Xa: np.ndarray, T: np.ndarray, k: int, d: int) -> float:
     return float(np.sqrt(np.linalg.eigvalsh(JT @ JT.transpose(0, 2, 1))[:, -1].max()))
 
 
-def _hessian64(recipe: tabular.TabularRecipe, theta: np.ndarray, X: np.ndarray, k: int) -> np.ndarray:
+def _hessian64(
+    recipe: tabular.TabularRecipe, theta: np.ndarray, X: np.ndarray, k: int, mask: np.ndarray | None = None
+) -> np.ndarray:
     """The LR objective's Hessian at theta in float64 throughout (tabular's own accumulates the Gram matrix in
-    float32, fine for a Newton direction, not for a proof), in the flat layout; summed over row blocks."""
-    n, d = X.shape
-    d1 = d + 1
-    if k == 1:
-        H = np.zeros((d1, d1))
-        for Xa in _blocks(X):
-            z = Xa @ theta
-            s = np.exp(-np.logaddexp(0.0, z) - np.logaddexp(0.0, -z))  # sigmoid(z) sigmoid(-z) without underflow
-            H += (Xa * (s / n)[:, None]).T @ Xa
-        H[np.arange(d), np.arange(d)] += recipe.l2
-        return H
-    Wa = np.concatenate([theta[: k * d].reshape(k, d), theta[k * d :, None]], axis=1)
-    Hb = np.zeros((k, d1, k, d1))
-    for Xa in _blocks(X):
-        Z = Xa @ Wa.T
-        P = np.exp(Z - np.logaddexp.reduce(Z, axis=1, keepdims=True))
-        for c in range(k):
-            for c2 in range(c, k):
-                w = P[:, c] * ((1.0 if c == c2 else 0.0) - P[:, c2]) / n
-                Hb[c, :, c2, :] += (Xa * w[:, None]).T @ Xa
-    for c in range(k):
-        for c2 in range(c + 1, k):
-            Hb[c2, :, c, :] = Hb[c, :, c2, :].T
-    idx = np.concatenate([np.arange(k * d1).reshape(k, d1)[:, :d].reshape(-1), np.arange(k) * d1 + d])
-    H = Hb.reshape(k * d1, k * d1)[np.ix_(idx, idx)]
-    H[np.arange(k * d), np.arange(k * d)] += recipe.l2
-    return H
+    float32, fine for a Newton direction, not for a proof), in the flat layout; summed over row blocks (``mask``:
+    over the rows it marks)."""
+    d = X.shape[1]
+    n = int(mask.sum()) if mask is not None else len(X)
+    Wa = _augmented(theta, k, d)
+    H = np.zeros((d + 1, d + 1)) if k == 1 else np.zeros((k, d + 1, k, d + 1))
+    for Xa in _blocks(X, mask):
+        _hessian_block(H, Xa, Xa @ Wa[0] if k == 1 else Xa @ Wa.T, k, n)
+    return _hessian_finish(recipe, H, k, d)
+
+
+@dataclass
+class RetainedPass:
+    """What one pass over the retained rows gives the evidence (evidence.tabular_evidence): the objective's gradient
+    at each point asked for, its float64 Hessian at the first, and the rows' mean ||[x, 1]|| (the rounding
+    allowance's scale). The same numbers as ``tabular.objective_gradient`` and the passes of
+    ``strong_convexity_bound``, up to the order of float64 summation."""
+
+    grads: list[np.ndarray]
+    hessian: np.ndarray
+    typical_row_norm: float
+    rows: int
+
+
+def retained_pass(
+    recipe: tabular.TabularRecipe,
+    thetas: list[torch.Tensor | np.ndarray],
+    X: np.ndarray,
+    y: np.ndarray,
+    n_classes: int,
+    mask: np.ndarray | None = None,
+    linear: np.ndarray | torch.Tensor | None = None,
+) -> RetainedPass:
+    """Logistic regression: the retained objective's gradient at every θ in ``thetas`` (mean cross-entropy +
+    (l2/2)||weights||², plus ``linear · θ / n``: ``tabular.objective_gradient``'s objective), its Hessian at
+    ``thetas[0]`` and the typical row norm, all in ONE float64 pass over the rows ``mask`` marks, ROW_BLOCK at a
+    time: the rows are read, converted and multiplied once for every figure (three passes and two float64 copies of
+    the retained rows before: most of a 1M-row deletion's verification)."""
+    X, y = np.asarray(X), np.asarray(y)
+    d = X.shape[1]
+    k = _outputs(recipe, d, n_classes)
+    n = int(mask.sum()) if mask is not None else len(X)
+    if n == 0:
+        raise ValueError("the objective over no rows is undefined")
+    ths = [np.asarray(torch.as_tensor(t).detach().cpu(), dtype=np.float64).reshape(-1) for t in thetas]
+    W = np.concatenate([_augmented(t, k, d) for t in ths])  # [m k, d + 1]: every point's logits in one product
+    H = np.zeros((d + 1, d + 1)) if k == 1 else np.zeros((k, d + 1, k, d + 1))
+    G = np.zeros_like(W)
+    norms = 0.0
+    for Xa, labels in _blocks(X, mask, y):
+        Z = Xa @ W.T  # [rows, m k]
+        if k == 1:
+            _hessian_block(H, Xa, Z[:, 0], k, n)
+            R = scipy.special.expit(Z) - labels[:, None]  # dloss/dz at each point
+        else:
+            _hessian_block(H, Xa, Z[:, :k], k, n)
+            Zs = Z.reshape(len(Z), len(ths), k)
+            R = np.exp(Zs - scipy.special.logsumexp(Zs, axis=2, keepdims=True))
+            R[np.arange(len(Z)), :, labels] -= 1.0
+            R = R.reshape(len(Z), -1)
+        G += R.T @ Xa
+        norms += float(_row_norms(Xa).sum())
+    mask_l2 = recipe.l2 * tabular.regularisation_mask(recipe, d, n_classes).numpy()
+    lin = None if linear is None else np.asarray(torch.as_tensor(linear), dtype=np.float64).reshape(-1) / n
+    grads = []
+    for i, th in enumerate(ths):
+        g = G[i * k : (i + 1) * k] / n
+        flat = np.concatenate([g[:, :d].reshape(-1), g[:, d]]) + mask_l2 * th
+        grads.append(flat if lin is None else flat + lin)
+    return RetainedPass(grads, _hessian_finish(recipe, H, k, d), norms / n, n)
 
 
 def strong_convexity_bound(
@@ -123,9 +219,14 @@ def strong_convexity_bound(
     n_classes: int,
     grad: torch.Tensor | np.ndarray,
     others: dict[str, torch.Tensor | np.ndarray] | None = None,
+    mask: np.ndarray | None = None,
+    computed: RetainedPass | None = None,
 ) -> dict[str, Any]:
     """The bound of the module docstring for theta, given the retained rows ``X`` and the retained objective's
     gradient ``grad`` at theta (callers that already hold it, such as the Newton method, skip a pass).
+
+    ``mask``: the retained rows are those it marks in ``X`` (no copy of them is made). ``computed``: the Hessian at
+    theta and the typical row norm from ``retained_pass`` over the same rows (then only rho's pass is left here).
 
     ``others``: further gradients of the same objective (at other parameters, e.g. the parent version's); the result's
     ``newton_step_norms`` gives ||H'^-1 g|| for each, the length of the Newton step that the curvature at theta
@@ -147,8 +248,9 @@ def strong_convexity_bound(
     X = np.asarray(X)
     d = X.shape[1]
     k = _outputs(recipe, d, n_classes)
-    H = _hessian64(recipe, th, X, k)
-    out: dict[str, Any] = {"grad_norm": grad_norm, "rows": int(len(X))}
+    rows = int(mask.sum()) if mask is not None else len(X)
+    H = computed.hessian if computed is not None else _hessian64(recipe, th, X, k, mask)
+    out: dict[str, Any] = {"grad_norm": grad_norm, "rows": rows}
     Q = np.eye(len(th))
     if k == 1:
         out["holds_for"] = "||theta - theta*||, theta* the exact (unique) minimiser of the retained objective"
@@ -168,9 +270,12 @@ def strong_convexity_bound(
     if lam_min <= 0:
         return {**out, "mu": None, "bound": None, "reason": "the Hessian at theta is not positive definite"}
     lam = np.maximum(lam, lam_min)
-    mask = tabular.regularisation_mask(recipe, d, n_classes).numpy()
-    typical = sum(float(_row_norms(Xa).sum()) for Xa in _blocks(X)) / max(len(X), 1)
-    typical += recipe.l2 * float(np.linalg.norm(mask * th))
+    penalised = tabular.regularisation_mask(recipe, d, n_classes).numpy()
+    if computed is not None:
+        typical = computed.typical_row_norm
+    else:
+        typical = sum(float(_row_norms(Xa).sum()) for Xa in _blocks(X, mask)) / max(rows, 1)
+    typical += recipe.l2 * float(np.linalg.norm(penalised * th))
     extra = ROUNDING_MARGIN * typical  # rounding allowance on g (per-row gradient magnitude), carried into the norms
     slack = 1.0 + ROUNDING_MARGIN * float(lam[-1]) / lam_min
     coords = V.T @ g
@@ -179,9 +284,9 @@ def strong_convexity_bound(
     # rho_H = max_i ||J_i H'^-1/2|| (J_i: the row's logits' Jacobian): how far a logit moves per unit H'-norm step
     T = Q @ (V / np.sqrt(lam))  # H'^-1/2 in the flat layout, [p, p or p - 1]
     if k == 1:
-        rho_h = max(float(_row_norms(Xa @ T).max()) for Xa in _blocks(X))
+        rho_h = max(float(_row_norms(Xa @ T).max()) for Xa in _blocks(X, mask))
     else:
-        rho_h = max(_softmax_rho(Xa, T, k, d) for Xa in _blocks(X))
+        rho_h = max(_softmax_rho(Xa, T, k, d) for Xa in _blocks(X, mask))
     rho_h *= slack
     a = 1.0 if k == 1 else SOFTMAX_LOGIT_FACTOR
     out["newton_step_norm"] = step_norm

@@ -42,13 +42,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 import torch
 
 from app.ml import tabular
-from app.ml.verification.bounds import strong_convexity_bound
+from app.ml.verification.bounds import RetainedPass, retained_pass, strong_convexity_bound
 
 FLOAT32_UNIT_ROUNDOFF = 2.0**-24
 FLOOR_FACTOR = 2.0
@@ -104,27 +105,46 @@ def _judge(figure: float | None, do_nothing: float, floor: float, exact: bool, m
 
 @dataclass
 class Retained:
-    """One deletion's inputs to every check, gathered once: the retained rows and the retained objective's gradient
-    at the new parameters and at the parent's (one pass over the rows each)."""
+    """One deletion's inputs to every check, gathered once: the retained rows (those ``retain`` marks in X, y) and
+    the retained objective's gradient at the new parameters and at the parent's. ``computed``: logistic regression's
+    one pass over the rows (bounds.retained_pass: both gradients, the Hessian at θ′, the typical row norm)."""
 
     recipe: tabular.TabularRecipe
     theta_parent: torch.Tensor | np.ndarray
     theta_new: torch.Tensor | np.ndarray
-    Xr: np.ndarray
-    yr: np.ndarray
+    X: np.ndarray
+    y: np.ndarray
+    retain: np.ndarray
     n_classes: int
     exact: bool
     max_ratio: float
     g_new: torch.Tensor
     g_parent: torch.Tensor
+    computed: RetainedPass | None = None
+
+    @cached_property
+    def Xr(self) -> np.ndarray:
+        """The retained rows' features, copied out only where a check needs them as one array (the MLP's passes,
+        the gradient floor, the replay)."""
+        return self.X[self.retain]
+
+    @cached_property
+    def yr(self) -> np.ndarray:
+        return self.y[self.retain]
+
+    @property
+    def rows(self) -> int:
+        return int(self.retain.sum())
 
 
 def _proven_distance(r: Retained) -> dict[str, Any]:
     """The ``proven_distance`` check of the module docstring (single logistic-regression model): the float64 Hessian
     at θ′ and its eigendecomposition (bounds.py)."""
-    recipe, theta_new, Xr, n_classes, g_new, g_parent = r.recipe, r.theta_new, r.Xr, r.n_classes, r.g_new, r.g_parent
+    recipe, theta_new, n_classes, g_new, g_parent = r.recipe, r.theta_new, r.n_classes, r.g_new, r.g_parent
     exact, max_ratio = r.exact, r.max_ratio
-    bound = strong_convexity_bound(recipe, theta_new, Xr, n_classes, g_new, others={"parent": g_parent})
+    bound = strong_convexity_bound(
+        recipe, theta_new, r.X, n_classes, g_new, others={"parent": g_parent}, mask=r.retain, computed=r.computed
+    )
     floor = FLOOR_FACTOR * FLOAT32_UNIT_ROUNDOFF * float(_vec64(theta_new).norm())
     d0 = (bound.get("newton_step_norms") or {}).get("parent")
     d_new = bound.get("bound")
@@ -134,7 +154,7 @@ def _proven_distance(r: Retained) -> dict[str, Any]:
         "floor": floor,
         "grad_norm": float(g_new.norm()),
         "grad_norm_do_nothing": float(g_parent.norm()),
-        "rows": int(len(r.yr)),
+        "rows": r.rows,
         "exact": exact,
         "max_ratio": max_ratio,
         "holds_for": bound.get("holds_for"),
@@ -204,7 +224,7 @@ def _retained_gradient(r: Retained) -> dict[str, Any]:
         "grad_norm_do_nothing": g0,
         "floor": floor,
         "ratio": g1 / g0 if g0 > 0 else None,
-        "rows": int(len(yr)),
+        "rows": r.rows,
         "exact": exact,
         "max_ratio": max_ratio,
     }
@@ -243,10 +263,18 @@ def tabular_evidence(
     if _vec64(theta_new).numel() != size or _vec64(theta_parent).numel() != size:
         return []
     retain = np.asarray(retain_mask, bool)
-    Xr, yr = np.asarray(X)[retain], np.asarray(y)[retain]
-    _, g_new = tabular.objective_gradient(recipe, theta_new, Xr, yr, n_classes, linear=linear)
-    _, g_parent = tabular.objective_gradient(recipe, theta_parent, Xr, yr, n_classes, linear=linear)
-    r = Retained(recipe, theta_parent, theta_new, Xr, yr, n_classes, exact, max_ratio, g_new, g_parent)
+    X, y = np.asarray(X), np.asarray(y)
+    computed = None
+    if recipe.family == "logistic_regression":  # one pass: both gradients, the bound's Hessian and row norms
+        computed = retained_pass(recipe, [theta_new, theta_parent], X, y, n_classes, retain, linear)
+        g_new, g_parent = (torch.from_numpy(g) for g in computed.grads)
+    else:
+        Xr, yr = X[retain], y[retain]
+        _, g_new = tabular.objective_gradient(recipe, theta_new, Xr, yr, n_classes, linear=linear)
+        _, g_parent = tabular.objective_gradient(recipe, theta_parent, Xr, yr, n_classes, linear=linear)
+    r = Retained(recipe, theta_parent, theta_new, X, y, retain, n_classes, exact, max_ratio, g_new, g_parent, computed)
+    if computed is None:
+        r.Xr, r.yr = Xr, yr  # already copied out for the gradients
     if recipe.family == "logistic_regression":
         proven = _proven_distance(r)
         if proven["figure"] is not None:

@@ -165,10 +165,11 @@ def train_shadows(
 def shadow_phi(shadows: ShadowSet, X: np.ndarray, y: np.ndarray) -> np.ndarray:
     """φ of every shadow on the given rows: float64 [N, n_rows] (signals.logit_scaled_confidence)."""
     X, y = np.asarray(X), np.asarray(y)
-    out = np.empty((shadows.n_shadows, len(X)))
-    for i, logits in enumerate(tabular.predict_logits_many(shadows.recipe, shadows.thetas, X, shadows.n_classes)):
-        out[i] = logit_scaled_confidence(logits, y)
-    return out
+    Z = tabular.predict_logits_stacked(shadows.recipe, shadows.thetas, X, shadows.n_classes)  # [N, n, C]
+    N, n = Z.shape[0], Z.shape[1]
+    if N == 0 or n == 0:
+        return np.empty((N, n))
+    return logit_scaled_confidence(Z.reshape(N * n, -1), np.tile(y, N)).reshape(N, n)  # φ is per row: all at once
 
 
 def model_phi(

@@ -57,6 +57,9 @@ def logit_scaled_confidence(
         raise ValueError(f"labels must lie in [0, {c})")
     rows = np.arange(n)
     true = z[rows, y]
+    if c == 2 and exclude is None:  # one competitor: its LogSumExp is its logit (m + log(e⁰) = m), the same bits
+        other = z[rows, 1 - y]
+        return true - np.where(np.isfinite(other), other, -np.inf)
     others = z.copy()
     others[rows, y] = -np.inf
     if exclude is not None:

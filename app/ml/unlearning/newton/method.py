@@ -471,6 +471,21 @@ def _computed_at(state: Any, *, theta: torch.Tensor, rows: np.ndarray, kind: str
     )
 
 
+def _residual_kept(theta: torch.Tensor, rows: np.ndarray, kind: str, base: float) -> torch.Tensor | None:
+    """The retained gradient at ``theta`` over ``rows`` that a state kept in memory already holds (the method that
+    answered the deletion computed it a moment ago at the same θ′ over the same rows: ``unlearn``'s residual), or
+    None. The same function of the same numbers, so a purge need not make another pass over the table for it."""
+    kept = WARM.find(
+        lambda s: (
+            isinstance(s, NewtonState)
+            and (s.hessian_kind, s.base_damping) == (kind, base)
+            and torch.equal(s.theta, theta)
+            and np.array_equal(s.rows, rows)
+        )
+    )
+    return None if kept is None else kept.residual
+
+
 # ---------------------------------------------------------------------------------------------- the methods
 class NewtonUnlearning:
     """Newton removal: the Hessian downdated by the erased rows (more exact, O(k p^2 + p^3) per request)."""
@@ -662,7 +677,8 @@ class NewtonUnlearning:
         new_state = NewtonState(
             theta_new, H_at, H_new, L_new, damping_new, residual, retained, state.hessian_kind, base, state.requests + 1
         )
-        warm_views(new_state, recipe, d, C)  # the next request's precomputed views: upkeep, timed with the purge
+        if cfg.purge != "deferred":  # deferred: the upkeep replaces this state by the completed one, with its views
+            warm_views(new_state, recipe, d, C)  # the next request's precomputed views: timed with the purge
         timings["purge_seconds"] = time.perf_counter() - t0
 
         bound = None
@@ -734,11 +750,15 @@ class NewtonUnlearning:
             H_f = tabular.data_hessian_sum(recipe, state.hessian_theta, X[erased], y[erased], C, kind)
             H = downdate(state.hessian, state.n, H_f, int(erased.sum()), l2_mask)
             L, damping = factor(H, state.base_damping)
-            _, residual = tabular.objective_gradient(recipe, theta, X[rows], y[rows], C)
-            new_state = warm_views(NewtonState(
+            residual = _residual_kept(theta, rows, kind, state.base_damping)
+            if residual is None:
+                _, residual = tabular.objective_gradient(recipe, theta, X[rows], y[rows], C)
+            new_state = NewtonState(
                 theta.clone(), state.hessian_theta, H, L, damping, residual, rows.copy(), kind, state.base_damping,
                 state.requests,
-            ), recipe, X.shape[1], C)  # fmt: skip
+            )  # fmt: skip
+            if self.config.purge != "deferred":  # deferred: the upkeep's complete_purge builds the views it serves
+                warm_views(new_state, recipe, X.shape[1], C)
         else:
             new_state = self._full_state(problem, theta, rows, kind, base, state.requests)
         artifacts = {ARTIFACT_STATE: new_state.to_bytes()}
