@@ -127,7 +127,6 @@ class StatementWatchdog:
         self._due: dict[int, tuple[float, weakref.ref]] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self.fired = 0
 
     def arm(self, dbapi_connection) -> None:
         dbapi_connection = getattr(dbapi_connection, "dbapi_connection", dbapi_connection)  # a pool's proxy: its own
@@ -161,7 +160,6 @@ class StatementWatchdog:
             fd = conn.pgconn.socket
             with socket.socket(fileno=os.dup(fd)) as sock:  # a duplicate: shutting it down ends the shared socket
                 sock.shutdown(socket.SHUT_RDWR)
-            self.fired += 1
             logging.getLogger("lethe.db").warning("a database round trip outlived %.0f s: connection cut", self.limit)
         except Exception:  # closed meanwhile: nothing left to cut
             pass
@@ -171,7 +169,7 @@ def _watch(engine: Engine, limit: float) -> None:
     """Arm the watchdog around each round trip an engine's connections make — statements, and the dialect's commit,
     rollback (the pool's reset included) and pre-ping, which no engine event brackets — and disarm it when the round
     trip returns."""
-    watchdog = engine.watchdog = StatementWatchdog(limit)
+    watchdog = StatementWatchdog(limit)
     event.listen(engine, "before_cursor_execute", lambda conn, *_: watchdog.arm(conn.connection.dbapi_connection))
     event.listen(engine, "after_cursor_execute", lambda conn, *_: watchdog.disarm(conn.connection.dbapi_connection))
 

@@ -95,7 +95,7 @@ def _raise_if_in_flight(session: Session, body: DeletionRequestCreate) -> None:
     """409 naming the unfinished request that already holds some of these rows (the in-flight index's conflict)."""
     if body.scope.kind != "samples":
         return
-    hashes = [hash_row_id(s) for s in dict.fromkeys(body.scope.sample_ids)]
+    hashes = hash_row_ids(dict.fromkeys(body.scope.sample_ids))
     holders: dict[str, int] = {}
     for start in range(0, len(hashes), ID_QUERY_CHUNK):
         chunk = hashes[start : start + ID_QUERY_CHUNK]
@@ -147,10 +147,11 @@ def validate_against_registry(
     session: Session,
     body: DeletionRequestCreate,
     model: Model | None = None,
-    rows: dict[str, str | None] | None = None,
+    rows: dict[str, tuple[str | None, int]] | None = None,
 ) -> Model:
     """``model``: a recent snapshot of the row (the intake batcher caches them for a second). ``rows``: the data set's
-    rows for these sample ids (row id → ``deleted_by``), already read for a whole batch in one query."""
+    rows for these sample ids (``lookup_rows``: row id → (deleted_by, position)), read for a whole
+    batch in one query."""
     model = model or session.get(Model, body.model_id)
     if model is None:
         raise Problem(404, "model-not-found", "No such model", body.model_id, model_id=body.model_id)

@@ -71,6 +71,17 @@ def database_at(port: int, **env: str):
         reset_engine_cache()
 
 
+def _answer(call, limit: float):
+    """``call()``'s response, run in a thread so that a hang fails the test after ``limit`` seconds instead of
+    holding it (None then), and how long it took."""
+    answers: list = []
+    started = time.monotonic()
+    thread = threading.Thread(target=lambda: answers.append(call()), daemon=True)
+    thread.start()
+    thread.join(timeout=limit)
+    return (answers[0] if answers else None), time.monotonic() - started
+
+
 def _assert_503(response) -> None:
     assert response.status_code == 503, (response.status_code, response.text[:300])
     assert response.headers["content-type"].startswith("application/problem+json")
@@ -97,15 +108,11 @@ def test_a_frozen_database_is_503_within_the_connect_timeout_not_a_hang(tmp_path
     configure(tmp_path)
     with silent_listener() as port, database_at(port, db_connect_timeout_seconds="2"):
         client = TestClient(create_app(run_background=False), raise_server_exceptions=False)
-        answers: list = []
-        started = time.monotonic()
-        thread = threading.Thread(target=lambda: answers.append(client.get("/healthz")), daemon=True)
-        thread.start()
-        thread.join(timeout=20)
-        if not answers:
+        answer, took = _answer(lambda: client.get("/healthz"), 20)
+        if answer is None:
             pytest.fail("a frozen database held the call for more than 20 s")
-        _assert_503(answers[0])
-        assert time.monotonic() - started < 10
+        _assert_503(answer)
+        assert took < 10
 
 
 def test_a_statement_that_waits_too_long_is_503_after_the_statement_timeout(tmp_path):
@@ -125,17 +132,12 @@ def test_a_statement_that_waits_too_long_is_503_after_the_statement_timeout(tmp_
         assert client.get("/v1/models", headers=auth).status_code == 200
         with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as locker:
             locker.execute("LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE")
-            answers: list = []
-            started = time.monotonic()
-            thread = threading.Thread(target=lambda: answers.append(client.get("/v1/models", headers=auth)))
-            thread.daemon = True
-            thread.start()
-            thread.join(timeout=20)
+            answer, took = _answer(lambda: client.get("/v1/models", headers=auth), 20)
             locker.rollback()
-        if not answers:
+        if answer is None:
             pytest.fail("a locked table held the call for more than 20 s")
-        _assert_503(answers[0])
-        assert time.monotonic() - started < 10
+        _assert_503(answer)
+        assert took < 10
         reset_engine_cache()
 
 
@@ -208,16 +210,11 @@ def test_a_database_frozen_under_a_pooled_connection_is_503_not_a_hang(tmp_path)
             auth = {"authorization": f"Bearer {key}"}
             assert client.get("/v1/models", headers=auth).status_code == 200  # the pool holds a live connection
             proxy.frozen.set()
-            answers: list = []
-            started = time.monotonic()
-            thread = threading.Thread(target=lambda: answers.append(client.get("/v1/models", headers=auth)))
-            thread.daemon = True
-            thread.start()
-            thread.join(timeout=30)
-            if not answers:
+            answer, took = _answer(lambda: client.get("/v1/models", headers=auth), 30)
+            if answer is None:
                 pytest.fail("a frozen database held a pooled connection's call for more than 30 s")
-            _assert_503(answers[0])
-            assert time.monotonic() - started < 15
+            _assert_503(answer)
+            assert took < 15
             proxy.frozen.clear()
             assert client.get("/v1/models", headers=auth).status_code == 200  # a fresh connection, once it answers
         finally:

@@ -639,14 +639,13 @@ class Ease:
             def response(s: float) -> float:
                 return judge.level(line.at(s))
 
-            search = search_scale(
-                response,
-                target["target_r1"],
-                cfg.target_band,
-                start=scale0,
-                scale_max=cfg.scale_max,
-                max_probes=cfg.max_probes,
-            )
+            def searched(start: float, probes: int):
+                return search_scale(
+                    response, target["target_r1"], cfg.target_band, start=start, scale_max=cfg.scale_max,
+                    max_probes=probes,
+                )  # fmt: skip
+
+            search = searched(scale0, cfg.max_probes)
             scale = search.scale
             strength.update({k: None if v is None else round(v, 3) for k, v in target.items()})
             strength.update(search.to_info())
@@ -657,14 +656,7 @@ class Ease:
                     line, repair=self.repair(problem, line.theta_p, excision, lock, scale, ledger, tag=" (rescaled)")
                 )
                 ledger.down("probes: θ_p + Δ_rep to holders (rescaled)", n_holders * bytes_of(p))
-                again = search_scale(
-                    response,
-                    target["target_r1"],
-                    cfg.target_band,
-                    start=scale,
-                    scale_max=cfg.scale_max,
-                    max_probes=cfg.rescale_probes,
-                )
+                again = searched(scale, cfg.rescale_probes)
                 scale = again.scale
                 strength["rescaled"] = {"repair_scale": round(search.scale, 5), **again.to_info()}
                 strength.update({"scale": round(scale, 5), "level_r1": round(again.level, 3), "in_band": again.in_band})
