@@ -419,7 +419,13 @@ class Bench:
 
 
 def run_model(
-    bench: Bench, name: str, setting: Setting, quick: bool, rng: np.random.Generator, idle_only: bool = False
+    bench: Bench,
+    name: str,
+    setting: Setting,
+    quick: bool,
+    rng: np.random.Generator,
+    idle_only: bool = False,
+    requests: int | None = None,
 ) -> dict[str, Any]:
     path = bench.home / "data" / f"{name}.parquet"
     n_rows = write_table(setting, path)
@@ -427,7 +433,7 @@ def run_model(
     model = bench.register(name, setting, path)
     model_id = model["id"]
     print(f"  registered in {model['registration_s']} s")
-    n_stream = setting.quick_requests if quick else setting.requests
+    n_stream = requests or (setting.quick_requests if quick else setting.requests)
     n_unbatched = setting.quick_unbatched if quick else setting.unbatched
     if idle_only:
         n_unbatched = min(n_unbatched, IDLE_WARMUP)
@@ -547,6 +553,7 @@ def main() -> None:
         "--models", default=",".join(DEFAULT_MODELS), help=f"comma-separated, of {list(SETTINGS)} (default: both LR)"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--requests", type=int, help="the stream's length per model (default: the setting's)")
     parser.add_argument(
         "--idle-only",
         action="store_true",
@@ -591,7 +598,7 @@ def main() -> None:
             bench = Bench(home, services, key)
             rng = np.random.default_rng(args.seed)
             for name in names:
-                results[name] = run_model(bench, name, SETTINGS[name], args.quick, rng, args.idle_only)
+                results[name] = run_model(bench, name, SETTINGS[name], args.quick, rng, args.idle_only, args.requests)
         finally:
             services.stop()
     if args.idle_only:
@@ -611,6 +618,7 @@ def main() -> None:
     out = {
         "benchmark": "stream of one-row auto deletions, batched versions vs one version per request",
         "quick": args.quick,
+        "requests_override": args.requests,
         "setup": {
             "database": "PostgreSQL (fresh database)",
             "broker": "Redis",

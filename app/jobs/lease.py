@@ -11,7 +11,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from sqlalchemy.orm import Session
 
@@ -205,6 +206,7 @@ class JobContext:
         self._last_report = 0.0
         self._pending: tuple[float, str] | None = None
         self._lock = threading.Lock()
+        self._renewing = threading.RLock()  # held by the beat around a renewal, and by ``finishing``
         self._stop = threading.Event()
         self.lost = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"lease-{job_id[:8]}", daemon=True)
@@ -233,7 +235,8 @@ class JobContext:
             if pending is None and time.monotonic() - last_lease < lease_every:
                 continue
             try:
-                heartbeat(*self._held(), self.owner, *(pending or (None, None)))
+                with self._renewing:
+                    heartbeat(*self._held(), self.owner, *(pending or (None, None)))
                 last_lease = time.monotonic()
             except LeaseLostError:
                 self.lost.set()
@@ -278,6 +281,16 @@ class JobContext:
     def assert_leases(self, session: Session) -> list[Job]:
         """``assert_lease`` for every job this context holds (the leader's first)."""
         return outbox.assert_leases(session, list(self.members), self.owner)
+
+    @contextmanager
+    def finishing(self) -> Iterator[None]:
+        """Around a transaction that ends some of the held jobs and the change of ``members`` that follows it: the
+        beat renews no lease meanwhile. Otherwise its renewal of the old member list waits on the rows the
+        transaction locked and, once it commits, finds jobs no longer running and takes the lease as lost (issue 21:
+        every batch stopped its upkeep as "lease lost", and its model stayed held until the lease ran out, ~25 s a
+        batch). The transaction checked the leases itself (``assert_leases``)."""
+        with self._renewing:
+            yield
 
     def join(self, jobs: list[Job]) -> None:
         """Jobs this worker claimed to serve in the same batch: their leases are renewed and their requests told

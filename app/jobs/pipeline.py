@@ -178,12 +178,13 @@ def refuse(work: DeletionWork, ctx: JobContext) -> None:
     refused = [m for m in work.members if m.refusal]
     if len(work.members) == 1:
         raise refused[0].refusal
-    for member in refused:
-        ctx.leave(member.job.id)  # first: the heartbeat must not renew a job that is no longer ours
-        work.members.remove(member)
-        exc = member.refusal
-        lease.fail(member.job.id, ctx.owner, str(exc), permanent=True, request_status="rejected",
-                   problem_type=exc.problem_type)  # fmt: skip
+    with ctx.finishing():  # the heartbeat waits: it must not renew a job that is no longer ours
+        for member in refused:
+            ctx.leave(member.job.id)
+            work.members.remove(member)
+            exc = member.refusal
+            lease.fail(member.job.id, ctx.owner, str(exc), permanent=True, request_status="rejected",
+                       problem_type=exc.problem_type)  # fmt: skip
 
 
 def store_version(work: DeletionWork, unlearned: Unlearned) -> registry.VersionDraft:

@@ -3,11 +3,13 @@ erasure and certificate, or record a failed verdict. Each is ONE transaction, ch
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from app.audit.service import chain_head
 from app.certificates import service as certificates
 from app.config import get_settings
 from app.db import release_freed_pages, session_scope, utcnow
-from app.jobs import blobs, lease, outbox
+from app.jobs import blobs, faults, lease, outbox
 from app.jobs.lease import JobContext
 from app.jobs.work import Attempt, DeletionWork, ErasurePlan, Member
 from app.registry import versions as registry
@@ -65,10 +67,11 @@ def split_off(work: DeletionWork, failing: list[Member], attempts: list[Attempt]
             _record_reports(session, work, attempts, member.request.id)
 
     reason = f"its own verdict failed in a batch of {len(work.members)} ({attempts[-1].method}); retried alone"
-    for member in failing:  # first: the heartbeat must not renew a job that is no longer ours
-        ctx.leave(member.job.id)
-        work.members.remove(member)
-    lease.release([m.job.id for m in failing], ctx.owner, reason, settle=record)
+    with ctx.finishing():  # the beat renews neither the old member list nor the new one until both are written
+        for member in failing:
+            ctx.leave(member.job.id)
+            work.members.remove(member)
+        lease.release([m.job.id for m in failing], ctx.owner, reason, settle=record)
 
 
 def publish(
@@ -83,8 +86,9 @@ def publish(
     model_id = work.model.id
     unlearned = attempts[-1].unlearned
     grace = get_settings().retired_version_grace_seconds
-    with session_scope() as session:
+    with ctx.finishing(), session_scope() as session:
         job_rows = {j.id: j for j in ctx.assert_leases(session)}
+        faults.point("publishing")  # the job rows are locked: the heartbeat must not wait on them
         version = registry.add_version(session, draft, state_update=unlearned.state_update)
         method_state = registry.update_method_state(session, model_id, erasure.purged, erasure.invalidated)
         shared, own = registry.erase_rows(
@@ -121,7 +125,9 @@ def publish(
         requests.release_rows(session, *loaded)  # (the session's identity map holds `loaded` weakly until here)
         subjects.on_requests_certified(session, [m.request.id for m in work.members])  # per-person erasures settle
         blobs.clear(session, ctx.owner)  # what the attempt wrote is referenced now: no longer its to shred
-    ctx.hold_only(keep)
+        # the kept job's lease starts afresh for the upkeep, however long this transaction took (its row is locked)
+        job_rows[keep].lease_expires_at = utcnow() + timedelta(seconds=get_settings().lease_seconds)
+        ctx.hold_only(keep)  # before the beat may run again (``finishing``); a rollback leaves the members held
     release_freed_pages()
     return result
 

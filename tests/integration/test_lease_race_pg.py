@@ -4,6 +4,8 @@ keeps one at a step with its lease renewed. Leases last 3 s here; a job has 2 at
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.helpers import wait_for, wait_request
@@ -180,3 +182,30 @@ def test_two_workers_racing_one_model_run_its_jobs_one_at_a_time(stack, model_id
         assert written_for(rid)["certificates"] == 1
     assert {d["result_version_id"] for d in done} <= {r[0] for r in sql("SELECT id FROM model_versions")}
     assert_erased(model_id, ["r30", "r31", "r32", "r33"])
+
+
+def test_a_batch_publishing_slowly_keeps_its_lease_for_the_upkeep(stack, workers, tmp_path, tmp_path_factory):
+    """Issue 21: the heartbeat's renewal of a batch's jobs waited on the rows the publishing transaction had locked
+    and then found the members finished, so the worker took its lease as lost after every batch: the upkeep stopped
+    and the model stayed held until the lease ran out. Here the publishing transaction is held (rows locked) for
+    several beats (every 0.5 s of the 3-s lease): the batch is certified, the job that keeps the model for the
+    upkeep ends ``succeeded`` in its first attempt, and the worker never reports a lost lease."""
+    batched = register_small(stack, tmp_path_factory.mktemp("batch-data"), "batch-slow-publish")
+    ids = [ask(stack, batched, [f"r{50 + 2 * k}", f"r{51 + 2 * k}"], subject=f"b{k}") for k in range(3)]
+    workers("slow-publish", LETHE_TEST_HOLD_AT="publishing", LETHE_TEST_HOLD_DIR=str(tmp_path))
+    wait_for(lambda: (tmp_path / "publishing.reached").exists(), timeout=240, what="the publishing transaction")
+    time.sleep(2.0)  # four beats, each waiting on the locked job rows
+    (tmp_path / "publishing.go").touch()
+    done = [wait_request(stack.client, rid, timeout=300) for rid in ids]
+    assert [d["status"] for d in done] == ["certified"] * 3, done
+    assert len({d["result_version_id"] for d in done}) == 1, "the three requests were not served as one batch"
+    wait_for(
+        lambda: (
+            {s for (s,) in sql("SELECT status FROM jobs WHERE model_id = :m AND kind = 'deletion'", m=batched)}
+            == {"succeeded"}
+        ),
+        timeout=60,
+        what="every job of the batch ended (the upkeep's too)",
+    )
+    assert {a for (a,) in sql("SELECT attempts FROM jobs WHERE request_id = ANY(:ids)", ids=ids)} == {1}
+    assert "lease lost" not in stack.log("slow-publish")
