@@ -211,3 +211,22 @@ def test_a_checkpoint_signed_by_a_key_later_revoked_no_longer_anchors(tmp_path):
     revoke_key(anchor["key_id"], "the key file was copied off a backup")
     problem = check_anchor_signature(anchor, public_keys())
     assert problem is not None and "revoked" in problem and "backup" in problem, problem
+
+
+def test_one_transaction_appending_many_events_anchors_each_certificate_on_the_newest_checkpoint(tmp_path):
+    """A batch's publishing transaction appends events and issues certificates in turn; the newest checkpoint (and
+    the one before each new checkpoint) is kept by the transaction instead of asked of the database each time (issue
+    21). Each certificate must still carry the checkpoint newest at its issue — the transaction's own included — and
+    the checkpoints must still name their predecessors (the chain verifies)."""
+    _setup(tmp_path, 3)  # events 1-3, no checkpoint yet
+    anchors = []
+    with session_scope() as session:
+        for i in range(14):  # events 4..17: checkpoints at 5, 10, 15 written by this transaction
+            append_event(session, actor="t", action="x.done", entity_type="x", entity_id=f"b{i}", flush=False)
+            anchor = latest_anchor(session)
+            anchors.append((4 + i, anchor["seq"] if anchor else None))
+    assert anchors == [(seq, (seq // EVERY) * EVERY or None) for seq in range(4, 18)], anchors
+    with session_scope() as session:
+        assert latest_anchor(session)["seq"] == 15
+    verdict = _verdict()
+    assert verdict.ok and verdict.checkpoints == 3, verdict
