@@ -20,7 +20,7 @@ import pandas as pd
 from app.audit.service import append_event
 from app.config import get_settings
 from app.db import session_scope
-from app.jobs import chunks, outbox
+from app.jobs import chunks, faults, outbox
 from app.jobs.chunks import Manifest, read_manifest
 from app.jobs.lease import JobContext, finish
 from app.jobs.outbox import PermanentJobError
@@ -1228,6 +1228,7 @@ def refill_verification(model_id: str, ctx: JobContext, minimum_only: bool = Fal
         last = {"trained": trained, "shadows": new.n_shadows, "missing": full - new.n_shadows,
                 "seconds": round(time.perf_counter() - started, 3)}  # fmt: skip
         refilled = {**entry, "shadows": store_shadows(new), "generation": new.generation, "last_refill": last}
+        faults.point("refill")  # trained and stored (an intent: shredded unless the swap below references it)
         with session_scope() as session:
             ctx.assert_lease(session)
             if not registry.swap_verification(session, model_id, entry["shadows"], refilled):
