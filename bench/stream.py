@@ -191,8 +191,10 @@ class Bench:
             await asyncio.gather(*(worker() for _ in range(IN_FLIGHT)))
         return out
 
-    def stream(self, model_id: str, rows: list[str], tag: str, timeout: float) -> dict[str, Any]:
-        """POST the rows' requests at once and wait until every one has ended; the phase's figures."""
+    def stream(self, model_id: str, rows: list[str], tag: str, timeout: float, rate_se: bool = False) -> dict[str, Any]:
+        """POST the rows' requests at once and wait until every one has ended; the phase's figures. ``rate_se``: the
+        rate's relative standard error, taking the intervals between certificates as independent (one version per
+        request: the unbatched phase; a batched phase's certificates come in a few bursts)."""
         from sqlalchemy import func, select
 
         from app.db import session_scope
@@ -250,13 +252,14 @@ class Bench:
         span = (max(ends) - first) if ends else float("nan")
         gaps = np.diff([first, *sorted(ends)])  # the intervals the rate is the inverse mean of
         rel_se = float(np.std(gaps, ddof=1) / np.mean(gaps) / np.sqrt(len(gaps))) if len(gaps) > 1 else None
+        rate_figures = {"certified_per_s_rel_se": round(rel_se, 3) if rel_se is not None else None} if rate_se else {}
         return {
             "requests": len(ids),
             "post_s": round(post_s, 2),
             "statuses": statuses,
             "unfinished": len(ids) - len(done),
             "certified_per_s": round(len(ends) / span, 3) if ends else 0.0,
-            "certified_per_s_rel_se": round(rel_se, 3) if rel_se is not None else None,
+            **rate_figures,
             "span_s": round(span, 2),
             "p50_s": round(float(np.percentile(latencies, 50)), 3) if latencies else None,
             "p99_s": round(float(np.percentile(latencies, 99)), 3) if latencies else None,
@@ -454,7 +457,7 @@ def run_model(
     print(f"  where it goes (s after acceptance): {first_phases}")
     defaults = model["batch"]  # what registration gave the model
     bench.set_batch(model_id, 1, 1)
-    unbatched = bench.stream(model_id, unbatched_rows, "unbatched", timeout=3600)
+    unbatched = bench.stream(model_id, unbatched_rows, "unbatched", timeout=3600, rate_se=True)
     print(
         f"  unbatched: {unbatched['certified_per_s']} certified/s over {unbatched['requests']} requests "
         f"(relative standard error {unbatched['certified_per_s_rel_se']})"
