@@ -4,14 +4,17 @@ than the service drains them, batched versions against one version per request, 
 Real processes on this machine: PostgreSQL, Redis, the API (uvicorn, its dispatcher on) and two Celery workers, with
 the settings a user gets by default (holdout 0.2, 64 shadows, method ``auto``, the default batch bounds). Per model:
 
-1. register it (Adult LR with ``newton`` and ``influence``; the generated 1M-row LR likewise; Adult MLP only when
-   asked for, ``NOT_RUN_BY_DEFAULT`` says why), wait until its methods are prepared;
-2. the first requests after registration: one one-row ``auto`` request at a time, POST → certified (3 times,
-   median ``first_after_registration_s``: a worker's first request on the model reads and encodes the whole table);
-3. unbatched: the model's batch bound set to one request (PATCH), a few hundred one-row ``auto`` requests POSTed at
-   once (an async client, 32 in flight); certified deletions per second from the first POST to the last certificate;
-   then the idle latency of the model in service (both workers have served it; ``idle_auto_s``): one request at a
-   time, each after the previous job's upkeep has ended, 3 times, median;
+1. register it (Adult LR with ``newton`` and ``influence``; the generated 1M-row LR likewise; Adult MLP with no
+   prepared method: ``auto`` retrains it), wait until its methods are prepared;
+2. the first requests after registration: one one-row ``auto`` request at a time, POST → certified (3 times, once
+   for the MLP; median ``first_after_registration_s``: a worker's first request on the model reads and encodes the
+   whole table);
+3. unbatched: the model's batch bound set to one request (PATCH), one-row ``auto`` requests POSTed at once (an async
+   client, 32 in flight; a few hundred for the LR models, ``MLP_UNBATCHED`` for the MLP); certified deletions per
+   second from the first POST to the last certificate, with the relative standard error of the mean interval
+   between certificates; then the idle latency of the model in service (both workers have served it;
+   ``idle_auto_s``): one request at a time, each after the previous job's upkeep has ended, 3 times (once for the
+   MLP: the issue's idle aims are the LR models'), median;
 4. batched: the default bounds again, the stream (Adult LR 10,000; 1M-row LR 3,000; Adult MLP 1,000) POSTed at once;
    the same figures, and p50/p99 POST → certified, versions created, verdicts, CPU-seconds per deletion (the two
    workers' process trees);
@@ -78,24 +81,25 @@ class Setting:
     rows: int | None = None  # synthetic only
     quick_requests: int = 200
     quick_unbatched: int = 20
+    first: int = 3  # first requests after registration, one at a time
+    idle: int = 3  # idle requests, one at a time
 
 
 SETTINGS = {
     "adult_lr": Setting("adult", "logistic_regression", ("newton", "influence"), 10_000, 150, None, 600, 30),
     "synthetic_lr": Setting("synthetic", "logistic_regression", ("newton", "influence"), 3_000, 12, 1_000_000, 200, 4),
-    "adult_mlp": Setting("adult", "mlp", (), 1_000, 8, None, 60, 3),
+    "adult_mlp": Setting("adult", "mlp", (), 1_000, 5, None, 60, 3, first=1, idle=1),
 }
+MLP_UNBATCHED = SETTINGS["adult_mlp"].unbatched
+"""The MLP's unbatched phase: 5 requests. Each one-row version's erasure drops the ~51 of 64 shadows that saw its
+row, and the next request waits for the refill to the pool's minimum (~20 shadows, each a full MLP fit), so a
+request costs ~1 min and a few hundred would outlast the run; the rate's relative standard error is reported."""
 
 
-DEFAULT_MODELS = ("adult_lr", "synthetic_lr")
-NOT_RUN_BY_DEFAULT = {
-    "adult_mlp": (
-        "not in the default run: every deletion drops the ~80 % of the 64 MLP shadows that trained on an erased row "
-        "and the upkeep retrains them from scratch (a non-convex recipe cannot start from the served θ), ~5 s each "
-        "on Adult (the full MLP trains in 6.4 s, bench/results/tabular.json): ~4 min per version, so the idle and "
-        "unbatched phases alone would outlast the run's 40-minute budget. Run it with --models adult_mlp."
-    )
-}
+DEFAULT_MODELS = ("adult_lr", "synthetic_lr", "adult_mlp")
+NOT_RUN_BY_DEFAULT: dict[str, str] = {}
+SHRED_WAIT_S = 600
+"""How long the checks wait for the last upkeep and the shred queue (the MLP's last refill trains up to 64 shadows)."""
 
 
 def row_prefix(setting: Setting) -> str:
@@ -187,8 +191,10 @@ class Bench:
             await asyncio.gather(*(worker() for _ in range(IN_FLIGHT)))
         return out
 
-    def stream(self, model_id: str, rows: list[str], tag: str, timeout: float) -> dict[str, Any]:
-        """POST the rows' requests at once and wait until every one has ended; the phase's figures."""
+    def stream(self, model_id: str, rows: list[str], tag: str, timeout: float, rate_se: bool = False) -> dict[str, Any]:
+        """POST the rows' requests at once and wait until every one has ended; the phase's figures. ``rate_se``: the
+        rate's relative standard error, taking the intervals between certificates as independent (one version per
+        request: the unbatched phase; a batched phase's certificates come in a few bursts)."""
         from sqlalchemy import func, select
 
         from app.db import session_scope
@@ -244,12 +250,16 @@ class Bench:
         latencies = sorted(c.timestamp() - sent[rid] for rid, status, c in done if status == "certified")
         ends = [c.timestamp() for _, status, c in done if status == "certified"]
         span = (max(ends) - first) if ends else float("nan")
+        gaps = np.diff([first, *sorted(ends)])  # the intervals the rate is the inverse mean of
+        rel_se = float(np.std(gaps, ddof=1) / np.mean(gaps) / np.sqrt(len(gaps))) if len(gaps) > 1 else None
+        rate_figures = {"certified_per_s_rel_se": round(rel_se, 3) if rel_se is not None else None} if rate_se else {}
         return {
             "requests": len(ids),
             "post_s": round(post_s, 2),
             "statuses": statuses,
             "unfinished": len(ids) - len(done),
             "certified_per_s": round(len(ends) / span, 3) if ends else 0.0,
+            **rate_figures,
             "span_s": round(span, 2),
             "p50_s": round(float(np.percentile(latencies, 50)), 3) if latencies else None,
             "p99_s": round(float(np.percentile(latencies, 99)), 3) if latencies else None,
@@ -360,7 +370,7 @@ class Bench:
         erased = set(erased_rows)
         first = self._scan(erased)  # right after the last certificate, with a job's upkeep possibly still running
         queued = self._queued(list(first))
-        drained = self._wait_for_shreds(timeout=180)
+        drained = self._wait_for_shreds(timeout=SHRED_WAIT_S)
         after = self._scan(erased)
         return {
             "certificates_verified": verified,
@@ -437,17 +447,21 @@ def run_model(
     n_unbatched = setting.quick_unbatched if quick else setting.unbatched
     if idle_only:
         n_unbatched = min(n_unbatched, IDLE_WARMUP)
-    order = [f"{row_prefix(setting)}-{i:07d}" for i in rng.permutation(n_rows)[: n_stream + n_unbatched + 6]]
-    first_rows, idle_rows = order[:3], order[3:6]
-    unbatched_rows, stream_rows = order[6 : 6 + n_unbatched], order[6 + n_unbatched :]
+    n_one = setting.first + setting.idle
+    order = [f"{row_prefix(setting)}-{i:07d}" for i in rng.permutation(n_rows)[: n_stream + n_unbatched + n_one]]
+    first_rows, idle_rows = order[: setting.first], order[setting.first : n_one]
+    unbatched_rows, stream_rows = order[n_one : n_one + n_unbatched], order[n_one + n_unbatched :]
     first = bench.idle(model_id, first_rows)
     first_phases = bench.idle_phases[-len(first) :]
     print(f"  first requests after registration, one at a time: {first} s")
     print(f"  where it goes (s after acceptance): {first_phases}")
     defaults = model["batch"]  # what registration gave the model
     bench.set_batch(model_id, 1, 1)
-    unbatched = bench.stream(model_id, unbatched_rows, "unbatched", timeout=3600)
-    print(f"  unbatched: {unbatched['certified_per_s']} certified/s over {unbatched['requests']} requests")
+    unbatched = bench.stream(model_id, unbatched_rows, "unbatched", timeout=3600, rate_se=True)
+    print(
+        f"  unbatched: {unbatched['certified_per_s']} certified/s over {unbatched['requests']} requests "
+        f"(relative standard error {unbatched['certified_per_s_rel_se']})"
+    )
     idle = bench.idle(model_id, idle_rows)  # the model in service (both workers have served it), idle again
     print(f"  idle one-row auto, model in service: {idle} s")
     print(f"  where it goes (s after acceptance): {bench.idle_phases[-len(idle) :]}")
@@ -515,6 +529,8 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
         out[name] = {
             "certified_per_s": b["certified_per_s"],
             "unbatched_per_s": u["certified_per_s"],
+            "unbatched_requests": u["requests"],
+            "unbatched_per_s_rel_se": u.get("certified_per_s_rel_se"),
             "p50_s": b["p50_s"],
             "p99_s": b["p99_s"],
             "versions": b["versions"],
@@ -523,6 +539,7 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
             "certificates_verified": c["certificates_verified"],
             "idle_auto_s": statistics.median(r["idle_auto_s"]),
             "first_after_registration_s": statistics.median(r["first_after_registration_s"]),
+            "wall_s": r.get("wall_s"),
         }
     return out
 
@@ -550,7 +567,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a short run of the same code")
     parser.add_argument(
-        "--models", default=",".join(DEFAULT_MODELS), help=f"comma-separated, of {list(SETTINGS)} (default: both LR)"
+        "--models", default=",".join(DEFAULT_MODELS), help=f"comma-separated, of {list(SETTINGS)} (default: all)"
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--requests", type=int, help="the stream's length per model (default: the setting's)")
@@ -598,7 +615,9 @@ def main() -> None:
             bench = Bench(home, services, key)
             rng = np.random.default_rng(args.seed)
             for name in names:
+                model_started = time.perf_counter()
                 results[name] = run_model(bench, name, SETTINGS[name], args.quick, rng, args.idle_only, args.requests)
+                results[name]["wall_s"] = round(time.perf_counter() - model_started, 1)
         finally:
             services.stop()
     if args.idle_only:

@@ -314,6 +314,15 @@ def claim_many(session: Session, job_ids: list[str], owner: str) -> list[Job]:
     return list(session.execute(query).scalars())
 
 
+def jobs_waiting(session: Session, model_id: str, kind: str, exclude: str) -> bool:
+    """Whether a job of this kind waits on this model that no worker holds (``_free``), other than ``exclude``: the
+    upkeep of the job holding the model then stops at what the next one needs (tabular.refill_verification)."""
+    query = select(Job.id).where(
+        Job.model_id == model_id, Job.kind == kind, Job.id != exclude, _free(utcnow()), Job.attempts < Job.max_attempts
+    )
+    return session.execute(query.limit(1)).first() is not None
+
+
 def waiting_on_model(session: Session, model_id: str, kind: str, exclude: str, limit: int) -> list[Job]:
     """Jobs of this kind on this model that no worker holds (oldest first): what a batch leader may join — waiting
     ones, and those whose worker died (lease expired; ``claim`` takes them the same way). A job released from a batch

@@ -106,7 +106,8 @@ def run_deletion(job: Job, ctx: JobContext, wing: DeletionWing) -> None:
     request on its own rows → (a request failed: ``auto`` escalates the batch once to the exact method; a named
     method's failing requests are split off to run alone and the rest is served again without them) → erase →
     publish, each request with its own certificate →
-    upkeep (capacity the erasure used up, restored after the certificates while the job still holds the model)."""
+    upkeep (capacity the erasure used up, restored after the certificates; it yields to a waiting deletion once the
+    pool meets its minimum)."""
     if already_certified(job):  # the worker died after the certificates: only the upkeep was left
         return upkeep(job.model_id, ctx, wing, {"resumed": "upkeep"})
     work = load(job, ctx, wing)
@@ -224,8 +225,9 @@ def already_certified(job: Job) -> bool:
 
 def upkeep(model_id: str, ctx: JobContext, wing: DeletionWing, result: dict) -> None:
     """After the certificates: the wing restores what the erasure used up (verification shadows that were copies of
-    the rows), off the requests' path but while this job still holds the model, so the next batch waits for a full
-    pool; then the job is finished and due blobs are shredded."""
+    the rows), off the requests' path, while this job still holds the model (nothing is erased meanwhile): fully
+    when the model is idle, only up to the pool's minimum when a deletion waits (the next batch's upkeep goes on
+    with it); then the job is finished and due blobs are shredded."""
     counts = wing.upkeep(model_id, ctx)
     lease.finish(ctx.members[0], ctx.owner, {**result, "upkeep": counts})
     faults.point("shred")

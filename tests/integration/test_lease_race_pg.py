@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from app.ml.verification.shadows import shadows_from_bytes
+from app.storage import get_store
 from tests.helpers import wait_for, wait_request
 from tests.integration.pipeline_faults import (
     ask,
@@ -209,3 +211,39 @@ def test_a_batch_publishing_slowly_keeps_its_lease_for_the_upkeep(stack, workers
     )
     assert {a for (a,) in sql("SELECT attempts FROM jobs WHERE request_id = ANY(:ids)", ids=ids)} == {1}
     assert "lease lost" not in stack.log("slow-publish")
+
+
+def test_a_refill_paused_past_its_lease_writes_no_shadow_after_another_worker_erased_a_row(
+    stack, workers, tmp_path_factory
+):
+    """Issue 21: the refill after a certificate trains shadows on the rows present when it started; a row erased
+    meanwhile must never reach a stored set. w1 certifies a deletion and stops (SIGSTOP) in its upkeep with a refill
+    block trained on every row but not yet swapped in; its lease runs out; w2 serves a second deletion, erasing a
+    row that w1's new shadows may have trained on, and refills the pool itself. w1 wakes: its swap finds the lease
+    lost (and the set it started from replaced), writes nothing, and its stored block is shredded with its attempt;
+    the model's shadow set is w2's, untouched."""
+    model = register_small(stack, tmp_path_factory.mktemp("refill-data"), "refill-race", batch={"max_requests": 1})
+    w1 = workers("refill-w1", LETHE_TEST_STOP_AT="refill")
+    first = ask(stack, model, ["r60"], subject="a")
+    assert wait_request(stack.client, first, timeout=240)["status"] == "certified"
+    wait_stopped(w1, "w1 in its refill, before the swap")
+    workers("refill-w2")
+    second = ask(stack, model, ["r61"], subject="b")
+    assert wait_request(stack.client, second, timeout=240)["status"] == "certified"
+
+    def entry() -> dict:
+        return sql("SELECT state FROM models WHERE id = :m", m=model)[0][0]["verification"]
+
+    wait_for(
+        lambda: not sql("SELECT 1 FROM jobs WHERE model_id = :m AND status <> 'succeeded'", m=model),
+        timeout=120,
+        what="w2 to end every job on the model (the re-offered upkeep included)",
+    )
+    settled = entry()
+    resume(w1)
+    wait_for(lambda: "lease lost" in stack.log("refill-w1"), timeout=60, what="w1 to notice it lost the lease")
+    pool = shadows_from_bytes(get_store().get_bytes(entry()["shadows"]))
+    assert not {60, 61} & set(pool.row_ids.tolist())  # no column, so no shadow, of an erased row (r<i>: position i)
+    assert entry() == settled and pool.n_shadows == pool.settings.n_shadows
+    intents = "SELECT 1 FROM blob_intents WHERE job_id IN (SELECT id FROM jobs WHERE model_id = :m)"
+    wait_for(lambda: not sql(intents, m=model), timeout=60, what="w1's attempt to shred what it stored")

@@ -24,6 +24,17 @@ SCOPES = ["models:write", "models:read", "requests:write", "requests:read", "aud
 @pytest.fixture
 def model(tmp_path):
     """A registered LR model (16 shadows, Newton prepared) and the key's headers; no worker runs after this."""
+    return _register(tmp_path, shadows=16)
+
+
+@pytest.fixture
+def model32(tmp_path):
+    """The same with 32 shadows: each row OUT of 8 of them, twice the pool's minimum (a 16-shadow pool's minimum is
+    the full pool)."""
+    return _register(tmp_path, shadows=32)
+
+
+def _register(tmp_path, shadows: int):
     configure(tmp_path / "home", poll_seconds="0.05")
     headers = {"authorization": f"Bearer {make_key(SCOPES)}"}
     source = tmp_path / "t.csv"
@@ -32,7 +43,7 @@ def model(tmp_path):
         "name": "batch",
         "holdout_fraction": 0.25,
         "unlearning": ["newton"],
-        "verification": {"shadows": 16},
+        "verification": {"shadows": shadows},
         "dataset": {"row_id_column": "row_id", "label_column": "label"},
     }
     with TestClient(create_app(run_background=True), headers=headers) as client:
@@ -219,11 +230,11 @@ def test_the_shadows_that_saw_the_rows_go_with_the_erasure_and_the_pool_is_refil
         assert done["status"] == "certified", done
         swap = done["erasure"]["verification_shadows"]
         assert swap["before"] != swap["after"]  # the published set is another one: the copies left with the rows
-        wait_for(lambda: "last_refill" in _shadow_count(model_id)[1], timeout=120, what="the refill")
+        wait_for(lambda: _shadow_count(model_id)[0] == 16, timeout=120, what="the refill, block by block")
         n, entry = _shadow_count(model_id)
         dropped = entry["last_erasure"]["dropped"]
         assert dropped >= 1 and entry["last_erasure"]["kept"] == 16 - dropped
-        assert n == 16 and entry["last_refill"] == {"trained": dropped}
+        assert n == 16 and entry["last_refill"]["trained"] == dropped and entry["last_refill"]["shadows"] == 16
         refilled = shadows_from_bytes(get_store().get_bytes(entry["shadows"]))
         positions = {int(p) for p in refilled.row_ids}
         with session_scope() as session:
@@ -243,40 +254,86 @@ def test_the_shadows_that_saw_the_rows_go_with_the_erasure_and_the_pool_is_refil
         wait_for(lambda: _job_status(job.id) == "succeeded", timeout=60, what="the re-taken job")
         assert client.get(f"/v1/deletion-requests/{rid}").json()["status"] == "certified"
         assert client.get(f"/v1/models/{model_id}/versions").json() == versions
-        assert _job_result(job.id) == {"resumed": "upkeep", "upkeep": {"trained": 0}}
+        assert _job_result(job.id) == {"resumed": "upkeep", "upkeep": {"trained": 0, "shadows": 16, "missing": 0}}
 
 
-def test_no_audit_runs_on_a_pool_short_of_shadows(model):
-    """Issue 21: the pool's minimum is the full set it was registered with. A pool left short (the erasure dropped
-    shadows and the upkeep that refills them never finished) is refilled by the next deletion before it audits:
-    the request waits for it rather than being judged on too few shadows."""
+def _trained_rows(model_id: str, k: int) -> list[str]:
+    """k rows the model trained on (not held out): a deletion of one is audited."""
+    from app.db import session_scope
+    from app.jobs.tabular import holdout_mask
+    from app.registry.tables import Model
+
+    with session_scope() as session:
+        spec = session.get(Model, model_id).spec
+    held = holdout_mask(400, spec["holdout_fraction"], spec["recipe"]["seed"])
+    return [f"r{i}" for i in range(30, 400) if not held[i]][:k]
+
+
+def _report(client, rid: str) -> dict:
+    done = wait_request(client, rid, timeout=300)
+    assert done["status"] == "certified", done
+    [report] = client.get(done["links"]["reports"]).json()["items"]
+    return report
+
+
+def test_a_pool_below_its_minimum_is_refilled_to_it_before_any_audit(model32):
+    """Issue 21's minimum pool: a pool that leaves a row fewer than MIN_OUT_SHADOWS OUT shadows (the erasure dropped
+    them, no refill followed) is refilled by the next deletion before it audits, to the minimum only: the request
+    waits for that, its audit scores every row against at least that many OUT shadows, and the rest of the refill
+    follows its certificate (nothing waits: the pool is full again)."""
     import numpy as np
 
     from app.db import session_scope
-    from app.jobs.tabular import holdout_mask, store_shadows
-    from app.ml.verification.shadows import drop_shadows, shadows_from_bytes
+    from app.jobs.tabular import MIN_OUT_SHADOWS, pool_below_minimum, store_shadows
+    from app.ml.verification.shadows import drop_shadows, out_counts, shadows_from_bytes
     from app.registry import versions as registry
     from app.registry.tables import Model
 
-    model_id, headers = model
+    model_id, headers = model32
     n, entry = _shadow_count(model_id)
-    assert n == 16
+    assert n == 32
     shadows = shadows_from_bytes(get_store().get_bytes(entry["shadows"]))
     short, counts = drop_shadows(shadows, np.asarray(shadows.row_ids[:2]))  # rows most shadows trained on
-    assert 0 < short.n_shadows < 16 and counts["dropped"] >= 1
+    assert 0 < short.n_shadows < 32 and out_counts(short).min() < MIN_OUT_SHADOWS
     with session_scope() as session:
         entry_short = {**entry, "shadows": store_shadows(short)}
         assert registry.swap_verification(session, model_id, entry["shadows"], entry_short)
-        spec = session.get(Model, model_id).spec
-    held = holdout_mask(400, spec["holdout_fraction"], spec["recipe"]["seed"])
-    row = next(f"r{i}" for i in range(30, 400) if not held[i])  # a row the model trained on: it is audited
-    [rid] = _queue(headers, model_id, [[row]], "retrain")
+        assert pool_below_minimum(session.get(Model, model_id))
+    [rid] = _queue(headers, model_id, [_trained_rows(model_id, 1)], "retrain")
     with TestClient(create_app(run_background=True), headers=headers) as client:
-        done = wait_request(client, rid, timeout=300)
-        assert done["status"] == "certified", done
-        [report] = client.get(done["links"]["reports"]).json()["items"]
-    assert report["n_forget"] == 1 and report["attack"]["n_shadows"] == 16, report
-    assert _shadow_count(model_id)[0] == 16
+        report = _report(client, rid)
+        wait_for(lambda: _shadow_count(model_id)[0] == 32, timeout=120, what="the refill after the certificate")
+    assert report["n_forget"] == 1 and report["attack"]["min_out_shadows"] >= MIN_OUT_SHADOWS, report["attack"]
+    assert report["attack"]["n_shadows"] < 32  # audited on the minimum: the rest of the refill came after
+
+
+def test_the_upkeep_yields_to_a_waiting_deletion_once_the_pool_meets_its_minimum(model32):
+    """Issue 21, upkeep off the critical path: two one-row requests, one version each (batch bound 1). The first
+    one's erasure drops the shadows that saw its row; its upkeep refills only to the minimum, since the second
+    waits, and stops; the second is audited on that pool (every row at least MIN_OUT_SHADOWS OUT shadows, never
+    fewer) and its own upkeep, with nothing waiting, refills the pool to the full 32."""
+    from sqlalchemy import select
+
+    from app.db import session_scope
+    from app.jobs.tables import Job
+    from app.jobs.tabular import MIN_OUT_SHADOWS
+
+    model_id, headers = model32
+    with TestClient(create_app(run_background=False), headers=headers) as client:
+        response = client.patch(f"/v1/models/{model_id}", json={"batch": {"max_requests": 1, "max_rows": 1}})
+        assert response.status_code == 200, response.text
+    first, second = _queue(headers, model_id, [[r] for r in _trained_rows(model_id, 2)], "retrain")
+    with TestClient(create_app(run_background=True), headers=headers) as client:
+        reports = [_report(client, first), _report(client, second)]
+        wait_for(lambda: _shadow_count(model_id)[0] == 32, timeout=120, what="the last refill")
+    with session_scope() as session:
+        jobs = {j.request_id: j.id for j in session.execute(select(Job).where(Job.model_id == model_id)).scalars()}
+    assert reports[0]["attack"]["n_shadows"] == 32  # the registered pool
+    yielded, last = _job_result(jobs[first])["upkeep"], _job_result(jobs[second])["upkeep"]
+    assert yielded["shadows"] < 32 and yielded["missing"] > 0, yielded  # stopped at the minimum: the second waited
+    assert reports[1]["attack"]["n_shadows"] == yielded["shadows"]  # audited on what the first one's upkeep left
+    assert reports[1]["attack"]["min_out_shadows"] >= MIN_OUT_SHADOWS, reports[1]["attack"]
+    assert last["shadows"] == 32 and last["missing"] == 0, last
 
 
 def _job_status(job_id: str) -> str:

@@ -294,6 +294,31 @@ def test_erasure_drops_the_shadows_that_saw_a_row_and_the_refill_restores_the_po
     assert S.refill_shadows(full, X[keep], y[keep])[1] == {"trained": 0}
 
 
+def test_a_refill_block_gives_every_row_one_more_out_shadow_and_the_minimum_counts_them():
+    """Issue 21's minimum pool: a refill trains blocks of ``refill_block`` shadows (5 at keep 0.8, 4 at 0.75, 2 at
+    0.5), each a balanced draw that leaves every pool row OUT of at least one of them, so k blocks after a batch
+    dropped every shadow give every row k OUT shadows; ``meets_minimum`` counts them row by row."""
+    assert [S.refill_block(S.ShadowSettings(n_shadows=64, keep_fraction=f)) for f in (0.8, 0.75, 0.5, 0.7)] == [
+        5,
+        4,
+        2,
+        4,
+    ]
+    X, y, _, _ = _pool()
+    X, y = X[:60], y[:60]
+    settings = S.ShadowSettings(n_shadows=10, keep_fraction=0.8, seed=3)
+    sh = S.train_shadows(LR, X, y, 2, settings)
+    assert S.out_counts(sh).min() == 2 and S.meets_minimum(sh, 2) and not S.meets_minimum(sh, 3)
+    empty, counts = S.drop_shadows(sh, np.arange(10))  # a batch: every shadow saw one of its rows
+    assert counts["kept"] == 0 and not S.meets_minimum(empty, 1)
+    keep = np.arange(10, 60)
+    one, _ = S.refill_shadows(empty, X[keep], y[keep], count=S.refill_block(settings))
+    assert one.n_shadows == 5 and S.out_counts(one).tolist() == [1] * 50 and not S.meets_minimum(one, 2)
+    two, _ = S.refill_shadows(one, X[keep], y[keep], count=S.refill_block(settings))
+    assert two.n_shadows == 10 and S.meets_minimum(two, 2) and two.generation == one.generation + 1
+    assert not np.array_equal(two.in_mask[:5], two.in_mask[5:])  # each block its own draw
+
+
 def test_attack_summary_without_the_curve_matches_the_full_roc_ties_included():
     """attack_summary's sort-and-search figures equal roc_curve + tpr_at_fpr (TPR exactly, AUC to rounding) on
     random scores rounded to produce ties, FPRs below, at and above the non-members' resolution."""

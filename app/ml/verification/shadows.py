@@ -17,6 +17,7 @@ erasure, and ``refill_shadows`` trains as many on the remaining rows once the re
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -229,18 +230,38 @@ def drop_shadows(shadows: ShadowSet, erased_positions: np.ndarray) -> tuple[Shad
     return result, {"dropped": int(holders.size), "kept": int(kept.size)}
 
 
+def out_counts(shadows: ShadowSet) -> np.ndarray:
+    """Per pool row, how many shadows did NOT train on it (its OUT shadows: what offline LiRA scores it against)."""
+    return shadows.n_shadows - shadows.in_mask.sum(axis=0)
+
+
+def meets_minimum(shadows: ShadowSet, min_out: int) -> bool:
+    """Whether every pool row has at least ``min_out`` OUT shadows: any row may be audited (a forget row, or a
+    held-out row scored as a non-member), and LiRA's offline test needs only the shadows that did not see it."""
+    return shadows.in_mask.shape[1] == 0 or int(out_counts(shadows).min(initial=shadows.n_shadows)) >= int(min_out)
+
+
+def refill_block(settings: ShadowSettings) -> int:
+    """The fewest shadows whose balanced draw leaves every row OUT of at least one (5 at keep 0.8, 2 at 0.5): a
+    refill trains in blocks of this size, so each block adds one OUT shadow to every row of the pool."""
+    return max(1, math.ceil(1.0 / (1.0 - float(settings.keep_fraction)) - 1e-9))
+
+
 def refill_shadows(
     shadows: ShadowSet,
     X_pool: np.ndarray,
     y_pool: np.ndarray,
     init: torch.Tensor | None = None,
     progress: ProgressFn | None = None,
+    count: int | None = None,
 ) -> tuple[ShadowSet, dict[str, int]]:
-    """Train shadows until the set holds ``settings.n_shadows`` again, each on a fresh balanced draw over the pool
-    (``X_pool``/``y_pool``: the pool's rows in ``row_ids`` order), seeded by (seed, generation + 1) so no draw is
-    reused. ``init``: the served θ, for a strictly convex recipe (its optimum is unique, a nearby start converges in
-    a few steps). Returns the set and {"trained"}."""
+    """Train shadows until the set holds ``settings.n_shadows`` again (or ``count`` of them, at most that many), each
+    on a fresh balanced draw over the pool (``X_pool``/``y_pool``: the pool's rows in ``row_ids`` order), seeded by
+    (seed, generation + 1) so no draw is reused. ``init``: the served θ, for a strictly convex recipe (its optimum is
+    unique, a nearby start converges in a few steps). Returns the set and {"trained"}."""
     missing = int(shadows.settings.n_shadows) - shadows.n_shadows
+    if count is not None:
+        missing = min(missing, int(count))
     if missing <= 0:
         return shadows, {"trained": 0}
     X_pool, y_pool = np.asarray(X_pool), np.asarray(y_pool)
