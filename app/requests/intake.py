@@ -24,7 +24,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from sqlalchemy import select, tuple_
+from sqlalchemy import select, text, tuple_
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -280,12 +280,7 @@ class IntakeBatcher:
             keys = [(item.principal.key_id, item.idempotency_key) for item in batch if item.idempotency_key]
             known: dict[tuple[str, str], object] = {}
             if keys:
-                rows = session.execute(
-                    select(DeletionRequest).where(
-                        tuple_(DeletionRequest.api_key_id, DeletionRequest.idempotency_key).in_(keys)
-                    )
-                ).scalars()
-                known = {(r.api_key_id, r.idempotency_key): r for r in rows}
+                known = _idempotent_twins(session, keys)
             rows = self._rows(
                 session, [item for item in batch if (item.principal.key_id, item.idempotency_key) not in known]
             )
@@ -349,6 +344,31 @@ class IntakeBatcher:
         finally:
             session.close()
         return outcomes
+
+
+_TWINS = text(
+    "SELECT r.id FROM unnest(CAST(:keys AS varchar[]), CAST(:idems AS varchar[])) AS p(key_id, idem) "
+    "CROSS JOIN LATERAL (SELECT d.id FROM deletion_requests d "
+    "WHERE d.api_key_id = p.key_id AND d.idempotency_key = p.idem LIMIT 1) AS r"
+)
+
+
+def _idempotent_twins(session: Session, keys: list[tuple[str, str]]) -> dict[tuple[str, str], DeletionRequest]:
+    """The requests already made under the batch's (API key, Idempotency-Key) pairs. On PostgreSQL one probe of the
+    unique index per pair, whatever the planner's statistics say: a row-value IN list (or two IN lists) was planned
+    from statistics taken when the table was small, as one probe on the key alone, filtering every request that key
+    ever made (1.5 ms a batch after 3,500 requests, growing with the table). The rows themselves are read only for
+    the pairs found (replays are rare)."""
+    if session.get_bind().dialect.name == "postgresql":
+        ids = session.execute(_TWINS, {"keys": [k for k, _ in keys], "idems": [i for _, i in keys]}).scalars().all()
+        if not ids:
+            return {}
+        query = select(DeletionRequest).where(DeletionRequest.id.in_(ids))
+    else:
+        query = select(DeletionRequest).where(
+            tuple_(DeletionRequest.api_key_id, DeletionRequest.idempotency_key).in_(keys)
+        )
+    return {(r.api_key_id, r.idempotency_key): r for r in session.execute(query).scalars()}
 
 
 def unavailable() -> Problem:
