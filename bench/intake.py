@@ -129,6 +129,12 @@ def _wrk(port, *, seconds, connections, model_id, api_key, tag, first_row, id_fi
     }
 
 
+def _py_spy() -> str:
+    """The venv's py-spy, else the one on PATH (installed apart: ``pip install --target DIR py-spy``)."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else (shutil.which("py-spy") or str(beside))
+
+
 def _wrk_version() -> str:
     done = subprocess.run(["wrk", "-v"], capture_output=True, text=True)
     return (done.stdout + done.stderr).strip().splitlines()[0]
@@ -258,7 +264,7 @@ def main() -> None:
             if args.py_spy and r == 0:
                 spy = subprocess.Popen(
                     [
-                        str(Path(sys.executable).parent / "py-spy"),
+                        _py_spy(),
                         "record",
                         "--pid",
                         str(servers[0].pid),

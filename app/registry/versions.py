@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import load as load_arrays
 from safetensors.numpy import save as save_arrays
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import delete, func, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from app.audit.service import append_event, hash_subject
@@ -237,6 +237,13 @@ def index_rows(session: Session, dataset_id: str, row_ids: Iterable[str], labels
     for start in range(0, len(rows), ROW_INSERT_CHUNK):
         session.execute(insert(DatasetRow), rows[start : start + ROW_INSERT_CHUNK])
     session.execute(update(Dataset).where(Dataset.id == dataset_id).values(n_rows=len(rows), n_positions=len(rows)))
+    if session.get_bind().dialect.name == "postgresql":
+        # the planner's statistics must know the new rows before the first request names them: with statistics
+        # from before the load, PostgreSQL takes the new data set for a few rows and the intake's look-up
+        # (data set, row ids) scans every row of the data set through the (data set, position) index instead of
+        # probing the unique (data set, row id) one: 4-7 ms per batch at 40,000 rows, growing with the table.
+        # Autovacuum analyses only after its next nap; ANALYZE samples a bounded number of rows (ms, once).
+        session.execute(text("ANALYZE dataset_rows"))
 
 
 def positions_of(session: Session, dataset_id: str, scope: Mapping[str, Any]) -> list[int]:

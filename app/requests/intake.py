@@ -17,6 +17,7 @@ durable.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
@@ -24,7 +25,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from sqlalchemy import select, tuple_
+from sqlalchemy import select, text, tuple_
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -62,6 +63,7 @@ class _Item:
     idempotency_key: str | None
     future: Future
     key_hash: str | None = None  # submit_key: the API key is looked up with the rest of the batch
+    waiter: asyncio.Future | None = None  # submit_async: the event loop's future, woken with its batch
 
 
 LARGE_REQUEST_IDS = 1_000
@@ -112,6 +114,19 @@ class IntakeBatcher:
         self._enqueue(_Item(None, body, idempotency_key, future, key_hash))
         return future
 
+    def submit_async(self, key_hash: str, body: DeletionRequestCreate, idempotency_key: str | None) -> asyncio.Future:
+        """As ``submit_key``, awaited on the running event loop. A batch wakes each loop it answers ONCE (one
+        ``call_soon_threadsafe`` for all its requests of that loop): a future per request, wrapped with
+        ``asyncio.wrap_future``, cost a self-pipe write per request, a system call that let the event loop take the
+        GIL from the intake thread in the middle of its batch. Cancelling the returned future (the client went
+        away, the route's timeout) cancels the request if no batch has taken it yet."""
+        self._start()
+        waiter = asyncio.get_running_loop().create_future()
+        item = _Item(None, body, idempotency_key, Future(), key_hash, waiter)
+        waiter.add_done_callback(lambda w: w.cancelled() and item.future.cancel())
+        self._enqueue(item)
+        return waiter
+
     def _enqueue(self, item: _Item) -> None:
         if _is_large(item.body):
             self._large.submit(self._alone, item)
@@ -128,6 +143,7 @@ class IntakeBatcher:
             log.exception("large intake request crashed")
             if not item.future.done():
                 item.future.set_exception(RuntimeError("intake failed; retry with the same Idempotency-Key"))
+            _wake([item] if item.waiter is not None else [])
 
     def stop(self) -> None:
         self._large.shutdown(wait=True, cancel_futures=False)
@@ -196,6 +212,7 @@ class IntakeBatcher:
                 for item in batch:
                     if not item.future.done():
                         item.future.set_exception(RuntimeError("intake failed; retry with the same Idempotency-Key"))
+                _wake([item for item in batch if item.waiter is not None])
 
     @staticmethod
     def _authenticate(session, batch: list[_Item]) -> list[_Item]:
@@ -238,6 +255,7 @@ class IntakeBatcher:
         for item in batch:  # nothing staged (the database down before the first look-up): never left waiting
             if not item.future.done():
                 item.future.set_exception(unavailable())
+        _wake([item for item in batch if item.waiter is not None])
 
     def _model(self, session, model_id: str):
         """A snapshot of the model row, at most ``MODEL_TTL`` old: status and prepared methods change rarely."""
@@ -280,12 +298,7 @@ class IntakeBatcher:
             keys = [(item.principal.key_id, item.idempotency_key) for item in batch if item.idempotency_key]
             known: dict[tuple[str, str], object] = {}
             if keys:
-                rows = session.execute(
-                    select(DeletionRequest).where(
-                        tuple_(DeletionRequest.api_key_id, DeletionRequest.idempotency_key).in_(keys)
-                    )
-                ).scalars()
-                known = {(r.api_key_id, r.idempotency_key): r for r in rows}
+                known = _idempotent_twins(session, keys)
             rows = self._rows(
                 session, [item for item in batch if (item.principal.key_id, item.idempotency_key) not in known]
             )
@@ -349,6 +362,56 @@ class IntakeBatcher:
         finally:
             session.close()
         return outcomes
+
+
+_TWINS = text(
+    "SELECT r.id FROM unnest(CAST(:keys AS varchar[]), CAST(:idems AS varchar[])) AS p(key_id, idem) "
+    "CROSS JOIN LATERAL (SELECT d.id FROM deletion_requests d "
+    "WHERE d.api_key_id = p.key_id AND d.idempotency_key = p.idem LIMIT 1) AS r"
+)
+
+
+def _idempotent_twins(session: Session, keys: list[tuple[str, str]]) -> dict[tuple[str, str], DeletionRequest]:
+    """The requests already made under the batch's (API key, Idempotency-Key) pairs. On PostgreSQL one probe of the
+    unique index per pair, whatever the planner's statistics say: a row-value IN list (or two IN lists) was planned
+    from statistics taken when the table was small, as one probe on the key alone, filtering every request that key
+    ever made (1.5 ms a batch after 3,500 requests, growing with the table). The rows themselves are read only for
+    the pairs found (replays are rare)."""
+    if session.get_bind().dialect.name == "postgresql":
+        ids = session.execute(_TWINS, {"keys": [k for k, _ in keys], "idems": [i for _, i in keys]}).scalars().all()
+        if not ids:
+            return {}
+        query = select(DeletionRequest).where(DeletionRequest.id.in_(ids))
+    else:
+        query = select(DeletionRequest).where(
+            tuple_(DeletionRequest.api_key_id, DeletionRequest.idempotency_key).in_(keys)
+        )
+    return {(r.api_key_id, r.idempotency_key): r for r in session.execute(query).scalars()}
+
+
+def _wake(items: list[_Item]) -> None:
+    """Hand each settled item's outcome to its event loop's waiter: one ``call_soon_threadsafe`` per loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[_Item]] = {}
+    for item in items:
+        by_loop.setdefault(item.waiter.get_loop(), []).append(item)
+    for loop, waiting in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle, waiting)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            log.debug("intake answers for a closed event loop dropped")
+
+
+def _settle(items: list[_Item]) -> None:
+    """On the event loop: each waiter gets its item's outcome (one already cancelled is left alone)."""
+    for item in items:
+        if item.waiter.done():
+            continue
+        if item.future.cancelled():
+            item.waiter.cancel()
+        elif (exc := item.future.exception()) is not None:
+            item.waiter.set_exception(exc)
+        else:
+            item.waiter.set_result(item.future.result())
 
 
 def unavailable() -> Problem:

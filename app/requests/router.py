@@ -133,7 +133,7 @@ async def create_deletion_request(
         if refusal is not None:
             raise refusal from None
         raise
-    pending = asyncio.wrap_future(get_batcher().submit_key(hash_key(api_key), body, idempotency_key))
+    pending = get_batcher().submit_async(hash_key(api_key), body, idempotency_key)
     try:
         out, _created = await asyncio.wait_for(pending, timeout=get_settings().intake_timeout_seconds)
     except TimeoutError:  # the commit may still land: the same Idempotency-Key then answers with that request

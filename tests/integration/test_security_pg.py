@@ -196,6 +196,35 @@ def test_several_intake_threads_commit_every_request_once(stack, model):
     assert stack.client.get("/v1/audit/verify").json()["ok"] is True
 
 
+def test_a_batch_finds_committed_twins_by_key_and_idempotency_key(stack, model):
+    """The fast path's twin look-up (one index probe per (API key, Idempotency-Key) pair): a retry under the same
+    key is answered with the committed request, and another API key using the same Idempotency-Key gets its own
+    request, both in one batch, without the slow path (which would hide a look-up that finds nothing)."""
+    from app.requests.intake import IntakeBatcher
+
+    first, second = lookup_key(hash_key(stack.key)), lookup_key(hash_key(make_key(name="twin-b")))
+
+    def body(row: int) -> DeletionRequestCreate:
+        scope = {"kind": "samples", "sample_ids": [f"r{row}"]}
+        return DeletionRequestCreate.model_validate({"subject_ref": "twin", "model_id": model["id"], "scope": scope})
+
+    batcher = IntakeBatcher(max_batch=8, wait_ms=200)
+    slow: list[int] = []
+    one_by_one = batcher._one_by_one
+    batcher._one_by_one = lambda batch: slow.append(len(batch)) or one_by_one(batch)
+    try:
+        original, created = batcher.submit(first, body(250), "twin-key").result(timeout=60)
+        assert created
+        retry = batcher.submit(first, body(250), "twin-key")
+        other = batcher.submit(second, body(251), "twin-key")
+        (replayed, replay_created), (own, own_created) = retry.result(timeout=60), other.result(timeout=60)
+    finally:
+        batcher.stop()
+    assert replayed.id == original.id and not replay_created
+    assert own.id != original.id and own_created
+    assert slow == []
+
+
 def test_item14_honest_numbers_survive_jsonb(stack):
     payload = {
         "big": 2.5e16,
