@@ -317,30 +317,26 @@ def claim_many(session: Session, job_ids: list[str], owner: str) -> list[Job]:
 def jobs_waiting(session: Session, model_id: str, kind: str, exclude: str) -> bool:
     """Whether a job of this kind waits on this model that no worker holds (``_free``), other than ``exclude``: the
     upkeep of the job holding the model then stops at what the next one needs (tabular.refill_verification)."""
-    query = select(Job.id).where(
-        Job.model_id == model_id, Job.kind == kind, Job.id != exclude, _free(utcnow()), Job.attempts < Job.max_attempts
+    return session.execute(select(Job.id).where(*_waiting(model_id, kind, exclude)).limit(1)).first() is not None
+
+
+def _waiting(model_id: str, kind: str, exclude: str) -> tuple:
+    """Jobs of this kind on this model, other than ``exclude``, that no worker holds and that may still run."""
+    return (
+        Job.model_id == model_id,
+        Job.kind == kind,
+        Job.id != exclude,
+        _free(utcnow()),
+        Job.attempts < Job.max_attempts,
     )
-    return session.execute(query.limit(1)).first() is not None
 
 
 def waiting_on_model(session: Session, model_id: str, kind: str, exclude: str, limit: int) -> list[Job]:
     """Jobs of this kind on this model that no worker holds (oldest first): what a batch leader may join — waiting
     ones, and those whose worker died (lease expired; ``claim`` takes them the same way). A job released from a batch
     to run alone (payload ``solo``) is never joined again."""
-    now = utcnow()
     jobs = (
-        session.execute(
-            select(Job)
-            .where(
-                Job.model_id == model_id,
-                Job.kind == kind,
-                Job.id != exclude,
-                _free(now),
-                Job.attempts < Job.max_attempts,
-            )
-            .order_by(Job.created_at)
-            .limit(limit * 2)
-        )
+        session.execute(select(Job).where(*_waiting(model_id, kind, exclude)).order_by(Job.created_at).limit(limit * 2))
         .scalars()
         .all()
     )

@@ -143,7 +143,7 @@ class IntakeBatcher:
             log.exception("large intake request crashed")
             if not item.future.done():
                 item.future.set_exception(RuntimeError("intake failed; retry with the same Idempotency-Key"))
-            _wake([item] if item.waiter is not None else [])
+            _wake([item])
 
     def stop(self) -> None:
         self._large.shutdown(wait=True, cancel_futures=False)
@@ -212,7 +212,7 @@ class IntakeBatcher:
                 for item in batch:
                     if not item.future.done():
                         item.future.set_exception(RuntimeError("intake failed; retry with the same Idempotency-Key"))
-                _wake([item for item in batch if item.waiter is not None])
+                _wake(batch)
 
     @staticmethod
     def _authenticate(session, batch: list[_Item]) -> list[_Item]:
@@ -255,7 +255,7 @@ class IntakeBatcher:
         for item in batch:  # nothing staged (the database down before the first look-up): never left waiting
             if not item.future.done():
                 item.future.set_exception(unavailable())
-        _wake([item for item in batch if item.waiter is not None])
+        _wake(batch)
 
     def _model(self, session, model_id: str):
         """A snapshot of the model row, at most ``MODEL_TTL`` old: status and prepared methods change rarely."""
@@ -390,9 +390,10 @@ def _idempotent_twins(session: Session, keys: list[tuple[str, str]]) -> dict[tup
 
 
 def _wake(items: list[_Item]) -> None:
-    """Hand each settled item's outcome to its event loop's waiter: one ``call_soon_threadsafe`` per loop."""
+    """Hand each settled item's outcome to its event loop's waiter (``submit_async``'s; others have none): one
+    ``call_soon_threadsafe`` per loop."""
     by_loop: dict[asyncio.AbstractEventLoop, list[_Item]] = {}
-    for item in items:
+    for item in (i for i in items if i.waiter is not None):
         by_loop.setdefault(item.waiter.get_loop(), []).append(item)
     for loop, waiting in by_loop.items():
         try:
