@@ -44,6 +44,7 @@ from app.ml.verification.shadows import (
     positions_of,
     refill_block,
     refill_shadows,
+    score_rows,
     shadows_from_bytes,
     shadows_to_bytes,
     train_shadows,
@@ -420,9 +421,11 @@ def scrub_encoder(encoder: TableEncoder, data: TabularData, erased: np.ndarray) 
             j += 1
             continue
         cats = encoder.categories[col]
-        used = data.X[remaining, j : j + len(cats)].any(axis=0)
-        for k, cat in enumerate(cats):
-            if not used[k] and not cat.startswith(ERASED_CATEGORY):
+        block = data.X[:, j : j + len(cats)]
+        # only a category an erased row carries can have lost its last row (every other one is still used, or was
+        # scrubbed by the erasure that removed its last row): a one-row erasure reads a few columns, not the table
+        for k in np.flatnonzero(block[erased].any(axis=0)):
+            if not cats[k].startswith(ERASED_CATEGORY) and not block[remaining, k].any():
                 scrubbed["categories"][col][k] = f"{ERASED_CATEGORY}{j + k}>"
                 changed = True
         j += len(cats)
@@ -455,15 +458,16 @@ def _evaluate(recipe, theta, data: TabularData, n_classes: int, masks: dict[str,
 def _evaluate_many(recipe, thetas: list, data: TabularData, n_classes: int, masks: dict[str, np.ndarray]) -> list:
     """``_evaluate`` of several models, their predictions from one pass over the table (tabular.predict_many: a
     deletion's before and after together)."""
-    wanted = {name: mask for name, mask in masks.items() if mask.any()}
+    counts = {name: int(np.count_nonzero(mask)) for name, mask in masks.items()}
+    wanted = {name: mask for name, mask in masks.items() if counts[name]}
     if not wanted:
         return [{} for _ in thetas]
     out = []
     for predicted in tabular.predict_many(recipe, thetas, data.X, n_classes):
         correct, figures = predicted == data.y, {}
-        for name, mask in wanted.items():
-            figures[f"accuracy_{name}"] = round(float(correct[mask].mean()), 6)
-            figures[f"rows_{name}"] = int(mask.sum())
+        for name, mask in wanted.items():  # counts, not a copy of the rows per mask
+            figures[f"accuracy_{name}"] = round(np.count_nonzero(correct & mask) / counts[name], 6)
+            figures[f"rows_{name}"] = counts[name]
         out.append(figures)
     return out
 
@@ -597,6 +601,7 @@ def train_verification_shadows(ctx: JobContext, model: Model, recipe, data: Tabu
         row_ids=pool,
         progress=lambda done, total: ctx.progress(0.2 + 0.1 * done / total, f"verification shadows {done}/{total}"),
     )
+    shadows = score_audit_rows(shadows, data, model, recipe)
     entry = {
         "shadows": store_shadows(shadows),
         "n_shadows": shadows.n_shadows,
@@ -606,6 +611,16 @@ def train_verification_shadows(ctx: JobContext, model: Model, recipe, data: Tabu
     with session_scope() as session:
         ctx.assert_lease(session)
         registry.set_state(session, model.id, {"verification": entry})
+
+
+def score_audit_rows(shadows: ShadowSet, data: TabularData, model: Model, recipe) -> ShadowSet:
+    """The shadows with their φ on the held-out rows every audit of the model scores as non-members (the audit's
+    own choice, ``audit_nonmembers``), computed now, with the shadows, rather than by every deletion's audit."""
+    pool = np.asarray(shadows.row_ids, dtype=np.int64)
+    holdout = holdout_mask(len(data.y), model.spec.get("holdout_fraction", 0.2), recipe.seed)
+    candidates = np.flatnonzero((holdout & data.present)[pool])
+    columns = audit_nonmembers(candidates, recipe.seed, pool[candidates])
+    return score_rows(shadows, data.X[pool], data.y[pool], columns)
 
 
 def prepare_methods(ctx: JobContext, model: Model, recipe, data: TabularData, theta, holdout) -> dict[str, Any]:
@@ -997,7 +1012,8 @@ def verify_deletion(work: DeletionWork, unlearned: Unlearned) -> dict[str, Verif
     if not at_minimum(shadows):  # the load refills to it (Deletion.load); never audit on fewer
         raise RuntimeError(f"the shadow pool is below its minimum ({MIN_OUT_SHADOWS} OUT shadows per row)")
     pool = np.asarray(shadows.row_ids, dtype=np.int64)
-    nonmembers = audit_nonmembers(np.flatnonzero(test[pool]), inputs.recipe.seed)  # pool columns are positions
+    candidates = np.flatnonzero(test[pool])  # pool columns; their row ids are positions
+    nonmembers = audit_nonmembers(candidates, inputs.recipe.seed, pool[candidates])
     if len(nonmembers) == 0:
         return without_attack("no held-out rows to serve as non-members")
     try:
@@ -1040,13 +1056,23 @@ them (every shadow scores every one), while 20,000 already resolve TPR at 1 % FP
 uses the number actually scored. A 1M-row table's 200,000 held-out rows cost ~2.5 s per audit."""
 
 
-def audit_nonmembers(candidates: np.ndarray, seed: int) -> np.ndarray:
-    """The non-members an audit scores: every candidate, or MAX_NONMEMBERS of them drawn with a fixed seed (the same
-    rows for every request of the model, so two audits compare alike)."""
+def audit_nonmembers(candidates: np.ndarray, seed: int, row_ids: np.ndarray | None = None) -> np.ndarray:
+    """The non-members an audit scores: every candidate, or the MAX_NONMEMBERS of them that rank first by a seeded
+    hash of their row ids (``row_ids``: the candidates', default the candidates themselves). A rank, not a draw: a
+    candidate that leaves (erased, or deleted itself) gives its place to the next, and every other row stays, so two
+    audits of the model compare alike and the rows the shadows were scored on when trained stay the audit's."""
     if len(candidates) <= MAX_NONMEMBERS:
         return candidates
-    rng = np.random.default_rng([int(seed), 1879])
-    return np.sort(rng.choice(candidates, MAX_NONMEMBERS, replace=False))
+    ids = np.asarray(candidates if row_ids is None else row_ids).astype(np.uint64)
+    rank = _mix64(ids ^ _mix64(np.asarray([int(seed) + 1879], np.uint64))[0])
+    return np.sort(np.asarray(candidates)[np.argpartition(rank, MAX_NONMEMBERS - 1)[:MAX_NONMEMBERS]])
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser (Steele et al. 2014): a fixed, well-spread hash of 64-bit integers (wraps mod 2^64)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
 
 
 def _held_out(policy: VerdictPolicy) -> Verification:
@@ -1219,6 +1245,8 @@ def refill_verification(model_id: str, ctx: JobContext, minimum_only: bool = Fal
     X_pool, y_pool = data.X[pool], data.y[pool]
     served = weights(parent.digest)
     init = served if served.numel() == shadows.thetas.shape[1] else None
+    if shadows.scored is None:  # a set stored before scored rows: scored with its first refill block
+        shadows = score_audit_rows(shadows, data, model, tabular.TabularRecipe.from_dict(model.spec["recipe"]))
     while shadows.n_shadows < full:
         if at_minimum(shadows) and (minimum_only or deletion_waiting(model_id, ctx)):
             break

@@ -790,10 +790,11 @@ def predict_many(recipe: TabularRecipe, thetas: list, X: np.ndarray, n_classes: 
     for start in range(0, len(X), PREDICT_BLOCK):
         Z = np.asarray(X[start : start + PREDICT_BLOCK], np.float64) @ W.T + b  # [rows, m k]
         for i, pred in enumerate(out):
-            z = Z[:, i * k : (i + 1) * k]
-            if k == 1:  # binary: class 0 has logit 0 (the arg-max of [0, z], as predict takes it)
-                z = np.concatenate([np.zeros_like(z), z], axis=1)
-            pred[start : start + len(Z)] = z.argmax(1)
+            if k == 1:  # binary: class 0 has logit 0; the arg-max of [0, z] (as predict takes it) is z > 0 (NaN: 1)
+                z = Z[:, i]
+                pred[start : start + len(Z)] = (z > 0) | np.isnan(z)
+            else:
+                pred[start : start + len(Z)] = Z[:, i * k : (i + 1) * k].argmax(1)
     return out
 
 

@@ -201,12 +201,26 @@ def test_the_one_pass_over_the_retained_rows_gives_the_gradients_hessian_and_bou
         recipe, theta, X, n_classes, torch.from_numpy(plain.grads[0]), {"parent": parent}, mask=retain, computed=plain
     )
     assert separate["bound"] is not None and separate["rows"] == fused["rows"]
-    for key in ("bound", "mu", "mu_at_theta", "newton_step_norm"):
+    for key in ("mu_at_theta", "newton_step_norm"):
         assert fused[key] == pytest.approx(separate[key], rel=1e-6), key
+    assert one.max_row_norm == pytest.approx(norms.max(), rel=1e-12)
+    # the fused bound takes rho from the rows' largest norm (no second pass): at least the exact rho, so still a
+    # proof, and a bound within (e^t - 1) <= 0.1 % of the convexity bound above the exact rho's
+    assert (fused["rho"]["by"], separate["rho"]["by"]) == ("row norms", "exact pass")
+    assert fused["rho"]["value"] >= separate["rho"]["value"]
+    assert fused["mu"] <= separate["mu"]
+    assert separate["bound"] <= fused["bound"] <= separate["bound"] + 1e-3 * separate["bound_strong_convexity"]
+    # far from the optimum (the parent) the row-norm rho certifies no first radius: the exact pass decides
+    _, g_far = T.objective_gradient(recipe, parent, X[retain], y[retain], n_classes)
+    far_alone = bounds.strong_convexity_bound(recipe, parent, X[retain], n_classes, g_far)
+    far_pass = bounds.retained_pass(recipe, [parent], X, y, n_classes, retain)
+    far = bounds.strong_convexity_bound(recipe, parent, X, n_classes, g_far, mask=retain, computed=far_pass)
+    assert far.get("rho", {}).get("by") != "row norms"
+    assert far["bound"] == pytest.approx(far_alone["bound"], rel=1e-6) if far_alone["bound"] else far["bound"] is None
 
     # the evidence itself: the same figures and verdict as from the copied-out rows' separate passes
     checks = evidence.tabular_evidence(recipe, parent, theta, X, y, n_classes, retain, exact=False)
     assert [c["name"] for c in checks] == ["proven_distance"]
     assert checks[0]["passed"] and checks[0]["informative"]
-    assert checks[0]["figure"] == pytest.approx(separate["bound"], rel=1e-6)
+    assert checks[0]["figure"] == pytest.approx(fused["bound"], rel=1e-6)
     assert checks[0]["detail"]["rows"] == int(retain.sum())

@@ -88,3 +88,49 @@ def test_a_warm_worker_sees_the_table_a_reload_would_give(tmp_path):
         assert np.array_equal(getattr(warm, name), getattr(cold, name)), name
     assert warm.encoder.to_dict() == cold.encoder.to_dict() and not warm.present[erased].any()
     assert data.present[erased].all()  # the entry for the old digest is untouched
+
+
+def test_the_encoder_scrub_reading_only_the_erased_rows_categories_equals_a_full_scan(tmp_path):
+    """scrub_encoder reads only the categories the erased rows carry (a one-row erasure scanned every categorical
+    column of the table): over a sequence of erasures it must scrub exactly the categories a full scan of the
+    remaining rows finds unused — one shared with a remaining row stays, one whose last row goes is scrubbed."""
+    from app.jobs import tabular as wing
+    from app.storage import get_store
+    from tests.helpers import configure, write_table
+
+    configure(tmp_path / "home")
+    frame = write_table(tmp_path / "t.csv", n=120, seed=3)
+    frame.loc[[5, 6], "colour"] = "violet"  # two rows share a rare category: scrubbed only once both are erased
+    frame.loc[9, "colour"] = "amber"
+    frame.to_csv(tmp_path / "t.csv", index=False)
+    digest = get_store().put_bytes((tmp_path / "t.csv").read_bytes())
+    dataset = SimpleNamespace(
+        id="d2", digest=digest, label_column="label", row_id_column="row_id", n_positions=120, format="csv"
+    )
+    data = wing.load_tabular(dataset, SimpleNamespace(state={}))
+
+    def full_scan(encoder, present):
+        names, j = {}, 0
+        for col in encoder.feature_columns:
+            if col not in encoder.categories:
+                j += 1
+                continue
+            cats = encoder.categories[col]
+            used = data.X[present, j : j + len(cats)].any(axis=0)
+            names[col] = [c if used[k] or c.startswith(wing.ERASED_CATEGORY) else f"{wing.ERASED_CATEGORY}{j + k}>"
+                          for k, c in enumerate(cats)]  # fmt: skip
+            j += len(cats)
+        return names
+
+    encoder, present, scrubbed = data.encoder, data.present.copy(), []
+    for erased in ([5, 40], [9], [6, 7, 8], [11]):
+        erased = np.asarray(erased)
+        got = wing.scrub_encoder(encoder, SimpleNamespace(X=data.X, present=present), erased)
+        present[erased] = False
+        want = full_scan(encoder, present)
+        now = got["categories"] if got else encoder.categories
+        assert {c: list(now[c]) for c in want} == want
+        if got:
+            scrubbed.append(int(erased[0]))
+            encoder = type(encoder).from_dict(got)
+    assert scrubbed == [9, 6]  # amber with its only row; violet with the second of its two

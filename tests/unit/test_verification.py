@@ -531,6 +531,47 @@ def test_large_audits_stay_cheap_and_mean_the_same():
     picked = audit_nonmembers(many, 0)
     assert len(picked) == MAX_NONMEMBERS == len(np.unique(picked)) and np.all(np.diff(picked) > 0)
     assert np.isin(picked, many).all() and np.array_equal(picked, audit_nonmembers(many, 0))
+    # a rank, not a draw: candidates that leave give their places to the next; every other pick stays
+    fewer = np.setdiff1d(many, picked[:5])
+    again = audit_nonmembers(fewer, 0)
+    assert len(again) == MAX_NONMEMBERS and len(np.intersect1d(again, picked)) == MAX_NONMEMBERS - 5
+    by_id = audit_nonmembers(np.arange(len(many)), 0, row_ids=many + 7)  # ranked by the ids given, not positions
+    assert np.array_equal(many[by_id] + 7, np.sort(audit_nonmembers(many + 7, 0)))
+
+
+@pytest.mark.parametrize("n_classes", [2, 3])
+def test_an_audit_reading_the_shadows_scored_rows_equals_one_scoring_them(n_classes):
+    """Issue 21: the shadows' φ on the audit's non-members is computed once, with the shadows (score_rows), kept
+    through an erasure's drop, a refill and the store, and read by every audit. Each audit must give the scores of
+    one that scores every row with every shadow (to float64 summation order)."""
+    rng = np.random.default_rng(20 + n_classes)
+    X = rng.normal(size=(600, 5)).astype(np.float32)
+    y = rng.integers(0, n_classes, 600)
+    shadows = S.train_shadows(LR, X, y, n_classes, S.ShadowSettings(n_shadows=10, keep_fraction=0.5, seed=1))
+    scored = S.score_rows(shadows, X, y, np.arange(300, 600))
+    thetas = {"original": shadows.thetas[0], "unlearned": shadows.thetas[1]}
+
+    def same(with_scored, plain, forget, nonmembers, X_pool, y_pool):
+        got = A.forget_set_scores(with_scored, X_pool, y_pool, forget, nonmembers, thetas)
+        want = A.forget_set_scores(plain, X_pool, y_pool, forget, nonmembers, thetas)
+        for name in thetas:
+            assert np.allclose(got.forget_scores[name], want.forget_scores[name], rtol=1e-10, atol=1e-12)
+            assert np.allclose(got.nonmember_scores[name], want.nonmember_scores[name], rtol=1e-10, atol=1e-12)
+
+    assert S.scored_phi(scored, np.arange(290, 310))[0].tolist() == [False] * 10 + [True] * 10
+    same(scored, shadows, np.arange(20), np.arange(250, 600), X, y)  # some non-members scored, some not
+    erased = np.r_[3, 310, 311]  # a forget row and two scored non-members
+    dropped, _ = S.drop_shadows(scored, erased)
+    plain_dropped, _ = S.drop_shadows(shadows, erased)
+    assert np.array_equal(dropped.thetas, plain_dropped.thetas) and dropped.scored.phi.shape[1] == 298
+    keep = np.setdiff1d(np.arange(600), erased)
+    refilled, _ = S.refill_shadows(dropped, X[keep], y[keep])
+    plain_refilled, _ = S.refill_shadows(plain_dropped, X[keep], y[keep])
+    assert refilled.n_shadows == 10 == refilled.scored.phi.shape[0]
+    stored = S.shadows_from_bytes(S.shadows_to_bytes(refilled))
+    assert np.array_equal(stored.scored.phi, refilled.scored.phi)
+    assert np.array_equal(stored.scored.row_ids, refilled.scored.row_ids)
+    same(stored, plain_refilled, np.arange(10), np.arange(200, 597), X[keep], y[keep])
 
 
 @pytest.mark.parametrize("n_classes", [2, 3])

@@ -27,7 +27,7 @@ from app.ml import tabular
 from app.ml.verification import lira
 from app.ml.verification.mia import threshold_attack
 from app.ml.verification.policy import VerdictPolicy, chance_margin
-from app.ml.verification.shadows import ShadowSet, model_phi, shadow_phi
+from app.ml.verification.shadows import ShadowSet, model_phi, scored_phi, shadow_phi
 
 MIN_SHADOWS_PER_SIDE = 2
 """A Gaussian needs two samples; below that online LiRA cannot fit a side and the audit falls back to offline."""
@@ -113,7 +113,10 @@ def forget_set_scores(
     rows = columns if pool_rows is None else np.asarray(pool_rows, dtype=np.int64)[columns]
     X_rows, y_rows = X_pool[rows], y_pool[rows]
     phis = {name: model_phi(shadows.recipe, theta, X_rows, y_rows, shadows.n_classes) for name, theta in thetas.items()}
-    phi_sh = shadow_phi(shadows, X_rows, y_rows)
+    kept, phi_kept = scored_phi(shadows, columns)  # rows the shadows were scored on when trained: read, not scored
+    phi_sh = np.empty((shadows.n_shadows, columns.size))
+    phi_sh[:, kept] = phi_kept
+    phi_sh[:, ~kept] = shadow_phi(shadows, X_rows[~kept], y_rows[~kept])
     return scores_from_phi(phi_sh, shadows.in_mask[:, columns], phis, f.size, mode, variance, center)
 
 

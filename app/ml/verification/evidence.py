@@ -159,6 +159,7 @@ def _proven_distance(r: Retained) -> dict[str, Any]:
         "max_ratio": max_ratio,
         "holds_for": bound.get("holds_for"),
         "mu": bound.get("mu"),
+        "rho": bound.get("rho"),  # the logits' largest move per unit step, and how it was found (bounds.py)
     }
     if d_new is None:  # nothing proven (θ′ far from any optimum, or none is finite): the retained gradient decides
         reason = bound.get("reason", "no radius certified itself")

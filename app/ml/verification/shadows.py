@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -62,6 +62,16 @@ class ShadowSettings:
 
 
 @dataclass
+class Scored:
+    """Every shadow's φ on some pool rows, computed when the shadows were trained (``score_rows``): the rows every
+    audit of the model scores as non-members, so an audit reads their φ instead of scoring them again with every
+    shadow (issue 21: most of an idle deletion's audit). ``row_ids`` sorted, ``phi`` float64 [N, len(row_ids)]."""
+
+    row_ids: np.ndarray
+    phi: np.ndarray
+
+
+@dataclass
 class ShadowSet:
     """Shadow parameter vectors [N, P] (float32) and the membership matrix ``in_mask`` [N, n_pool] (bool).
 
@@ -76,12 +86,15 @@ class ShadowSet:
     row_ids: np.ndarray
     settings: ShadowSettings = field(default_factory=ShadowSettings)
     generation: int = 0
+    scored: Scored | None = None
 
     def __post_init__(self) -> None:
         if self.thetas.ndim != 2 or self.in_mask.ndim != 2 or self.thetas.shape[0] != self.in_mask.shape[0]:
             raise ValueError("thetas [N, P] and in_mask [N, n] must have the same number of shadows")
         if self.in_mask.shape[1] != len(self.row_ids):
             raise ValueError("row_ids must name every column of in_mask")
+        if self.scored is not None and self.scored.phi.shape != (self.thetas.shape[0], len(self.scored.row_ids)):
+            raise ValueError("scored φ must hold one row per shadow and one column per scored row id")
 
     @property
     def n_shadows(self) -> int:
@@ -165,12 +178,39 @@ def train_shadows(
 
 def shadow_phi(shadows: ShadowSet, X: np.ndarray, y: np.ndarray) -> np.ndarray:
     """φ of every shadow on the given rows: float64 [N, n_rows] (signals.logit_scaled_confidence)."""
+    return _phi_stacked(shadows.recipe, shadows.thetas, X, y, shadows.n_classes)
+
+
+def _phi_stacked(recipe: tabular.TabularRecipe, thetas: torch.Tensor, X: np.ndarray, y: np.ndarray, n_classes: int):
     X, y = np.asarray(X), np.asarray(y)
-    Z = tabular.predict_logits_stacked(shadows.recipe, shadows.thetas, X, shadows.n_classes)  # [N, n, C]
+    Z = tabular.predict_logits_stacked(recipe, thetas, X, n_classes)  # [N, n, C]
     N, n = Z.shape[0], Z.shape[1]
     if N == 0 or n == 0:
         return np.empty((N, n))
     return logit_scaled_confidence(Z.reshape(N * n, -1), np.tile(y, N)).reshape(N, n)  # φ is per row: all at once
+
+
+def score_rows(shadows: ShadowSet, X_pool: np.ndarray, y_pool: np.ndarray, positions: np.ndarray) -> ShadowSet:
+    """The set with every shadow's φ on the pool rows at ``positions`` kept (``Scored``); ``X_pool``/``y_pool``: the
+    pool's rows in ``row_ids`` order. Drops and refills keep it (``drop_shadows``, ``refill_shadows``)."""
+    positions = np.unique(np.asarray(positions, dtype=np.int64))
+    X_pool, y_pool = np.asarray(X_pool), np.asarray(y_pool)
+    phi = shadow_phi(shadows, X_pool[positions], y_pool[positions])
+    ids = np.asarray(shadows.row_ids)[positions]
+    order = np.argsort(ids, kind="stable")
+    return replace(shadows, scored=Scored(ids[order], phi[:, order]))
+
+
+def scored_phi(shadows: ShadowSet, columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For the pool ``columns`` asked: which have their φ kept (a bool mask) and those φ [N, hits]."""
+    columns = np.asarray(columns, dtype=np.int64)
+    scored = shadows.scored
+    if scored is None or columns.size == 0 or scored.row_ids.size == 0:
+        return np.zeros(columns.size, bool), np.empty((shadows.n_shadows, 0))
+    wanted = np.asarray(shadows.row_ids)[columns]
+    at = np.clip(np.searchsorted(scored.row_ids, wanted), 0, scored.row_ids.size - 1)
+    hit = scored.row_ids[at] == wanted
+    return hit, scored.phi[:, at[hit]]
 
 
 def model_phi(
@@ -218,6 +258,10 @@ def drop_shadows(shadows: ShadowSet, erased_positions: np.ndarray) -> tuple[Shad
     keep_cols[erased] = False
     holders = shadows_containing(shadows, erased) if erased.size else np.zeros(0, np.int64)
     kept = np.flatnonzero(~np.isin(np.arange(shadows.n_shadows), holders))
+    scored = shadows.scored
+    if scored is not None:  # the kept shadows' φ, without the erased rows' columns
+        still = np.isin(scored.row_ids, shadows.row_ids[erased], invert=True)
+        scored = Scored(scored.row_ids[still], scored.phi[kept][:, still])
     result = ShadowSet(
         shadows.recipe,
         shadows.n_classes,
@@ -226,6 +270,7 @@ def drop_shadows(shadows: ShadowSet, erased_positions: np.ndarray) -> tuple[Shad
         shadows.row_ids[keep_cols],
         shadows.settings,
         generation=shadows.generation,
+        scored=scored,
     )
     return result, {"dropped": int(holders.size), "kept": int(kept.size)}
 
@@ -275,6 +320,11 @@ def refill_shadows(
         shadows.recipe, X_pool, y_pool, shadows.n_classes, mask, shadows.settings, generation * 1_000_003,
         progress, init=start,
     )  # fmt: skip
+    scored = shadows.scored
+    if scored is not None:  # the new shadows scored on the same rows as the others
+        rows = positions_of(shadows, scored.row_ids)
+        fresh = _phi_stacked(shadows.recipe, new, X_pool[rows], y_pool[rows], shadows.n_classes)
+        scored = Scored(scored.row_ids, np.concatenate([scored.phi, fresh], axis=0))
     result = ShadowSet(
         shadows.recipe,
         shadows.n_classes,
@@ -283,6 +333,7 @@ def refill_shadows(
         shadows.row_ids,
         shadows.settings,
         generation=generation,
+        scored=scored,
     )
     return result, {"trained": missing}
 
@@ -328,20 +379,27 @@ def replacement_plan(
 SHADOW_FORMAT = "lethe-shadows/1"
 
 
-def pack_shadows(thetas: torch.Tensor, in_mask: np.ndarray, row_ids: np.ndarray, meta: dict[str, str]) -> bytes:
-    """Shadow parameters, membership matrix and pool row ids as safetensors, with string metadata (any family)."""
+def pack_shadows(
+    thetas: torch.Tensor,
+    in_mask: np.ndarray,
+    row_ids: np.ndarray,
+    meta: dict[str, str],
+    extra: dict[str, np.ndarray] | None = None,
+) -> bytes:
+    """Shadow parameters, membership matrix and pool row ids as safetensors, with string metadata (any family);
+    ``extra``: further arrays stored as they are (a tabular set's scored rows)."""
     from safetensors.torch import save
 
     tensors = {
         "thetas": thetas.detach().float().contiguous(),
         "in_mask": torch.from_numpy(np.ascontiguousarray(in_mask, dtype=np.uint8)),
         "row_ids": torch.from_numpy(np.ascontiguousarray(np.asarray(row_ids, dtype=np.int64))),
+        **{name: torch.from_numpy(np.ascontiguousarray(array)) for name, array in (extra or {}).items()},
     }
     return save(tensors, metadata=meta)
 
 
-def unpack_shadows(data: bytes, fmt: str) -> tuple[torch.Tensor, np.ndarray, np.ndarray, dict[str, str]]:
-    """(thetas, in_mask, row_ids, metadata) of ``pack_shadows`` bytes whose metadata "format" is ``fmt``."""
+def _unpacked(data: bytes, fmt: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     from safetensors.torch import load
 
     header_len = int.from_bytes(data[:8], "little")  # safetensors: u64 header length, then the JSON header
@@ -349,7 +407,12 @@ def unpack_shadows(data: bytes, fmt: str) -> tuple[torch.Tensor, np.ndarray, np.
     if meta.get("format") != fmt:
         raise ValueError("not a Lethe shadow set" if not str(meta.get("format", "")).startswith("lethe") else
                          f"a {meta.get('format')} shadow set, not {fmt}")  # fmt: skip
-    tensors = load(data)
+    return load(data), meta
+
+
+def unpack_shadows(data: bytes, fmt: str) -> tuple[torch.Tensor, np.ndarray, np.ndarray, dict[str, str]]:
+    """(thetas, in_mask, row_ids, metadata) of ``pack_shadows`` bytes whose metadata "format" is ``fmt``."""
+    tensors, meta = _unpacked(data, fmt)
     return tensors["thetas"], tensors["in_mask"].numpy().astype(bool), tensors["row_ids"].numpy(), meta
 
 
@@ -364,17 +427,23 @@ def shadows_to_bytes(shadows: ShadowSet) -> bytes:
         "settings": json.dumps(asdict(shadows.settings), sort_keys=True),
         "generation": str(shadows.generation),
     }
-    return pack_shadows(shadows.thetas, shadows.in_mask, shadows.row_ids, meta)
+    scored = shadows.scored
+    extra = None if scored is None else {"scored_ids": scored.row_ids.astype(np.int64), "scored_phi": scored.phi}
+    return pack_shadows(shadows.thetas, shadows.in_mask, shadows.row_ids, meta, extra)
 
 
 def shadows_from_bytes(data: bytes) -> ShadowSet:
-    thetas, in_mask, row_ids, meta = unpack_shadows(data, SHADOW_FORMAT)
+    tensors, meta = _unpacked(data, SHADOW_FORMAT)
+    scored = None
+    if "scored_ids" in tensors:  # sets stored before scored rows have none: their audits score every row
+        scored = Scored(tensors["scored_ids"].numpy(), tensors["scored_phi"].numpy())
     return ShadowSet(
         tabular.TabularRecipe.from_dict(json.loads(meta["recipe"])),
         int(meta["n_classes"]),
-        thetas,
-        in_mask,
-        row_ids,
+        tensors["thetas"],
+        tensors["in_mask"].numpy().astype(bool),
+        tensors["row_ids"].numpy(),
         ShadowSettings(**json.loads(meta["settings"])),
         generation=int(meta["generation"]),
+        scored=scored,
     )
