@@ -490,17 +490,35 @@ def test_a_deferred_purge_takes_the_answering_methods_residual(lr, monkeypatch):
     answered = lr.unlearn(NewtonUnlearning(), forget)
     prepared = lr.artifacts(InfluenceUnlearning())
     passes = []
-    real_gradient = T.objective_gradient
+    real_gradient = T.masked_objective_gradient
     monkeypatch.setattr(
-        newton_module.tabular, "objective_gradient", lambda *a, **k: passes.append(1) or real_gradient(*a, **k)
+        newton_module.tabular, "masked_objective_gradient", lambda *a, **k: passes.append(1) or real_gradient(*a, **k)
     )
     problem = TabularProblem(lr.recipe, lr.X, lr.y, lr.C, answered.theta, ~forget, forget, lr.none, artifacts=prepared)
     purged = NewtonState.from_bytes(InfluenceUnlearning().purge(problem).artifacts[ARTIFACT_STATE])
     assert passes == []  # taken, not recomputed
-    _, fresh = real_gradient(lr.recipe, answered.theta, lr.X[~forget], lr.y[~forget], lr.C)
+    fresh = real_gradient(lr.recipe, answered.theta, lr.X, lr.y, lr.C, ~forget)
     assert torch.equal(purged.residual, fresh) and torch.equal(purged.theta, answered.theta)
     newton_module.WARM.clear()  # nothing kept: the purge computes the residual itself
     again = NewtonState.from_bytes(InfluenceUnlearning().purge(problem).artifacts[ARTIFACT_STATE])
     assert passes == [1] and torch.equal(again.residual, fresh)
     for name in ("hessian_theta", "hessian", "cholesky"):
         assert torch.equal(getattr(again, name), getattr(purged, name)), name
+
+
+@pytest.mark.parametrize("family,n_classes", [("logistic_regression", 2), ("logistic_regression", 3), ("mlp", 3)])
+def test_the_masked_gradient_equals_the_gradient_over_the_copied_rows(monkeypatch, family, n_classes):
+    """tabular.masked_objective_gradient (a Newton deletion's residual, issue 21) reads the marked rows block by block
+    instead of copying them out: the same gradient as objective_gradient over the copy, to float64 summation order,
+    with blocks that hold no marked row."""
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(500, 4)).astype(np.float32)
+    y = rng.integers(0, n_classes, 500)
+    mask = rng.random(500) < 0.7
+    mask[64:128] = False
+    r = T.TabularRecipe(family=family, hidden_units=3, l2=1e-2)
+    theta = torch.randn(T.param_count(r, 4, n_classes))
+    monkeypatch.setattr(T, "GRADIENT_BLOCK", 64)
+    got = T.masked_objective_gradient(r, theta, X, y, n_classes, mask)
+    _, want = T.objective_gradient(r, theta, X[mask], y[mask], n_classes)
+    assert got.dtype == torch.float64 and torch.allclose(got, want, rtol=1e-10, atol=1e-13)

@@ -508,8 +508,8 @@ class NewtonUnlearning:
         recipe, C = problem.recipe, problem.n_classes
         X, y = problem.X[rows], np.asarray(problem.y)[rows]
         kind = self.config.hessian_kind(recipe, theta.numel())
-        t0 = time.perf_counter()
-        _, residual = tabular.objective_gradient(recipe, theta, X, y, C)
+        t0 = time.perf_counter()  # the residual as unlearn computes it (a shared state is the very same number)
+        residual = tabular.masked_objective_gradient(recipe, theta, problem.X, problem.y, C, rows)
         t1 = time.perf_counter()
         H = objective_hessian(recipe, theta, X, y, C, kind)
         t2 = time.perf_counter()
@@ -650,22 +650,21 @@ class NewtonUnlearning:
             L, damping = factor(H_R, base)
 
         # --- optional chord steps with the exact retained gradient (one full pass each) ---
-        Xr, yr = X[retained], y[retained]
         t0 = time.perf_counter()
         for _ in range(int(cfg.exact_steps)):
             current = new64.to(torch.float32).to(torch.float64)  # step from the model as it will be published
-            _, g_full = tabular.objective_gradient(recipe, current, Xr, yr, C)
+            g_full = tabular.masked_objective_gradient(recipe, current, X, y, C, retained)
             new64 = current - _shift_free(torch.cholesky_solve(g_full[:, None], L)[:, 0], n_out)
         timings["exact_steps_seconds"] = time.perf_counter() - t0
         theta_new = new64.to(torch.float32).contiguous()
 
         # --- purge: the new residual (also the honest retained gradient norm) and the Hessian without f ---
         t0 = time.perf_counter()
-        _, residual = tabular.objective_gradient(recipe, theta_new, Xr, yr, C)
+        residual = tabular.masked_objective_gradient(recipe, theta_new, X, y, C, retained)
         timings["residual_seconds"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         if cfg.purge == "recompute":
-            H_new = objective_hessian(recipe, theta_new, Xr, yr, C, state.hessian_kind)
+            H_new = objective_hessian(recipe, theta_new, X[retained], y[retained], C, state.hessian_kind)
             L_new, damping_new = factor(H_new, base)
             H_at = theta_new
         elif H_R is not None:  # newton: the downdated matrix and its factor are already at hand
@@ -686,14 +685,14 @@ class NewtonUnlearning:
             from app.ml.verification.bounds import strong_convexity_bound
 
             t0 = time.perf_counter()
-            bound = strong_convexity_bound(recipe, theta_new, Xr, C, residual)
+            bound = strong_convexity_bound(recipe, theta_new, X, C, residual, mask=retained)
             timings["bound_seconds"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
         artifacts = {ARTIFACT_STATE: new_state.to_bytes()}
         WARM.put(artifacts[ARTIFACT_STATE], new_state)
         timings["save_seconds"] = time.perf_counter() - t0
-        missing = sorted(set(range(C)) - set(np.unique(yr).tolist()))
+        missing = np.flatnonzero(np.bincount(y, weights=retained, minlength=C)[:C] == 0).tolist()
         info: dict[str, Any] = {
             "method": self.mode,
             "k": k,
@@ -752,7 +751,7 @@ class NewtonUnlearning:
             L, damping = factor(H, state.base_damping)
             residual = _residual_kept(theta, rows, kind, state.base_damping)
             if residual is None:
-                _, residual = tabular.objective_gradient(recipe, theta, X[rows], y[rows], C)
+                residual = tabular.masked_objective_gradient(recipe, theta, X, y, C, rows)
             new_state = NewtonState(
                 theta.clone(), state.hessian_theta, H, L, damping, residual, rows.copy(), kind, state.base_damping,
                 state.requests,
