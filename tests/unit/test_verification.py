@@ -607,3 +607,24 @@ def test_batched_scoring_equals_model_by_model(n_classes):
         assert np.array_equal(copied.nonmember_scores[name], indexed.nonmember_scores[name])
     with pytest.raises(ValueError, match="shadow pool"):
         A.forget_set_scores(shadows, X_table, y_table, forget, nonmembers, thetas, pool_rows=table_rows[:-1])
+
+
+def test_the_membership_matrix_is_stored_one_bit_an_entry_and_older_sets_still_load():
+    """A 1M-row pool's matrix was 64 MB a set (one byte an entry), written on every erasure and refill block: now
+    one bit. A pool whose size is not a multiple of 8 comes back exactly; a set stored the old way still loads."""
+    import json
+
+    from safetensors.torch import save
+
+    rng = np.random.default_rng(4)
+    mask = rng.random((6, 1_003)) < 0.5
+    shadows = S.ShadowSet(LR, 2, torch.randn(6, 4), mask, np.arange(5, 1_008), S.ShadowSettings(n_shadows=6))
+    data = S.shadows_to_bytes(shadows)
+    back = S.shadows_from_bytes(data)
+    assert np.array_equal(back.in_mask, mask) and np.array_equal(back.row_ids, shadows.row_ids)
+    meta = {"format": S.SHADOW_FORMAT, "recipe": json.dumps(LR.to_dict()), "n_classes": "2",
+            "settings": json.dumps({"n_shadows": 6}), "generation": "0"}  # fmt: skip
+    older = save({"thetas": shadows.thetas, "in_mask": torch.from_numpy(mask.astype(np.uint8)),
+                  "row_ids": torch.from_numpy(shadows.row_ids)}, metadata=meta)  # fmt: skip
+    assert np.array_equal(S.shadows_from_bytes(older).in_mask, mask)
+    assert len(older) - len(data) >= mask.size - mask.size // 8 - 512  # bits, not bytes (metadata differs a little)

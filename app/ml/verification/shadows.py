@@ -392,7 +392,7 @@ def pack_shadows(
 
     tensors = {
         "thetas": thetas.detach().float().contiguous(),
-        "in_mask": torch.from_numpy(np.ascontiguousarray(in_mask, dtype=np.uint8)),
+        "in_mask_bits": torch.from_numpy(np.ascontiguousarray(np.packbits(np.asarray(in_mask, bool), axis=1))),
         "row_ids": torch.from_numpy(np.ascontiguousarray(np.asarray(row_ids, dtype=np.int64))),
         **{name: torch.from_numpy(np.ascontiguousarray(array)) for name, array in (extra or {}).items()},
     }
@@ -413,7 +413,15 @@ def _unpacked(data: bytes, fmt: str) -> tuple[dict[str, torch.Tensor], dict[str,
 def unpack_shadows(data: bytes, fmt: str) -> tuple[torch.Tensor, np.ndarray, np.ndarray, dict[str, str]]:
     """(thetas, in_mask, row_ids, metadata) of ``pack_shadows`` bytes whose metadata "format" is ``fmt``."""
     tensors, meta = _unpacked(data, fmt)
-    return tensors["thetas"], tensors["in_mask"].numpy().astype(bool), tensors["row_ids"].numpy(), meta
+    return tensors["thetas"], _in_mask(tensors), tensors["row_ids"].numpy(), meta
+
+
+def _in_mask(tensors: dict[str, torch.Tensor]) -> np.ndarray:
+    """The membership matrix: one bit per entry (sets stored before: one byte, ``in_mask``)."""
+    if "in_mask_bits" in tensors:
+        n = len(tensors["row_ids"])
+        return np.unpackbits(tensors["in_mask_bits"].numpy(), axis=1, count=n).astype(bool)
+    return tensors["in_mask"].numpy().astype(bool)
 
 
 def shadows_to_bytes(shadows: ShadowSet) -> bytes:
@@ -441,7 +449,7 @@ def shadows_from_bytes(data: bytes) -> ShadowSet:
         tabular.TabularRecipe.from_dict(json.loads(meta["recipe"])),
         int(meta["n_classes"]),
         tensors["thetas"],
-        tensors["in_mask"].numpy().astype(bool),
+        _in_mask(tensors),
         tensors["row_ids"].numpy(),
         ShadowSettings(**json.loads(meta["settings"])),
         generation=int(meta["generation"]),
