@@ -527,7 +527,14 @@ def _checkpoint_problem(
 def verify_chain(session: Session, batch: int = 5000) -> ChainVerdict:
     """Recompute every hash in order (the first row whose link or content does not match is named), then check the
     checkpoints: each one's signature, that none is missing (every ``audit_checkpoint_every`` events, each linked to
-    the one before), the hash of the row it anchors, and that the chain reaches it (a cut tail)."""
+    the one before), the hash of the row it anchors, and that the chain reaches it (a cut tail).
+
+    The checkpoints and the rows are read in one snapshot (REPEATABLE READ on PostgreSQL; the session must not have
+    read yet, as every caller's has not: SQLAlchemy warns otherwise): read by separate READ COMMITTED statements, a
+    batch committed between them (a worker publishing 30 deletions adds ~90 events and their checkpoints at once)
+    made a growing log look like one whose checkpoints were missing."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
     checkpoints = list(session.execute(select(AuditCheckpoint).order_by(AuditCheckpoint.seq)).scalars())
     anchored = {cp.seq: cp for cp in checkpoints}
     last_cp = checkpoints[-1].seq if checkpoints else None
