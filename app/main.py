@@ -159,37 +159,52 @@ class _Guard:
 
 def _guard(scope: Scope) -> _Guard | None:
     """The guard of the API route this request goes to (path and method), or None (public, dashboard, unknown).
-    The table is built once per app, from the routes' own dependencies (as /openapi.json's security is)."""
+    The table is built once per app, from the routes' own dependencies (as /openapi.json's security is): a route
+    without path parameters is found by one dict look-up (the intake's, on every request), the others by their
+    regular expressions."""
     app = scope.get("app")
     if app is None:
         return None
     table = getattr(app.state, "body_guards", None)
     if table is None:
         table = app.state.body_guards = _guards(app)
+    fixed, parametrised = table
     method, path = scope.get("method"), scope.get("path", "")
-    for route, guard in table:
+    hit = fixed.get((method, path))
+    if hit is not None:
+        scope["route"] = hit[0]  # the metrics' route label, also for an answer given here, before the router
+        return hit[1]
+    for route, guard in parametrised:
         match = route.path_regex.match(path)
         if match and method in route.methods:
-            scope["route"] = route  # the metrics' route label, also for an answer given here, before the router
+            scope["route"] = route
             return _Guard(guard.scopes, guard.key_only, guard.json_body, match.groupdict().get("model_id"))
     return None
 
 
-def _guards(app: FastAPI) -> list[tuple[APIRoute, _Guard]]:
-    from app.auth.service import presented_key
+def _guards(app: FastAPI) -> tuple[dict[tuple[str, str], tuple[APIRoute, _Guard]], list[tuple[APIRoute, _Guard]]]:
+    """(method, path) → (route, guard) for the routes without path parameters; (route, guard) for the others, in
+    the router's order."""
     from app.openapi import _api_routes, _dependency_calls
 
-    table, seen = [], set()
+    fixed: dict[tuple[str, str], tuple[APIRoute, _Guard]] = {}
+    parametrised: list[tuple[APIRoute, _Guard]] = []
+    seen: set[int] = set()
     for route in _api_routes(app).values():
         if id(route) in seen:
             continue
         seen.add(id(route))
         calls = _dependency_calls(route.dependant)
         scopes = next((tuple(c.scopes) for c in calls if getattr(c, "scopes", None)), ())
-        if scopes or presented_key in calls:
+        if scopes or getattr(route.endpoint, "batch_scopes", None):
             json_body = bool(route.dependant.body_params) and not isinstance(route.body_field.field_info, Form)
-            table.append((route, _Guard(scopes, not scopes, json_body)))
-    return table
+            guard = _Guard(scopes, not scopes, json_body)
+            if route.param_convertors:
+                parametrised.append((route, guard))
+            else:
+                for method in route.methods:
+                    fixed.setdefault((method, route.path_format), (route, guard))
+    return fixed, parametrised
 
 
 async def _refusal(scope: Scope, headers: dict[bytes, bytes], guard: _Guard) -> Problem | None:
@@ -199,14 +214,19 @@ async def _refusal(scope: Scope, headers: dict[bytes, bytes], guard: _Guard) -> 
     scope for the route's own dependency (one read per request, not two)."""
     from starlette.concurrency import run_in_threadpool
 
-    from app.auth.service import CHECKED_PRINCIPAL, hash_key, lookup_key, scope_problem, unknown_key_problem
+    from app.auth.service import (
+        CHECKED_PRINCIPAL,
+        hash_key,
+        lookup_key,
+        missing_key_problem,
+        scope_problem,
+        unknown_key_problem,
+    )
 
     header = headers.get(b"authorization", b"").decode("latin-1")
     key = header[7:].strip() if header.lower().startswith("bearer ") else headers.get(b"x-api-key", b"").decode()
     if not key:
-        problem = Problem(401, "unauthorized", "Missing API key", "Send `Authorization: Bearer <key>`.")
-        problem.headers = {"WWW-Authenticate": 'Bearer realm="lethe"'}
-        return problem
+        return missing_key_problem()
     if guard.key_only:
         return None
     principal = await run_in_threadpool(lookup_key, hash_key(key))

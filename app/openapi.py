@@ -31,7 +31,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.auth.service import authenticate, presented_key
+from app.auth.service import authenticate
 from app.problems import GENERIC_SLUGS, PROBLEM_BASE, PROBLEM_MEDIA_TYPE
 
 SCHEME = "bearerAuth"
@@ -232,9 +232,6 @@ OPERATION_PROBLEMS: dict[tuple[str, str], list[str]] = {
 }  # fmt: skip
 """The domain's own problems per operation (the generic ones are derived from the route)."""
 
-_BATCH_AUTH = {("post", "/v1/deletion-requests"): ("requests:write",)}
-"""Routes whose key is checked later, in a batch (``presented_key``), with the scope the batch requires."""
-
 
 def _model_registration_body() -> dict[str, Any]:
     tabular = {
@@ -382,8 +379,9 @@ def _security(route: APIRoute, method: str, path: str) -> list[dict[str, list[st
         scopes = getattr(call, "scopes", None)
         if scopes:
             return [{SCHEME: [scope]} for scope in scopes]
-    if presented_key in calls:
-        return [{SCHEME: [scope]} for scope in _BATCH_AUTH.get((method, path), ())] or [{SCHEME: []}]
+    batch_scopes = getattr(route.endpoint, "batch_scopes", None)  # checked later, in a batch (batch_authenticated)
+    if batch_scopes:
+        return [{SCHEME: [scope]} for scope in batch_scopes]
     if authenticate in calls:
         return [{SCHEME: []}]
     return None

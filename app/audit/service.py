@@ -32,7 +32,7 @@ from decimal import Decimal
 from typing import Any
 
 from cryptography.exceptions import InvalidSignature
-from sqlalchemy import Table, event, func, select, text
+from sqlalchemy import Table, event, func, select
 from sqlalchemy.orm import Session
 
 from app.audit.tables import AuditCheckpoint, AuditEvent
@@ -45,7 +45,7 @@ from app.certificates.signing import (
     utc_timestamp,
 )
 from app.config import get_settings
-from app.db import insert_many, utcnow
+from app.db import insert_many, pipelined, utcnow
 
 GENESIS_HASH = "0" * 64
 _ADVISORY_LOCK_ID = 0x1E7E_A0D1  # any constant shared by every writer of the audit log
@@ -293,10 +293,19 @@ def _locked_head(session: Session) -> tuple[int, str]:
     head = session.info.get(_HEAD_KEY)
     if head is None:
         if session.get_bind().dialect.name == "postgresql":
-            session.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": _ADVISORY_LOCK_ID})
-        last = session.execute(select(AuditEvent.seq, AuditEvent.hash).order_by(AuditEvent.seq.desc()).limit(1)).first()
-        head = (last.seq, last.hash) if last else (0, GENESIS_HASH)
+            # one round trip: the head is read by a statement of its own, so its snapshot is taken once the lock is
+            # held (READ COMMITTED) and it sees the previous holder's commit
+            _, rows = pipelined(session, ("SELECT pg_advisory_xact_lock(%s)", (_ADVISORY_LOCK_ID,)), (_HEAD_SQL, ()))
+            last = rows[0] if rows else None
+        else:
+            last = session.execute(
+                select(AuditEvent.seq, AuditEvent.hash).order_by(AuditEvent.seq.desc()).limit(1)
+            ).first()
+        head = (last[0], last[1]) if last else (0, GENESIS_HASH)
     return head
+
+
+_HEAD_SQL = "SELECT seq, hash FROM audit_events ORDER BY seq DESC LIMIT 1"
 
 
 def _last_checkpoint_seq(session: Session) -> int:
@@ -518,7 +527,14 @@ def _checkpoint_problem(
 def verify_chain(session: Session, batch: int = 5000) -> ChainVerdict:
     """Recompute every hash in order (the first row whose link or content does not match is named), then check the
     checkpoints: each one's signature, that none is missing (every ``audit_checkpoint_every`` events, each linked to
-    the one before), the hash of the row it anchors, and that the chain reaches it (a cut tail)."""
+    the one before), the hash of the row it anchors, and that the chain reaches it (a cut tail).
+
+    The checkpoints and the rows are read in one snapshot (REPEATABLE READ on PostgreSQL; the session must not have
+    read yet, as every caller's has not: SQLAlchemy warns otherwise): read by separate READ COMMITTED statements, a
+    batch committed between them (a worker publishing 30 deletions adds ~90 events and their checkpoints at once)
+    made a growing log look like one whose checkpoints were missing."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
     checkpoints = list(session.execute(select(AuditCheckpoint).order_by(AuditCheckpoint.seq)).scalars())
     anchored = {cp.seq: cp for cp in checkpoints}
     last_cp = checkpoints[-1].seq if checkpoints else None

@@ -3,7 +3,7 @@ from __future__ import annotations
 import asyncio
 from typing import Literal
 
-from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from pydantic import ConfigDict, Field, ValidationError
@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from app.auth.service import (
     Principal,
+    batch_authenticated,
     hash_key,
     lookup_key,
     presented_key,
@@ -103,29 +104,44 @@ def _refusal(api_key: str) -> Problem | None:
     return unknown_key_problem() if principal is None else scope_problem(principal, "requests:write")
 
 
+IDEMPOTENCY_KEY_PARAMETER = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "schema": {
+        "anyOf": [{"type": "string"}, {"type": "null"}],
+        "description": "At most 200 characters.",
+        "title": "Idempotency-Key",
+    },
+    "description": "At most 200 characters.",
+}
+"""The intake's one header parameter, documented as FastAPI documents a declared ``Header``: the route reads it
+itself (no per-request dependency resolution)."""
+
+
 @router.post(
     "",
     status_code=202,
     response_model=DeletionRequestOut,
     openapi_extra={
+        "parameters": [IDEMPOTENCY_KEY_PARAMETER],
         "requestBody": {
             "required": True,
             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/DeletionRequestCreate"}}},
-        }
+        },
     },
     responses=accepted("Accepted; poll the Location for progress."),
 )
-async def create_deletion_request(
-    request: Request,
-    api_key: str = Depends(presented_key),
-    idempotency_key: str | None = Header(None, alias="Idempotency-Key", description="At most 200 characters."),
-):
+@batch_authenticated("requests:write")
+async def create_deletion_request(request: Request):
     """Validated and made durable (request, job and audit event in one commit) before the 202 is sent. The API key
     (scope ``requests:write``) is checked by the intake batcher, one query per batch, not one per request.
 
     Authentication comes first: a request that fails validation is answered 401/403 when its key would be refused
     (the key is then read on its own), so a caller without a valid key learns nothing about the schema. The body is
     validated here rather than by FastAPI for that reason (and because ``model_validate_json`` is the fast path)."""
+    api_key = presented_key(request)
+    idempotency_key = request.headers.get("idempotency-key")
     try:
         body = await _parse(request, idempotency_key)
     except (Problem, RequestValidationError):

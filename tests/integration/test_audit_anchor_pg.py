@@ -119,3 +119,36 @@ def test_the_runtime_role_cannot_rewrite_the_log_and_the_certificate_anchors_it(
         files["log"].write_text(json.dumps(client.get("/v1/audit", params={"limit": 1000}).json()))
         ok, message = verify_file(files["cert"], str(files["keys"]), files["log"])
         assert not ok and message.startswith("INVALID (anchor-mismatch)"), message
+
+
+def test_the_log_is_verified_in_one_snapshot_while_it_grows(tmp_path, monkeypatch):
+    """verify_chain reads the checkpoints, then the rows: events (with their checkpoints) committed between the two
+    reads must not make the log look broken. Red when each read takes its own snapshot: the rows then reach past
+    checkpoints the verifier never saw ("checkpoint-missing")."""
+    from app.audit import service as audit
+    from app.db import session_scope
+
+    with fresh_database("lethe_snapshot") as url:
+        configure(tmp_path, database_url=url, audit_checkpoint_every=str(EVERY))
+        try:
+            with session_scope() as session:
+                for i in range(EVERY + 1):
+                    audit.append_event(session, actor="t", action="a", entity_type="e", entity_id=f"before-{i}")
+            checkpoint_problem = audit._checkpoint_problem
+
+            def then_more_events(*args):  # runs after the checkpoints were read, before the rows are
+                with session_scope() as other:
+                    for i in range(2 * EVERY):
+                        audit.append_event(other, actor="t", action="a", entity_type="e", entity_id=f"during-{i}")
+                return checkpoint_problem(*args)
+
+            monkeypatch.setattr(audit, "_checkpoint_problem", then_more_events)
+            with session_scope() as session:
+                verdict = audit.verify_chain(session)
+            assert verdict.ok, verdict
+            assert verdict.checked == EVERY + 1  # the snapshot of the first read: none of the later events
+            monkeypatch.setattr(audit, "_checkpoint_problem", checkpoint_problem)
+            with session_scope() as session:
+                assert audit.verify_chain(session).checked == 3 * EVERY + 1
+        finally:
+            reset_engine_cache()

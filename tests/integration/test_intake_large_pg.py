@@ -45,15 +45,15 @@ def test_a_large_request_never_holds_the_batches_of_small_ones(client, tmp_path,
     # the large request's row look-up waits until the small request has been answered (or 30 s: then it is red)
     small_answered = threading.Event()
     large_looking_up = threading.Event()
-    lookup_rows = intake.lookup_rows
+    pipelined = intake.pipelined  # the batch's look-ups, one round trip (its twins and rows)
 
-    def gated_lookup(session, dataset_id, ids):
-        if len(ids) > intake.LARGE_REQUEST_IDS:
+    def gated_lookups(session, *statements):
+        if any(isinstance(v, list) and len(v) > intake.LARGE_REQUEST_IDS for _, params in statements for v in params):
             large_looking_up.set()
             small_answered.wait(timeout=30)
-        return lookup_rows(session, dataset_id, ids)
+        return pipelined(session, *statements)
 
-    monkeypatch.setattr(intake, "lookup_rows", gated_lookup)
+    monkeypatch.setattr(intake, "pipelined", gated_lookups)
     large_ids = [f"unknown-{i}" for i in range(intake.LARGE_REQUEST_IDS + 1)]
     outcome: dict[str, int] = {}
 

@@ -220,3 +220,87 @@ def test_a_database_frozen_under_a_pooled_connection_is_503_not_a_hang(tmp_path)
         finally:
             proxy.close()
             reset_engine_cache()
+
+
+def _assert_intake_503(response) -> None:
+    """The intake answers a request it could not make durable 503 (the database's problem, or its own when the batch
+    failed before a request was staged), always with Retry-After."""
+    assert response.status_code == 503, (response.status_code, response.text[:300])
+    assert response.json()["type"] in (PROBLEM_BASE + "database-unavailable", PROBLEM_BASE + "intake-unavailable")
+    assert int(response.headers["Retry-After"]) > 0
+
+
+def test_an_intake_batch_on_a_frozen_database_is_503_not_a_hang(tmp_path):
+    """Issue 21 moved the intake batch's statements past SQLAlchemy (app.db.pipelined), on the connection the intake
+    thread holds between batches: the watchdog must bound those round trips too. PostgreSQL frozen under that
+    connection: the POST is answered 503 within about the statement plus the connect timeout (1 + 2 s), long before
+    the intake's own timeout (60 s here), and once the database answers again so is the next POST."""
+    from urllib.parse import urlsplit
+
+    from app.db import migrate
+    from app.requests.intake import reset_batcher
+    from tests.stack import fresh_database
+
+    with fresh_database("lethe_frozen_intake") as url:
+        migrate(url)
+        real = urlsplit(url.replace("postgresql+psycopg://", "http://", 1))
+        proxy = FreezableProxy(real.port or 5432)
+        try:
+            proxied = url.replace(f"{real.hostname}:{real.port}", f"127.0.0.1:{proxy.port}", 1)
+            configure(
+                tmp_path,
+                database_url=proxied,
+                db_statement_timeout_seconds="1",
+                db_connect_timeout_seconds="2",
+                intake_timeout_seconds="60",
+            )
+            key = make_key()
+            client = TestClient(create_app(run_background=False), raise_server_exceptions=False)
+            headers = {"authorization": f"Bearer {key}"}
+            body = {
+                "subject_ref": "s-1",
+                "model_id": "no-such-model",
+                "scope": {"kind": "samples", "sample_ids": ["r1"]},
+            }
+
+            def post():
+                return client.post("/v1/deletion-requests", headers=headers, json=body)
+
+            assert post().status_code == 404  # a batch ran: the intake thread holds a live connection
+            proxy.frozen.set()
+            answer, took = _answer(post, 40)
+            if answer is None:
+                pytest.fail("a frozen database held the intake for more than 40 s")
+            _assert_intake_503(answer)
+            assert took < 20
+            proxy.frozen.clear()
+            assert post().status_code == 404
+        finally:
+            proxy.close()
+            reset_batcher()
+            reset_engine_cache()
+
+
+def test_statements_run_past_sqlalchemy_raise_its_errors(tmp_path):
+    """``pipelined`` runs statements through psycopg directly; callers still see SQLAlchemy's errors: the intake's
+    twin fallback catches IntegrityError, and a statement timeout is an OperationalError that ``is_unavailable``
+    reads as the database being away (503)."""
+    from sqlalchemy.exc import IntegrityError, OperationalError
+
+    from app.db import get_sessionmaker, is_unavailable, pipelined
+    from tests.stack import fresh_database
+
+    with fresh_database("lethe_pipelined") as url:
+        configure(tmp_path, database_url=url, db_statement_timeout_seconds="1")
+        try:
+            with get_sessionmaker()() as session:
+                assert pipelined(session, ("SELECT 1 + %s", (1,)), ("SELECT %s::text", ("a",))) == [[(2,)], [("a",)]]
+                with pytest.raises(IntegrityError):
+                    pipelined(
+                        session, ("CREATE TEMP TABLE t (x int PRIMARY KEY)", ()), ("INSERT INTO t VALUES (1), (1)", ())
+                    )
+            with get_sessionmaker()() as session, pytest.raises(OperationalError) as caught:
+                pipelined(session, ("SELECT pg_sleep(3)", ()))
+            assert is_unavailable(caught.value)
+        finally:
+            reset_engine_cache()
