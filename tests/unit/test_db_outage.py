@@ -188,38 +188,44 @@ class FreezableProxy:
             sock.close()
 
 
-def test_a_database_frozen_under_a_pooled_connection_is_503_not_a_hang(tmp_path):
-    """Issue 22: PostgreSQL frozen while the API holds pooled connections to it. The server's statement_timeout
-    cannot fire (its clock is stopped) and the kernel acknowledges every byte, so only a client-side deadline ends
-    the wait: the call is answered 503 within about the statement plus the connect timeout (1 + 2 s here), and once
-    the database answers again so is the next call."""
+@contextmanager
+def frozen_database(name: str):
+    """A fresh migrated PostgreSQL database reached through a FreezableProxy: (the proxied URL, the proxy)."""
     from urllib.parse import urlsplit
 
     from app.db import migrate
     from tests.stack import fresh_database
 
-    with fresh_database("lethe_frozen") as url:
+    with fresh_database(name) as url:
         migrate(url)
         real = urlsplit(url.replace("postgresql+psycopg://", "http://", 1))
         proxy = FreezableProxy(real.port or 5432)
         try:
-            proxied = url.replace(f"{real.hostname}:{real.port}", f"127.0.0.1:{proxy.port}", 1)
-            configure(tmp_path, database_url=proxied, db_statement_timeout_seconds="1", db_connect_timeout_seconds="2")
-            key = make_key()
-            client = TestClient(create_app(run_background=False), raise_server_exceptions=False)
-            auth = {"authorization": f"Bearer {key}"}
-            assert client.get("/v1/models", headers=auth).status_code == 200  # the pool holds a live connection
-            proxy.frozen.set()
-            answer, took = _answer(lambda: client.get("/v1/models", headers=auth), 30)
-            if answer is None:
-                pytest.fail("a frozen database held a pooled connection's call for more than 30 s")
-            _assert_503(answer)
-            assert took < 15
-            proxy.frozen.clear()
-            assert client.get("/v1/models", headers=auth).status_code == 200  # a fresh connection, once it answers
+            yield url.replace(f"{real.hostname}:{real.port}", f"127.0.0.1:{proxy.port}", 1), proxy
         finally:
             proxy.close()
             reset_engine_cache()
+
+
+def test_a_database_frozen_under_a_pooled_connection_is_503_not_a_hang(tmp_path):
+    """Issue 22: PostgreSQL frozen while the API holds pooled connections to it. The server's statement_timeout
+    cannot fire (its clock is stopped) and the kernel acknowledges every byte, so only a client-side deadline ends
+    the wait: the call is answered 503 within about the statement plus the connect timeout (1 + 2 s here), and once
+    the database answers again so is the next call."""
+    with frozen_database("lethe_frozen") as (proxied, proxy):
+        configure(tmp_path, database_url=proxied, db_statement_timeout_seconds="1", db_connect_timeout_seconds="2")
+        key = make_key()
+        client = TestClient(create_app(run_background=False), raise_server_exceptions=False)
+        auth = {"authorization": f"Bearer {key}"}
+        assert client.get("/v1/models", headers=auth).status_code == 200  # the pool holds a live connection
+        proxy.frozen.set()
+        answer, took = _answer(lambda: client.get("/v1/models", headers=auth), 30)
+        if answer is None:
+            pytest.fail("a frozen database held a pooled connection's call for more than 30 s")
+        _assert_503(answer)
+        assert took < 15
+        proxy.frozen.clear()
+        assert client.get("/v1/models", headers=auth).status_code == 200  # a fresh connection, once it answers
 
 
 def _assert_intake_503(response) -> None:
@@ -235,18 +241,10 @@ def test_an_intake_batch_on_a_frozen_database_is_503_not_a_hang(tmp_path):
     thread holds between batches: the watchdog must bound those round trips too. PostgreSQL frozen under that
     connection: the POST is answered 503 within about the statement plus the connect timeout (1 + 2 s), long before
     the intake's own timeout (60 s here), and once the database answers again so is the next POST."""
-    from urllib.parse import urlsplit
-
-    from app.db import migrate
     from app.requests.intake import reset_batcher
-    from tests.stack import fresh_database
 
-    with fresh_database("lethe_frozen_intake") as url:
-        migrate(url)
-        real = urlsplit(url.replace("postgresql+psycopg://", "http://", 1))
-        proxy = FreezableProxy(real.port or 5432)
+    with frozen_database("lethe_frozen_intake") as (proxied, proxy):
         try:
-            proxied = url.replace(f"{real.hostname}:{real.port}", f"127.0.0.1:{proxy.port}", 1)
             configure(
                 tmp_path,
                 database_url=proxied,
@@ -276,9 +274,7 @@ def test_an_intake_batch_on_a_frozen_database_is_503_not_a_hang(tmp_path):
             proxy.frozen.clear()
             assert post().status_code == 404
         finally:
-            proxy.close()
             reset_batcher()
-            reset_engine_cache()
 
 
 def test_statements_run_past_sqlalchemy_raise_its_errors(tmp_path):
