@@ -30,6 +30,7 @@ from app.ops.schemas import HealthOut
 from app.problems import Problem, install_problem_handlers, problem_response
 from app.registry.router import router as registry_router
 from app.reports.router import router as reports_router
+from app.requests.fastpath import IntakeFastPath
 from app.requests.intake import reset_batcher
 from app.requests.router import add_body_schemas
 from app.requests.router import router as requests_router
@@ -302,6 +303,7 @@ def create_app(run_background: bool | None = None) -> FastAPI:
     )
     install_problem_handlers(app)
     app.add_middleware(BodyLimitMiddleware)
+    app.add_middleware(IntakeFastPath)  # POST /v1/deletion-requests without the framework; refusals go down the stack
     app.add_middleware(RequestIdMiddleware)  # even a 413 or a 500 carries its request id
     app.add_middleware(HttpMetricsMiddleware)  # outermost: counts every answer, with the route the router matched
     app.include_router(registry_router)

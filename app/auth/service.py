@@ -265,23 +265,30 @@ def _principal(row: ApiKey) -> Principal:
     return Principal(row.id, row.name, frozenset(row.scopes), row.model_id, row.client_id, row.expires_at)
 
 
-_LIVE_KEYS = (
+LIVE_KEYS = (
     "SELECT key_hash, id, name, scopes, model_id, client_id, expires_at FROM api_keys "
     "WHERE key_hash = ANY(%s) AND revoked_at IS NULL"
 )
+"""The not-revoked keys among some hashes (psycopg placeholders): ``principals_for``, and the intake batch's first
+round trip (app/requests/intake.py), whose rows ``live_principals`` reads."""
 
 
 def principals_for(session: Session, key_hashes: list[str]) -> dict[str, Principal]:
     """The live (not revoked, not expired) keys among ``key_hashes``, in one query: the intake batcher authenticates a
     whole batch at once, so a request costs no read of its own and a revoked key is still refused at once. On
     PostgreSQL straight through the driver (``pipelined``: the batch's hot path)."""
-    now = utcnow()
     if session.get_bind().dialect.name == "postgresql":
-        (rows,) = pipelined(session, (_LIVE_KEYS, (key_hashes,)))
+        (rows,) = pipelined(session, (LIVE_KEYS, (key_hashes,)))
     else:
         columns = (ApiKey.key_hash, ApiKey.id, ApiKey.name, ApiKey.scopes, ApiKey.model_id, ApiKey.client_id)
         query = select(*columns, ApiKey.expires_at).where(ApiKey.key_hash.in_(key_hashes), ApiKey.revoked_at.is_(None))
         rows = session.execute(query).all()
+    return live_principals(rows)
+
+
+def live_principals(rows) -> dict[str, Principal]:
+    """Key hash → principal, from ``LIVE_KEYS``' rows, the expired ones left out."""
+    now = utcnow()
     return {
         key_hash: Principal(key_id, name, frozenset(scopes), model_id, client_id, expires_at)
         for key_hash, key_id, name, scopes, model_id, client_id, expires_at in rows

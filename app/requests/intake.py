@@ -31,7 +31,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.auth.service import Principal, principals_for, scope_problem, unknown_key_problem
+from app.auth.service import LIVE_KEYS, Principal, live_principals, principals_for, scope_problem, unknown_key_problem
 from app.config import get_settings
 from app.db import get_engine, get_sessionmaker, pipelined
 from app.jobs.outbox import nudge
@@ -39,10 +39,11 @@ from app.problems import Problem
 from app.registry.tables import Model
 from app.requests.schemas import DeletionRequestCreate
 from app.requests.service import (
+    Prepared,
     StagedRequest,
-    body_fingerprint,
     insert_requests,
     lookup_rows,
+    prepare,
     replay,
     request_rows,
     stage_request,
@@ -65,6 +66,7 @@ class _Item:
     future: Future
     key_hash: str | None = None  # submit_key: the API key is looked up with the rest of the batch
     waiter: asyncio.Future | None = None  # submit_async: the event loop's future, woken with its batch
+    prepared: Prepared | None = None  # submit_async: hashed on the event loop (not for a large request)
 
 
 LARGE_REQUEST_IDS = 1_000
@@ -78,11 +80,18 @@ def _is_large(body: DeletionRequestCreate) -> bool:
 
 
 class IntakeBatcher:
-    def __init__(self, max_batch: int | None = None, wait_ms: float | None = None, threads: int | None = None):
+    def __init__(
+        self,
+        max_batch: int | None = None,
+        wait_ms: float | None = None,
+        threads: int | None = None,
+        gap_ms: float | None = None,
+    ):
         settings = get_settings()
         self.max_batch = max_batch or settings.intake_batch_max
         self.wait = (settings.intake_batch_wait_ms if wait_ms is None else wait_ms) / 1000
-        self._queue: queue.Queue[_Item | None] = queue.Queue()
+        self.gap = (settings.intake_batch_gap_ms if gap_ms is None else gap_ms) / 1000
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()  # C: a put is no lock and condition of ours
         self._threads = [
             threading.Thread(target=self._run, name=f"lethe-intake-{i}", daemon=True)
             for i in range(max(1, int(threads or settings.intake_threads)))
@@ -123,7 +132,8 @@ class IntakeBatcher:
         away, the route's timeout) cancels the request if no batch has taken it yet."""
         self._start()
         waiter = asyncio.get_running_loop().create_future()
-        item = _Item(None, body, idempotency_key, Future(), key_hash, waiter)
+        prepared = None if _is_large(body) else prepare(body)  # hashing 1,000+ ids would hold the event loop
+        item = _Item(None, body, idempotency_key, Future(), key_hash, waiter, prepared)
         waiter.add_done_callback(lambda w: w.cancelled() and item.future.cancel())
         self._enqueue(item)
         return waiter
@@ -154,11 +164,15 @@ class IntakeBatcher:
                 thread.join(timeout=10)
 
     def _collect(self, first: _Item) -> list[_Item]:
-        """Up to ``max_batch`` items. An item whose client went away (its future was cancelled) is dropped here;
-        once taken, a future is "running" and can no longer be cancelled, so its outcome is always delivered."""
-        batch, deadline = [first] if first.future.set_running_or_notify_cancel() else [], time.monotonic() + self.wait
+        """Up to ``max_batch`` items: those arriving within ``gap`` of the one before, for at most ``wait`` (a burst
+        of requests shares a commit; the batch is cut once the burst is over, not at the end of the window, so neither
+        a lone request nor a finished burst waits the whole of it). An item whose client went away (its future was
+        cancelled) is dropped here; once taken, a future is "running" and can no longer be cancelled, so its outcome
+        is always delivered."""
+        start = time.monotonic()
+        batch, deadline, last = [first] if first.future.set_running_or_notify_cancel() else [], start + self.wait, start
         while len(batch) < self.max_batch:
-            timeout = deadline - time.monotonic()
+            timeout = min(deadline, last + self.gap) - time.monotonic()
             try:
                 item = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
             except queue.Empty:
@@ -166,6 +180,7 @@ class IntakeBatcher:
             if item is None:
                 self._queue.put(None)
                 break
+            last = time.monotonic()
             if item.future.set_running_or_notify_cancel():
                 batch.append(item)
         return batch
@@ -216,13 +231,14 @@ class IntakeBatcher:
                 _wake(batch)
 
     @staticmethod
-    def _authenticate(session, batch: list[_Item]) -> list[_Item]:
+    def _authenticate(session, batch: list[_Item], principals: dict[str, Principal] | None = None) -> list[_Item]:
         """Resolve the batch's not-yet-authenticated keys in one query (in the batch's own transaction: a key
-        revoked before it began is refused); a refused item is answered here."""
+        revoked before it began is refused), or from ``principals`` read already; a refused item is answered here."""
         pending = {item.key_hash for item in batch if item.principal is None and item.key_hash}
         if not pending:
             return batch
-        principals = principals_for(session, sorted(pending))
+        if principals is None:
+            principals = principals_for(session, sorted(pending))
         admitted = []
         for item in batch:
             if item.principal is None:
@@ -285,27 +301,36 @@ class IntakeBatcher:
                 wanted.setdefault(model.dataset_id, {}).update(ids)
         return {dataset_id: list(ids) for dataset_id, ids in wanted.items()}
 
-    def _lookups(self, session, batch: list[_Item]) -> tuple[dict[tuple[str, str], object], dict[str, dict]]:
-        """The requests already made under the batch's (API key, Idempotency-Key) pairs, and the data-set rows its
-        requests name (data set id → row id → (``deleted_by``, position)), read for the whole batch at once: on
-        PostgreSQL in ONE round trip (``pipelined``). The rows of a replayed request are read too (replays are
-        rare; nothing is written for them)."""
-        keys = [(item.principal.key_id, item.idempotency_key) for item in batch if item.idempotency_key]
-        wanted = self._wanted_rows(session, batch)
+    def _lookups(self, session, batch: list[_Item]) -> tuple[list[_Item], dict[tuple[str, str], object], dict]:
+        """The batch authenticated (``_authenticate``: the refused items answered and left out), the requests already
+        made under its (API key, Idempotency-Key) pairs, and the data-set rows its requests name (data set id → row
+        id → (``deleted_by``, position)), read for the whole batch at once: on PostgreSQL in ONE round trip
+        (``pipelined``; two before issue 21's last cut, the keys first), the twins found by the key's hash where
+        the key is not yet known. The rows of a replayed or refused request are read too (rare; nothing is
+        written or told for them)."""
         if session.get_bind().dialect.name != "postgresql":
+            batch = self._authenticate(session, batch)
+            keys = [(item.principal.key_id, item.idempotency_key) for item in batch if item.idempotency_key]
             known = _idempotent_twins(session, keys) if keys else {}
-            return known, {dataset_id: lookup_rows(session, dataset_id, ids) for dataset_id, ids in wanted.items()}
-        statements = [(_TWINS, ([k for k, _ in keys], [i for _, i in keys]))] if keys else []
+            wanted = self._wanted_rows(session, batch)
+            return batch, known, {d: lookup_rows(session, d, ids) for d, ids in wanted.items()}
+        pending = sorted({item.key_hash for item in batch if item.principal is None and item.key_hash})
+        keyed = [item for item in batch if item.idempotency_key]
+        wanted = self._wanted_rows(session, batch)
+        statements = [(LIVE_KEYS, (pending,))] if pending else []
+        if keyed:
+            key_ids = [item.principal.key_id if item.principal else None for item in keyed]
+            key_hashes = [None if item.principal else item.key_hash for item in keyed]
+            statements.append((_TWINS, (key_ids, key_hashes, [item.idempotency_key for item in keyed])))
         statements += [(_ROWS, (dataset_id, ids)) for dataset_id, ids in wanted.items()]
-        if not statements:
-            return {}, {}
-        results = pipelined(session, *statements)
-        twins = [request_id for (request_id,) in results.pop(0)] if keys else []
+        results = pipelined(session, *statements) if statements else []
+        batch = self._authenticate(session, batch, live_principals(results.pop(0)) if pending else None)
+        twins = [request_id for (request_id,) in results.pop(0)] if keyed else []
         rows = {
             dataset_id: {row_id: (deleted_by, position) for row_id, deleted_by, position in found}
             for dataset_id, found in zip(wanted, results, strict=True)
         }
-        return _requests_by_key(session, twins), rows
+        return batch, _requests_by_key(session, twins) if batch else {}, rows
 
     def _batched(self, batch: list[_Item]) -> list[tuple[_Item, object]]:
         """The fast path, one transaction: the batch's keys in one round trip, its Idempotency-Keys and sample ids
@@ -314,24 +339,25 @@ class IntakeBatcher:
         round trips (eight before issue 21's pipelining)."""
         session = self._held_session()
         try:
-            batch = self._authenticate(session, batch)
+            batch, known, rows = self._lookups(session, batch)
             if not batch:
                 session.rollback()
                 return []
-            known, rows = self._lookups(session, batch)
             outcomes: list[tuple[_Item, object]] = []
             staged: list[dict] = []
             for item in batch:
-                fingerprint = body_fingerprint(item.body)
+                prepared = item.prepared or prepare(item.body)
                 key = (item.principal.key_id, item.idempotency_key) if item.idempotency_key else None
                 try:
                     if key in known:
-                        outcomes.append((item, (replay(known[key], fingerprint), False)))
+                        outcomes.append((item, (replay(known[key], prepared.fingerprint), False)))
                         continue
                     model = self._model(session, item.body.model_id)
                     found = rows.get(model.dataset_id) if model is not None else None
                     model = validate_against_registry(session, item.body, model, found)
-                    values = request_rows(item.principal, item.body, item.idempotency_key, model, fingerprint, found)
+                    values = request_rows(
+                        item.principal, item.body, item.idempotency_key, model, prepared.fingerprint, found, prepared
+                    )
                     staged.append(values)
                     request = StagedRequest(**values["request"])
                     if key:
@@ -339,7 +365,7 @@ class IntakeBatcher:
                     outcomes.append((item, (request, True)))
                 except Problem as exc:
                     outcomes.append((item, exc))
-            insert_requests(session, staged)
+            insert_requests(session, staged, commit=True)
             session.commit()
             if staged:
                 nudge()
@@ -382,14 +408,17 @@ class IntakeBatcher:
 
 
 _TWINS = (
-    "SELECT r.id FROM unnest(CAST(%s AS varchar[]), CAST(%s AS varchar[])) AS p(key_id, idem) "
-    "CROSS JOIN LATERAL (SELECT d.id FROM deletion_requests d "
-    "WHERE d.api_key_id = p.key_id AND d.idempotency_key = p.idem LIMIT 1) AS r"
+    "SELECT r.id FROM unnest(CAST(%s AS varchar[]), CAST(%s AS varchar[]), CAST(%s AS varchar[])) "
+    "AS p(key_id, key_hash, idem) CROSS JOIN LATERAL (SELECT d.id FROM deletion_requests d "
+    "WHERE d.api_key_id = COALESCE(p.key_id, (SELECT k.id FROM api_keys k WHERE k.key_hash = p.key_hash)) "
+    "AND d.idempotency_key = p.idem LIMIT 1) AS r"
 )
-"""The ids of the requests already made under (API key, Idempotency-Key) pairs: one probe of the unique index per
-pair, whatever the planner's statistics say. A row-value IN list (or two IN lists) was planned from statistics taken
-when the table was small, as one probe on the key alone, filtering every request that key ever made (1.5 ms a batch
-after 3,500 requests, growing with the table)."""
+"""The ids of the requests already made under (API key, Idempotency-Key) pairs, the key given by its id or, not yet
+authenticated, by its hash: one probe of the unique index per pair, whatever the planner's statistics say. A
+row-value IN list (or two IN lists) was planned from statistics taken when the table was small, as one probe on the
+key alone, filtering every request that key ever made (1.5 ms a batch after 3,500 requests, growing with the
+table). A twin under a key that authentication then refuses is read and never used (only an admitted item looks its
+twin up)."""
 
 _ROWS = "SELECT row_id, deleted_by, position FROM dataset_rows WHERE dataset_id = %s AND row_id = ANY(%s)"
 """A data set's rows among some ids (``lookup_rows``, as one array parameter: no chunks of bound values)."""

@@ -218,9 +218,12 @@ def test_a_batch_finds_committed_twins_by_key_and_idempotency_key(stack, model):
         retry = batcher.submit(first, body(250), "twin-key")
         other = batcher.submit(second, body(251), "twin-key")
         (replayed, replay_created), (own, own_created) = retry.result(timeout=60), other.result(timeout=60)
+        # a batch of its own, the key not yet authenticated: its twin is found by the key's hash
+        hashed, hashed_created = batcher.submit_key(hash_key(stack.key), body(250), "twin-key").result(timeout=60)
     finally:
         batcher.stop()
     assert replayed.id == original.id and not replay_created
+    assert hashed.id == original.id and not hashed_created
     assert own.id != original.id and own_created
     assert slow == []
 
@@ -282,6 +285,26 @@ def test_item10_a_revoked_key_is_refused_at_once_by_another_api_process(stack, m
     with session_scope() as session:  # what `lethe keys revoke` does, from another process
         session.execute(update(ApiKey).where(ApiKey.name == "revoke-me").values(revoked_at=utcnow()))
     _problem(httpx.get(stack.base_url + "/v1/deletion-requests", headers=auth), 401, "unauthorized")
+
+
+def test_the_intake_commit_travels_with_its_last_statement(stack, own_pg_url):
+    """``append_events(commit=True)`` (the intake batch): the events and the COMMIT go in one round trip, so the audit
+    log's lock is released with it; another connection sees the events before ``session.commit()``, which then has
+    nothing left to send, and the chain still verifies."""
+    from app.audit.service import append_events
+    from app.db import get_sessionmaker
+
+    session = get_sessionmaker()()
+    spec = {"actor": "test", "action": "commit.together", "entity_type": "x", "entity_id": "together-1"}
+    try:
+        append_events(session, [{**spec, "payload": {"n": 1}}, {**spec, "payload": {"n": 2}}], commit=True)
+        with psycopg.connect(own_pg_url.replace("+psycopg", "")) as other:
+            seen = other.execute("SELECT count(*) FROM audit_events WHERE entity_id = 'together-1'").fetchone()[0]
+        session.commit()
+    finally:
+        session.close()
+    assert seen == 2
+    assert stack.client.get("/v1/audit/verify").json()["ok"] is True
 
 
 def test_item14_zz_a_truncated_tail_is_named_by_its_checkpoint(tmp_path):
