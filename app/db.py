@@ -315,21 +315,28 @@ def insert_statement(parts: list[tuple[Table, list[dict[str, Any]]]]) -> tuple[s
     if not parts:
         return None
     statement = _recordset_insert(tuple((table, tuple(rows[0])) for table, rows in parts))
-    return statement, {f"rows{i}": _rows_json(rows) for i, (_, rows) in enumerate(parts)}
+    return statement, {f"rows{i}": _rows_json(table, rows) for i, (table, rows) in enumerate(parts)}
 
 
-def _rows_json(rows: list[dict[str, Any]]) -> str:
+def _rows_json(table: Table, rows: list[dict[str, Any]]) -> str:
     """The rows as one JSON text, by pydantic-core's serializer (a quarter of ``json.dumps``'s time with a Python
-    ``default`` per datetime: issue 21). A naive datetime would be stored in the session's time zone: refused, as a
-    value JSON cannot carry is (datetimes are columns, so only the rows' own values are looked at)."""
-    for row in rows:
-        for value in row.values():
+    ``default`` per datetime: issue 21). A naive datetime in a timestamp column would be stored in the session's time
+    zone: refused (only those columns are looked at; a datetime inside a JSON value is written as its ISO text)."""
+    for name in _timestamp_columns(table):
+        for row in rows:
+            value = row.get(name)
             if isinstance(value, datetime) and value.tzinfo is None:
-                raise ValueError("naive datetime")
+                raise ValueError(f"naive datetime in {table.name}.{name}")
     try:
         return to_json(rows).decode()
     except PydanticSerializationError as exc:
         raise TypeError(f"cannot store this value in a bulk insert: {exc}") from None
+
+
+@lru_cache(maxsize=64)
+def _timestamp_columns(table: Table) -> tuple[str, ...]:
+    types = ((column.name, column.type) for column in table.columns)
+    return tuple(name for name, t in types if isinstance(t.impl if isinstance(t, TypeDecorator) else t, DateTime))
 
 
 @lru_cache(maxsize=64)

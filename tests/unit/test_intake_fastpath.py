@@ -206,14 +206,16 @@ def test_the_event_text_from_the_payload_text_is_event_body(payload):
 
 
 def test_rows_go_to_the_database_as_json_and_a_naive_datetime_is_refused():
+    from app.audit.tables import AuditEvent
     from app.db import _rows_json
 
+    events = AuditEvent.__table__
     when = datetime(2026, 12, 5, 17, 0, 0, 5, tzinfo=UTC)
-    rows = [{"id": "a", "at": when, "n": 2**40, "x": 0.1, "s": 'q"\u0000', "j": {"k": [1, None]}, "none": None}]
-    decoded = json.loads(_rows_json(rows))
+    rows = [{"seq": 2**40, "at": when, "x": 0.1, "actor": 'q"\u0000', "payload": {"k": [1, None]}, "hash": None}]
+    decoded = json.loads(_rows_json(events, rows))
     assert datetime.fromisoformat(decoded[0]["at"].replace("Z", "+00:00")) == when
     assert decoded[0] | {"at": None} == rows[0] | {"at": None}
-    with pytest.raises(ValueError, match="naive"):
-        _rows_json([{"at": datetime(2026, 1, 1)}])
+    with pytest.raises(ValueError, match="naive datetime in audit_events.at"):
+        _rows_json(events, [*rows, {**rows[0], "at": datetime(2026, 1, 1)}])
     with pytest.raises(TypeError):
-        _rows_json([{"x": object()}])
+        _rows_json(events, [{"payload": object()}])
