@@ -218,14 +218,14 @@ async def _refusal(scope: Scope, headers: dict[bytes, bytes], guard: _Guard) -> 
     from app.auth.service import (
         CHECKED_PRINCIPAL,
         hash_key,
+        key_in,
         lookup_key,
         missing_key_problem,
         scope_problem,
         unknown_key_problem,
     )
 
-    header = headers.get(b"authorization", b"").decode("latin-1")
-    key = header[7:].strip() if header.lower().startswith("bearer ") else headers.get(b"x-api-key", b"").decode()
+    key = key_in(headers.get(b"authorization", b"").decode("latin-1"), headers.get(b"x-api-key", b"").decode())
     if not key:
         return missing_key_problem()
     if guard.key_only:

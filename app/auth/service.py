@@ -347,10 +347,12 @@ def batch_authenticated(*scopes: str):
 
 
 def _presented_key(request: Request) -> str | None:
-    header = request.headers.get("authorization", "")
-    if header.lower().startswith("bearer "):
-        return header[7:].strip()
-    return request.headers.get("x-api-key")
+    return key_in(request.headers.get("authorization", ""), request.headers.get("x-api-key"))
+
+
+def key_in(authorization: str, api_key: str | None) -> str | None:
+    """The key a request presents: ``Authorization: Bearer <key>``, else ``X-API-Key``."""
+    return authorization[7:].strip() if authorization.lower().startswith("bearer ") else api_key
 
 
 CHECKED_PRINCIPAL = "lethe.principal"

@@ -17,18 +17,15 @@ sets (401/403 for a refused key, a request the registry refuses, 503), rendered 
 
 from __future__ import annotations
 
-import asyncio
-
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.auth.service import hash_key
+from app.auth.service import key_in
 from app.config import get_settings
 from app.openapi import _api_routes
 from app.problems import Problem, problem_response
-from app.requests.intake import get_batcher, unavailable
 from app.requests.policy import check_request_settings
-from app.requests.router import _bad_idempotency_key
+from app.requests.router import _bad_idempotency_key, accept, accepted_headers
 from app.requests.schemas import DeletionRequestCreate
 
 PATH = "/v1/deletion-requests"
@@ -63,28 +60,15 @@ class IntakeFastPath:
         if self.route is None:
             self.route = _route(scope)
         scope["route"] = self.route  # the metrics' route label, as the router would have set it
-        pending = get_batcher().submit_async(hash_key(api_key), request, idempotency_key)
         try:
-            out, _created = await asyncio.wait_for(pending, timeout=settings.intake_timeout_seconds)
-        except TimeoutError:  # the commit may still land: the same Idempotency-Key then answers with that request
-            await problem_response(unavailable(), PATH)(scope, receive, send)
-            return
-        except Problem as problem:  # refused by the batch: the key, the registry, the database
+            out = await accept(api_key, request, idempotency_key)
+        except Problem as problem:  # refused by the batch (the key, the registry, the database) or timed out
             await problem_response(problem, PATH)(scope, receive, send)
             return
         payload = out.model_dump_json().encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 202,
-                "headers": [
-                    (b"content-length", str(len(payload)).encode()),
-                    (b"content-type", b"application/json"),
-                    (b"location", f"{PATH}/{out.id}".encode()),
-                    (b"retry-after", str(settings.retry_after_seconds).encode()),
-                ],
-            }
-        )
+        headers = [(b"content-length", str(len(payload)).encode()), (b"content-type", b"application/json")]
+        headers += [(name.lower().encode(), value.encode()) for name, value in accepted_headers(out).items()]
+        await send({"type": "http.response.start", "status": 202, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
 
 
@@ -103,8 +87,7 @@ def _taken(scope: Scope, limit: int) -> tuple[str, str | None] | None:
             seen[name] = value
     if seen.get(b"content-type", b"").split(b";")[0].strip().lower() != b"application/json":
         return None
-    header = seen.get(b"authorization", b"").decode("latin-1")
-    key = header[7:].strip() if header.lower().startswith("bearer ") else seen.get(b"x-api-key", b"").decode("latin-1")
+    key = key_in(seen.get(b"authorization", b"").decode("latin-1"), seen.get(b"x-api-key", b"").decode("latin-1"))
     if not key or (b"authorization" in seen and b"x-api-key" in seen):
         return None
     declared = seen.get(b"content-length")

@@ -4,16 +4,16 @@ Every accepted request must be durable before its 202, and the audit chain must 
 transaction ends with an fsync'd commit while holding the audit log's append lock. One request per transaction
 therefore caps intake at 1 / (commit latency) — about 290 requests/s on a disk with 3.5 ms fsyncs, whatever the
 number of API threads. The batcher instead takes up to ``intake_batch_max`` waiting requests and commits them
-together: one fsync and one lock hold per batch. It authenticates the batch's API keys in one query (the route only
-checks that a key is present), and its fast path looks every Idempotency-Key of the batch and every sample id it names
-up in one round trip (one query per data set, pipelined), validates each request (a bad one fails alone: nothing is
-written before validation passes), and inserts the requests, jobs and audit events with one statement. On
+together: one fsync and one lock hold per batch. Its fast path reads the batch's API keys (the route only checks that
+a key is present), every Idempotency-Key and every sample id it names in one round trip (pipelined), validates each
+request (a bad one fails alone: nothing is written before validation passes), inserts the requests, jobs and held rows
+with one statement, then takes the audit log's lock and appends the events, with the COMMIT (``append_events``). On
 PostgreSQL these statements go straight through psycopg (``app.db.pipelined``: the same watchdog and errors as any
 other; SQLAlchemy's execution machinery cost more CPU than the statements). If another API process commits a twin
 of one of its keys in between (the unique constraint fires), or any other error strikes the batch (a database error
 caused by one request), the batch is redone one request per SAVEPOINT, so one bad request never fails the others. A
-request waits at most ``intake_batch_wait_ms`` for company; nobody is answered before the commit that makes their
-request durable.
+request waits for company at most ``intake_batch_wait_ms``, and ``intake_batch_gap_ms`` after the last one joined;
+nobody is answered before the commit that makes their request durable.
 """
 
 from __future__ import annotations
@@ -333,10 +333,10 @@ class IntakeBatcher:
         return batch, _requests_by_key(session, twins) if batch else {}, rows
 
     def _batched(self, batch: list[_Item]) -> list[tuple[_Item, object]]:
-        """The fast path, one transaction: the batch's keys in one round trip, its Idempotency-Keys and sample ids
-        in one (``_lookups``); validation in Python; the audit log's lock and head in one; then ONE statement inserting
-        requests, jobs, held rows and audit events (no ORM objects, no per-row statements) and one commit: five
-        round trips (eight before issue 21's pipelining)."""
+        """The fast path, one transaction in three round trips (eight before issue 21): the batch's keys,
+        Idempotency-Keys and sample ids (``_lookups``); validation in Python; ONE statement inserting requests, jobs
+        and held rows (no ORM objects, no per-row statements) with the audit log's lock and head; the events with the
+        COMMIT (``insert_requests``)."""
         session = self._held_session()
         try:
             batch, known, rows = self._lookups(session, batch)

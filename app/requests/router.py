@@ -149,20 +149,25 @@ async def create_deletion_request(request: Request):
         if refusal is not None:
             raise refusal from None
         raise
+    out = await accept(api_key, body, idempotency_key)
+    return Response(
+        out.model_dump_json(), status_code=202, media_type="application/json", headers=accepted_headers(out)
+    )
+
+
+async def accept(api_key: str, body: DeletionRequestCreate, idempotency_key: str | None) -> DeletionRequestOut:
+    """A validated request made durable by the intake batcher (this route and app/requests/fastpath.py): raises the
+    batch's Problem (a refused key, the registry), or 503 past ``intake_timeout_seconds``."""
     pending = get_batcher().submit_async(hash_key(api_key), body, idempotency_key)
     try:
         out, _created = await asyncio.wait_for(pending, timeout=get_settings().intake_timeout_seconds)
     except TimeoutError:  # the commit may still land: the same Idempotency-Key then answers with that request
         raise unavailable() from None
-    return Response(
-        out.model_dump_json(),
-        status_code=202,
-        media_type="application/json",
-        headers={
-            "Location": f"/v1/deletion-requests/{out.id}",
-            "Retry-After": str(get_settings().retry_after_seconds),
-        },
-    )
+    return out
+
+
+def accepted_headers(out: DeletionRequestOut) -> dict[str, str]:
+    return {"Location": f"/v1/deletion-requests/{out.id}", "Retry-After": str(get_settings().retry_after_seconds)}
 
 
 @router.get("/{request_id}", response_model=DeletionRequestOut)

@@ -19,6 +19,7 @@ from app.audit.service import _event_text, canonical_json, event_body
 from app.main import create_app
 from app.ops import http as http_metrics
 from app.requests import fastpath
+from app.requests import router as requests_router
 from app.requests.fastpath import PATH, IntakeFastPath
 from app.requests.intake import IntakeBatcher, _Item
 from app.requests.schemas import DeletionRequestCreate
@@ -88,7 +89,7 @@ class _NoBatcher:
 )
 def test_what_the_route_would_refuse_goes_down_the_stack_byte_for_byte(tmp_path, monkeypatch, headers, query, chunks):
     configure(tmp_path, max_body_bytes="65536")
-    monkeypatch.setattr(fastpath, "get_batcher", lambda: _NoBatcher())
+    monkeypatch.setattr(requests_router, "get_batcher", lambda: _NoBatcher())
     sent, down = _run(_scope(headers, query), chunks)
     assert down["body"] == b"".join(chunks)  # the stack reads the same bytes, in full
     assert [m.get("status") for m in sent if m["type"] == "http.response.start"] == [299]
@@ -96,7 +97,7 @@ def test_what_the_route_would_refuse_goes_down_the_stack_byte_for_byte(tmp_path,
 
 def test_other_paths_and_methods_are_not_taken(tmp_path, monkeypatch):
     configure(tmp_path)
-    monkeypatch.setattr(fastpath, "get_batcher", lambda: _NoBatcher())
+    monkeypatch.setattr(requests_router, "get_batcher", lambda: _NoBatcher())
     body = [json.dumps(GOOD).encode()]
     for scope in (
         {**_scope([*JSON, *KEY]), "path": PATH + "/"},
