@@ -309,15 +309,17 @@ def keys_webhook_secret(
 @app.command()
 def serve(host: str = "127.0.0.1", port: int = 8000, workers: int = 1, log_level: str = "warning") -> None:
     """Run the API (uvicorn). On the embedded default it also runs the in-process executor."""
-    import uvicorn
-
     from app.db import migrate as run_migrations
+    from app.serving import serve as serve_app
 
     run_migrations()
     typer.echo(serve_banner(host, port))
     with shared_metrics(workers):
-        # access_log=False: the API writes its own access line, JSON with the request id (app/logs.py)
-        uvicorn.run("app.asgi:app", host=host, port=port, workers=workers, log_level=log_level, access_log=False)
+        # access_log=False: the API writes its own access line, JSON with the request id (app/logs.py); several
+        # workers listen on sockets of their own, so connections spread over them (app/serving.py)
+        status = serve_app("app.asgi:app", host, port, workers, log_level=log_level, access_log=False)
+    if status:
+        raise typer.Exit(status)
 
 
 @contextmanager

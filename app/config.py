@@ -194,6 +194,12 @@ class Settings(BaseSettings):
     )
     log_level: str = Field("INFO", description="Log level of the API and workers (DEBUG, INFO, WARNING, ERROR).")
     log_json: bool = Field(True, description="JSON log lines (structlog); false: key=value lines for a terminal.")
+    opentelemetry: bool = Field(
+        False,
+        description="FastAPI's native OpenTelemetry (spans, metrics and logs through the globally configured "
+        "providers). Off by default: Lethe's metrics are Prometheus's (/metrics), its logs structlog's; on, every "
+        "request asks the global providers whether they are configured (issue 21: ~5 % of the event loop).",
+    )
     audit_checkpoint_every: int = Field(
         100,
         ge=1,

@@ -300,6 +300,7 @@ def create_app(run_background: bool | None = None) -> FastAPI:
         lifespan=lifespan,
         docs_url=None,  # FastAPI's pages load from a CDN: app/apidocs.py serves them from installed assets
         redoc_url=None,
+        telemetry=None if settings.opentelemetry else {"tracing": False, "metrics": False, "logs": False},
     )
     install_problem_handlers(app)
     app.add_middleware(BodyLimitMiddleware)

@@ -6,7 +6,9 @@ subject, sample id and Idempotency-Key, counts every status and keeps the id of 
 saturates long before the server does on 2 cores (~350 req/s on a trivial endpoint against ~4,000 for wrk), so the
 previous version of this benchmark mostly measured itself.
 
-Two uvicorn servers, same flags (``--workers``, default 2 processes each): the real API (``app.asgi:app``, dispatcher
+Two servers started alike by ``python -m app.serving`` (what ``lethe serve`` runs: uvicorn with uvloop and httptools,
+``--workers`` processes each, default 2, every worker on a listening socket of its own; with uvicorn's shared socket
+one worker took all 32 connections in about one run in five): the real API (``app.asgi:app``, dispatcher
 off so no worker competes; jobs stay in the outbox; its log lines go to a file) and ``bench/trivial_app.py`` (one
 pydantic body, no database). Each round runs wrk against the trivial
 endpoint and then against the real one, closed loop at ``--connections``; ratios are taken round by round, so noise from
@@ -54,19 +56,14 @@ def _serve(app: str, port: int, env: dict, workers: int = 1, log_path: Path | No
         [
             sys.executable,
             "-m",
-            "uvicorn",
+            "app.serving",  # what `lethe serve` runs: uvicorn (uvloop + httptools), a listening socket per worker
             app,
             "--host",
             "127.0.0.1",
             "--port",
             str(port),
-            "--loop",
-            "uvloop",
-            "--http",
-            "httptools",
             "--log-level",
             "warning",
-            "--no-access-log",
             "--workers",
             str(workers),
         ],
@@ -339,7 +336,8 @@ def main() -> None:
                 "mode": "closed loop (each connection sends its next request when the previous one is answered)",
             },
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-            "server": f"uvicorn, {args.workers} worker process(es), uvloop + httptools, dispatcher off, "
+            "server": f"app.serving (uvicorn), {args.workers} worker process(es) on listening sockets of their own, "
+            f"uvloop + httptools, dispatcher off, "
             f"LETHE_LOG_LEVEL={args.log_level}",
             "load_average_1_5_15": {
                 "before": [round(x, 2) for x in load_before],
