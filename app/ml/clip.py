@@ -34,6 +34,15 @@ from torch import nn
 from app.ml.data.captions import CaptionDataset, WordTokenizer, make_pretraining_set, simple_preprocess
 
 CONFIG_DIR = Path(__file__).with_name("clip_configs")
+SHIPPED_DIR = Path(__file__).with_name("clip_weights")
+SHIPPED_SHA256 = {
+    "lethe-tiny-clip-2d797ae01a4d00fc.safetensors": "8c7b280da4a2140c43c071d48684c7015f3e46f037c340a5e3cbce99aee42f21",
+}
+"""Checkpoints shipped with the code (issue 24): ``lethe-tiny-clip`` pretrained on CPU with the default settings and
+the pinned torch. Pretraining is deterministic on one machine but not across machines (two 2-core CPU machines gave
+8c7b280d… and 742714f7… for the same key, and every EASE figure and the demo's federated verdict moved with it), so
+a CPU machine starts from these bytes instead of its own; the digest guards against a damaged copy (it is then
+pretrained as before)."""
 TINY_ARCH = "lethe-tiny-clip"
 _registered = False
 
@@ -357,6 +366,9 @@ def pretrain_tiny_clip(
     path = Path(cache_dir or default_cache_dir()) / "clip" / f"{TINY_ARCH}-{key.hexdigest()[:16]}.safetensors"
     if path.exists():
         return path
+    shipped = SHIPPED_DIR / path.name
+    if shipped.exists() and checkpoint_sha256(shipped) == SHIPPED_SHA256.get(shipped.name):
+        return shipped
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     torch.set_num_threads(PRETRAIN_THREADS)
     torch.use_deterministic_algorithms(True, warn_only=True)

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -88,3 +90,36 @@ def test_pretraining_is_pinned_whatever_the_callers_threads(tmp_path):
     finally:
         torch.set_num_threads(before)
     assert a.name == b.name and checkpoint_sha256(a) == checkpoint_sha256(b)  # the key describes the bits
+
+
+def test_the_default_backbone_is_the_shipped_one_on_every_cpu_machine(tmp_path, monkeypatch):
+    """Issue 24: pretraining is deterministic per machine, not across machines, so a CPU machine with an empty cache
+    loads the shipped checkpoint (its digest checked) instead of pretraining its own; a damaged copy is not used."""
+    import shutil
+
+    import app.ml.clip as clip
+
+    if clip.default_device().type != "cpu":
+        pytest.skip("the shipped checkpoint is the CPU one")
+    trained: list[Path] = []
+
+    def pretrain(settings, device, path, progress):
+        trained.append(path)
+        return path
+
+    monkeypatch.setattr(clip, "_pretrain", pretrain)
+    shipped = clip.pretrain_tiny_clip(cache_dir=tmp_path / "cache")
+    assert not trained and shipped.parent == clip.SHIPPED_DIR
+    assert clip.checkpoint_sha256(shipped) == clip.SHIPPED_SHA256[shipped.name]
+
+    damaged = tmp_path / "shipped"
+    damaged.mkdir()
+    shutil.copy(shipped, damaged / shipped.name)
+    with open(damaged / shipped.name, "r+b") as fh:
+        fh.seek(-1, 2)
+        last = fh.read(1)
+        fh.seek(-1, 2)
+        fh.write(bytes([last[0] ^ 1]))
+    monkeypatch.setattr(clip, "SHIPPED_DIR", damaged)
+    path = clip.pretrain_tiny_clip(cache_dir=tmp_path / "cache")
+    assert trained == [path] and path.parent == tmp_path / "cache" / "clip"
