@@ -10,7 +10,8 @@ held between worker restarts; Linux admits to a ``SO_REUSEPORT`` group only sock
 
 The supervision is uvicorn's in small: a worker that dies is started again; one that fails while starting (the app does
 not import, the port is taken) stops them all; SIGINT/SIGTERM stop the workers gracefully. Where the platform has no
-``SO_REUSEPORT`` (Windows), uvicorn's supervisor runs instead.
+``SO_REUSEPORT`` spreading connections (anything but Linux: Windows has no such option, and on BSD and macOS the
+last socket bound takes every connection), uvicorn's supervisor runs instead.
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ import logging
 import multiprocessing
 import signal
 import socket
+import sys
 import threading
 from typing import Any
 
 log = logging.getLogger("lethe.serving")
 
 STARTUP_FAILURE = 3  # uvicorn's exit status for a server that could not start
+_BALANCED = sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
+"""Linux spreads connections over a SO_REUSEPORT group; BSD and macOS give them all to one socket of it."""
 
 
 def serve(app: str, host: str, port: int, workers: int = 1, **options: Any) -> int:
@@ -33,7 +37,7 @@ def serve(app: str, host: str, port: int, workers: int = 1, **options: Any) -> i
     Returns the exit status (0: stopped by a signal)."""
     import uvicorn
 
-    if workers <= 1 or not hasattr(socket, "SO_REUSEPORT"):
+    if workers <= 1 or not _BALANCED:
         uvicorn.run(app, host=host, port=port, workers=workers, **options)
         return 0
     held = _reuseport_socket(host, port)  # bound, never listening: it takes no connection
@@ -89,8 +93,6 @@ def _reuseport_socket(host: str, port: int) -> socket.socket:
 
 def _worker(app: str, host: str, port: int, options: dict[str, Any]) -> None:
     """One API process: its own listening socket in the port's SO_REUSEPORT group, then uvicorn's server on it."""
-    import sys
-
     import uvicorn
 
     try:
