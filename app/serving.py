@@ -40,7 +40,11 @@ def serve(app: str, host: str, port: int, workers: int = 1, **options: Any) -> i
     if workers <= 1 or not _BALANCED:
         uvicorn.run(app, host=host, port=port, workers=workers, **options)
         return 0
-    held = _reuseport_socket(host, port)  # bound, never listening: it takes no connection
+    try:
+        held = _reuseport_socket(host, port)  # bound, never listening: it takes no connection
+    except OSError as exc:  # the port taken by a socket outside the group, or an address not of this host
+        print(f"cannot listen on {host}:{port}: {exc}", file=sys.stderr)
+        return STARTUP_FAILURE
     port = held.getsockname()[1]
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -125,3 +125,15 @@ def test_a_worker_that_cannot_start_stops_the_server(tmp_path):
         if server.poll() is None:
             server.kill()
             server.wait()
+
+
+def test_a_port_already_taken_is_a_clear_error(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        command = [sys.executable, "-m", "app.serving", "pidapp:app", "--port", str(port), "--workers", "2"]
+        done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr and "Traceback" not in done.stderr
