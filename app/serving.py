@@ -25,9 +25,10 @@ import sys
 import threading
 from typing import Any
 
+from uvicorn.config import STARTUP_FAILURE  # uvicorn's exit status for a server that could not start
+
 log = logging.getLogger("lethe.serving")
 
-STARTUP_FAILURE = 3  # uvicorn's exit status for a server that could not start
 _BALANCED = sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
 """Linux spreads connections over a SO_REUSEPORT group; BSD and macOS give them all to one socket of it."""
 

@@ -16,6 +16,7 @@ Checkpoints are always local paths (nothing is downloaded at run time).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -331,6 +332,12 @@ reductions sum in different orders, and two checkpoints under one cache name onc
 type and the torch version, so that the key describes the bits."""
 
 
+@functools.cache
+def _shipped_intact(path: Path) -> bool:
+    """A shipped checkpoint exists and has its pinned digest (read once per process, not per call)."""
+    return path.exists() and checkpoint_sha256(path) == SHIPPED_SHA256.get(path.name)
+
+
 def checkpoint_sha256(path: str | os.PathLike[str]) -> str:
     """sha256 of a checkpoint file (what benchmark results record next to their figures)."""
     digest = hashlib.sha256()
@@ -367,7 +374,7 @@ def pretrain_tiny_clip(
     if path.exists():
         return path
     shipped = SHIPPED_DIR / path.name
-    if shipped.exists() and checkpoint_sha256(shipped) == SHIPPED_SHA256.get(shipped.name):
+    if _shipped_intact(shipped):
         return shipped
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     torch.set_num_threads(PRETRAIN_THREADS)
