@@ -11,6 +11,8 @@ gets its own key derived from it with HKDF-SHA256 (``Settings.derived_key(purpos
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import json
 import os
 import secrets
@@ -322,6 +324,19 @@ class Settings(BaseSettings):
         if purpose not in KEY_PURPOSES:
             raise ValueError(f"unknown key purpose {purpose!r}; one of {sorted(KEY_PURPOSES)}")
         return _derive(self.secret(), purpose)
+
+
+def hmac_hex(key: bytes, text: str) -> str:
+    """HMAC-SHA256 of ``text`` under ``key``, in hex: the key's padded inner and outer states are hashed once per key
+    and copied (the intake hashes four values per request: half the time of a fresh ``hmac.new`` each, issue 21)."""
+    keyed = _keyed(key).copy()
+    keyed.update(text.encode())
+    return keyed.hexdigest()
+
+
+@lru_cache(maxsize=64)
+def _keyed(key: bytes) -> hmac.HMAC:
+    return hmac.new(key, digestmod=hashlib.sha256)
 
 
 @lru_cache(maxsize=64)

@@ -240,7 +240,8 @@ def _statement_error(orig: BaseException | None) -> bool:
 def pipelined(session: Session, *statements: tuple[str, Any], commit: bool = False) -> list[list[tuple]]:
     """Run ``statements`` (psycopg SQL with ``%s``/``%(name)s`` placeholders, and their parameters) in the session's
     transaction, straight through psycopg in pipeline mode: ONE round trip for all of them (and for the BEGIN when
-    the transaction starts here), each statement prepared once per connection. Returns each statement's rows ([] for
+    the transaction starts here), each statement prepared once per connection (a single statement inside a transaction,
+    without the COMMIT, is sent as such: one round trip either way). Returns each statement's rows ([] for
     one that returns none). PostgreSQL only.
 
     The intake batch's hot path (issue 21): through SQLAlchemy a statement cost several times its own time in
@@ -266,12 +267,18 @@ def pipelined(session: Session, *statements: tuple[str, Any], commit: bool = Fal
     sql, params = statements[0]
     try:
         cursors = []
-        with raw.pipeline():
-            for sql, params in statements:
-                cursors.append(raw.cursor())
-                cursors[-1].execute(sql, params, prepare=True)
-            if commit:
-                raw.commit()
+        if len(statements) == 1 and not commit and raw.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
+            # inside a transaction, one statement needs no pipeline to enter and leave (a third of the client's CPU);
+            # outside one, psycopg would send the BEGIN as a round trip of its own
+            cursors.append(raw.cursor())
+            cursors[-1].execute(sql, params, prepare=True)
+        else:
+            with raw.pipeline():
+                for sql, params in statements:
+                    cursors.append(raw.cursor())
+                    cursors[-1].execute(sql, params, prepare=True)
+                if commit:
+                    raw.commit()
         return [cursor.fetchall() if cursor.description else [] for cursor in cursors]
     except psycopg.Error as error:
         if raw.broken:
@@ -339,9 +346,40 @@ def _timestamp_columns(table: Table) -> tuple[str, ...]:
     return tuple(name for name, t in types if isinstance(t.impl if isinstance(t, TypeDecorator) else t, DateTime))
 
 
+def insert_then(
+    parts: list[tuple[Table, list[dict[str, Any]]]], select: str, params: dict[str, Any]
+) -> tuple[str, dict]:
+    """ONE statement that inserts ``parts`` (as ``insert_many``: data-modifying CTEs) and then runs ``select`` (psycopg
+    placeholders by name), where ``{inserted}`` stands for the number of rows inserted: PostgreSQL must finish the
+    inserts before it can evaluate that (an unreferenced CTE's insert runs after the main query). For ``pipelined``
+    (PostgreSQL): the audit log's lock taken in the same statement as the intake batch's rows (issue 21)."""
+    parts = [(table, rows) for table, rows in parts if rows]
+    if not parts:
+        return select.format(inserted="0"), params
+    ctes, inserted = _recordset_ctes(tuple((table, tuple(rows[0])) for table, rows in parts))
+    rows_params = {f"rows{i}": _rows_json(table, rows) for i, (table, rows) in enumerate(parts)}
+    return f"WITH {ctes} {select.format(inserted=inserted)}", {**params, **rows_params}
+
+
+@lru_cache(maxsize=64)
+def _recordset_ctes(parts: tuple[tuple[Table, tuple[str, ...]], ...]) -> tuple[str, str]:
+    """``insert_then``'s CTEs (each ``RETURNING 1``) and the expression that counts their rows."""
+    ctes = ", ".join(f"part{i} AS ({sql} RETURNING 1)" for i, sql in enumerate(_recordset_inserts(parts)))
+    return ctes, " + ".join(f"(SELECT count(*) FROM part{i})" for i in range(len(parts)))
+
+
 @lru_cache(maxsize=64)
 def _recordset_insert(parts: tuple[tuple[Table, tuple[str, ...]], ...]) -> str:
     """The statement's text, with psycopg's placeholders (it is run by ``pipelined``)."""
+    inserts = _recordset_inserts(parts)
+    if len(inserts) == 1:
+        return inserts[0]
+    ctes = ", ".join(f"part{i} AS ({sql})" for i, sql in enumerate(inserts))
+    return f"WITH {ctes} SELECT 1"
+
+
+def _recordset_inserts(parts: tuple[tuple[Table, tuple[str, ...]], ...]) -> list[str]:
+    """One ``INSERT ... SELECT ... FROM json_to_recordset(%(rows<i>)s)`` per table."""
     dialect = postgresql.dialect()
     inserts = []
     for i, (table, names) in enumerate(parts):
@@ -359,10 +397,7 @@ def _recordset_insert(parts: tuple[tuple[Table, tuple[str, ...]], ...]) -> str:
             f'INSERT INTO "{table.name}" ({columns}) SELECT {columns} '
             f"FROM json_to_recordset(CAST(%(rows{i})s AS json)) AS r({', '.join(fields)})"
         )
-    if len(inserts) == 1:
-        return inserts[0]
-    ctes = ", ".join(f"part{i} AS ({sql})" for i, sql in enumerate(inserts))
-    return f"WITH {ctes} SELECT 1"
+    return inserts
 
 
 def release_freed_pages() -> None:

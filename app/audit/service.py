@@ -44,8 +44,8 @@ from app.certificates.signing import (
     parse_timestamp,
     utc_timestamp,
 )
-from app.config import get_settings
-from app.db import insert_many, insert_statement, pipelined, utcnow
+from app.config import get_settings, hmac_hex
+from app.db import insert_many, insert_statement, insert_then, pipelined, utcnow
 
 GENESIS_HASH = "0" * 64
 _ADVISORY_LOCK_ID = 0x1E7E_A0D1  # any constant shared by every writer of the audit log
@@ -282,7 +282,7 @@ def check_anchor_against_log(anchor: Mapping[str, Any], events: list[Mapping[str
 
 def hash_subject(secret: bytes, subject_ref: str) -> str:
     """Subject identifiers are personal data: only this keyed hash is stored (ARCHITECTURE.md, contracts)."""
-    return hmac.new(secret, subject_ref.encode(), hashlib.sha256).hexdigest()
+    return hmac_hex(secret, subject_ref)
 
 
 _HEAD_KEY = "lethe.audit_head"
@@ -303,20 +303,20 @@ def forget_head(session: Session) -> None:
         session.info.pop(key, None)
 
 
-def _locked_head(session: Session, before: tuple[str, Any] | None = None) -> tuple[int, str]:
+def _locked_head(session: Session, before: list[tuple[Table, list[dict[str, Any]]]] | None = None) -> tuple[int, str]:
     """(seq, hash) of the chain's head, taking the log's lock on the transaction's first call. ``before`` (PostgreSQL:
-    a statement and its parameters) runs first in the same round trip, so the lock is taken only once it is done."""
+    rows to insert, as ``insert_many``'s parts) is inserted first, in the same statement, so the lock is asked for
+    only once they are written (a row another transaction holds makes us wait without holding the lock)."""
     head = session.info.get(_HEAD_KEY)
-    if head is not None and before is not None:
-        pipelined(session, before)
+    if head is not None and before:
+        insert_many(session, before)
     if head is None:
         if session.get_bind().dialect.name == "postgresql":
-            # one round trip: the head is read by a statement of its own, so its snapshot is taken once the lock is
-            # held (READ COMMITTED) and it sees the previous holder's commit
-            # the newest checkpoint's position rides along (an index look-up): a batch that reaches a checkpoint
-            # needs it, and asking later was a round trip of its own, through the ORM (issue 21)
-            lock = [("SELECT pg_advisory_xact_lock(%s)", (_ADVISORY_LOCK_ID,)), (_HEAD_SQL, ())]
-            *_, ((seq, hash_, checkpoint),) = pipelined(session, *([before] if before is not None else []), *lock)
+            # one statement: lethe_audit_lock_head (migration 0016) takes the lock, then reads the head with a snapshot
+            # of its own (READ COMMITTED), which sees the previous holder's commit; the newest checkpoint's position
+            # rides along: a batch that reaches a checkpoint needs it (issue 21)
+            statement = insert_then(before or [], _LOCK_HEAD_SQL, {"lock": _ADVISORY_LOCK_ID})
+            ((seq, hash_, checkpoint),) = pipelined(session, statement)[0]
             session.info[_LAST_CHECKPOINT_KEY] = checkpoint or 0
             last = (seq, hash_) if seq is not None else None
         else:
@@ -327,11 +327,8 @@ def _locked_head(session: Session, before: tuple[str, Any] | None = None) -> tup
     return head
 
 
-_HEAD_SQL = (
-    "SELECT h.seq, h.hash, (SELECT max(seq) FROM audit_checkpoints) "
-    "FROM (SELECT 1) AS one LEFT JOIN (SELECT seq, hash FROM audit_events ORDER BY seq DESC LIMIT 1) AS h ON true"
-)
-"""The chain's head (none: NULLs) and the newest checkpoint's position, in one statement after the lock."""
+_LOCK_HEAD_SQL = "SELECT head_seq, head_hash, checkpoint_seq FROM lethe_audit_lock_head(%(lock)s, {inserted})"
+"""The log's lock, then the chain's head (none: NULLs) and the newest checkpoint's position (migration 0016)."""
 
 
 def _last_checkpoint_seq(session: Session) -> int:
@@ -404,7 +401,7 @@ def append_events(
 
     The lock serialises every writer of the log, so what happens while it is held bounds the intake of all API
     processes together (issue 21: the lock was held ~70 % of the time at 2,700 requests/s). On PostgreSQL that is two
-    round trips: the caller's rows, the lock and the head in the first (``app.db.insert_statement``; the rows are
+    round trips: the caller's rows, the lock and the head in the first, ONE statement (``_locked_head``; the rows are
     written before the lock is asked for), the events and checkpoints with the COMMIT in the second. A row another
     transaction holds without the lock (a concurrent twin) makes the insert wait for that one's end, never for the
     lock: no cycle through it."""
@@ -414,7 +411,7 @@ def append_events(
     texts = [canonical_json(spec.get("payload") or {}) for spec in events]  # before the lock: they need no head
     postgres = session.get_bind().dialect.name == "postgresql"
     if postgres:
-        seq, prev_hash = _locked_head(session, before=insert_statement(list(together_with)))
+        seq, prev_hash = _locked_head(session, before=list(together_with))
     else:
         insert_many(session, list(together_with))
         seq, prev_hash = _locked_head(session)

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from app.audit.service import append_event
 from app.auth.tables import ApiKey, DashboardSession
-from app.config import get_settings
+from app.config import get_settings, hmac_hex
 from app.db import get_sessionmaker, new_id, pipelined, session_scope, utcnow
 from app.problems import Problem
 from app.registry.tables import Model
@@ -65,7 +65,7 @@ class Principal:
 
 
 def hash_key(key: str) -> str:
-    return hmac.new(get_settings().derived_key("api-key"), key.encode(), hashlib.sha256).hexdigest()
+    return hmac_hex(get_settings().derived_key("api-key"), key)
 
 
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
@@ -269,8 +269,8 @@ LIVE_KEYS = (
     "SELECT key_hash, id, name, scopes, model_id, client_id, expires_at FROM api_keys "
     "WHERE key_hash = ANY(%s) AND revoked_at IS NULL"
 )
-"""The not-revoked keys among some hashes (psycopg placeholders): ``principals_for``, and the intake batch's first
-round trip (app/requests/intake.py), whose rows ``live_principals`` reads."""
+"""The not-revoked keys among some hashes (psycopg placeholders), whose rows ``live_principals`` reads:
+``principals_for`` (the intake batch reads the same columns within its one look-up, app/requests/intake.py)."""
 
 
 def principals_for(session: Session, key_hashes: list[str]) -> dict[str, Principal]:

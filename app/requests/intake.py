@@ -19,6 +19,7 @@ nobody is answered before the commit that makes their request durable.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import queue
 import threading
@@ -26,12 +27,13 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from pydantic_core import to_json
 from sqlalchemy import select, tuple_
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.auth.service import LIVE_KEYS, Principal, live_principals, principals_for, scope_problem, unknown_key_problem
+from app.auth.service import Principal, live_principals, principals_for, scope_problem, unknown_key_problem
 from app.config import get_settings
 from app.db import get_engine, get_sessionmaker, pipelined
 from app.jobs.outbox import nudge
@@ -54,6 +56,9 @@ from app.requests.tables import DeletionRequest
 
 MODEL_TTL = 1.0
 HELD_IDLE_S = 10.0
+SWEEP_S = 0.25
+"""How often an event loop with requests waiting looks for those past ``intake_timeout_seconds`` (``_sweep``): a
+timed-out request is answered at most this much after its deadline."""
 
 log = logging.getLogger("lethe.intake")
 
@@ -101,6 +106,8 @@ class IntakeBatcher:
         self._lock = threading.Lock()
         self._models: dict[str, tuple[float, Model]] = {}
         self._held = threading.local()  # each intake thread's own connection (see _held_session)
+        # per event loop: (deadline, item) of its submit_async waiters, oldest first (see _sweep)
+        self._deadlines: dict[asyncio.AbstractEventLoop, collections.deque[tuple[float, _Item]]] = {}
 
     def _start(self) -> None:
         with self._lock:
@@ -129,14 +136,44 @@ class IntakeBatcher:
         ``call_soon_threadsafe`` for all its requests of that loop): a future per request, wrapped with
         ``asyncio.wrap_future``, cost a self-pipe write per request, a system call that let the event loop take the
         GIL from the intake thread in the middle of its batch. Cancelling the returned future (the client went
-        away, the route's timeout) cancels the request if no batch has taken it yet."""
+        away) cancels the request if no batch has taken it yet; so does ``intake_timeout_seconds`` passing, after
+        which the future raises TimeoutError (``_sweep``)."""
         self._start()
-        waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
         prepared = None if _is_large(body) else prepare(body)  # hashing 1,000+ ids would hold the event loop
         item = _Item(None, body, idempotency_key, Future(), key_hash, waiter, prepared)
         waiter.add_done_callback(lambda w: w.cancelled() and item.future.cancel())
+        self._expire(loop, item, get_settings().intake_timeout_seconds)
         self._enqueue(item)
         return waiter
+
+    def _expire(self, loop: asyncio.AbstractEventLoop, item: _Item, timeout: float) -> None:
+        """Give ``item``'s waiter its deadline: one sweep every ``SWEEP_S`` per loop while any waits, not a timer
+        per request (``asyncio.wait_for`` cost a timer handle, a second future and two callbacks per request: ~3 %
+        of the API's CPU at intake rates, issue 21)."""
+        pending = self._deadlines.get(loop)
+        if pending is None:
+            pending = self._deadlines[loop] = collections.deque()
+            loop.call_later(min(SWEEP_S, timeout), self._sweep, loop)
+        pending.append((loop.time() + timeout, item))
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On ``loop``: forget the waiters already answered, time out those past their deadline (the request is
+        cancelled if no batch took it yet: it is never made durable; one already taken may still commit, and its
+        Idempotency-Key then finds it), and come back while any waits. Waiters join in deadline order (one timeout
+        per process), so the sweep stops at the first one still waiting inside its time."""
+        pending = self._deadlines[loop]
+        now = loop.time()
+        while pending and (pending[0][1].waiter.done() or pending[0][0] <= now):
+            deadline, item = pending.popleft()
+            if not item.waiter.done():
+                item.future.cancel()
+                item.waiter.set_exception(TimeoutError())
+        if pending:
+            loop.call_later(min(SWEEP_S, max(pending[0][0] - now, 0.0)), self._sweep, loop)
+        else:
+            del self._deadlines[loop]
 
     def _enqueue(self, item: _Item) -> None:
         if _is_large(item.body):
@@ -304,9 +341,9 @@ class IntakeBatcher:
     def _lookups(self, session, batch: list[_Item]) -> tuple[list[_Item], dict[tuple[str, str], object], dict]:
         """The batch authenticated (``_authenticate``: the refused items answered and left out), the requests already
         made under its (API key, Idempotency-Key) pairs, and the data-set rows its requests name (data set id → row
-        id → (``deleted_by``, position)), read for the whole batch at once: on PostgreSQL in ONE round trip
-        (``pipelined``; two before issue 21's last cut, the keys first), the twins found by the key's hash where
-        the key is not yet known. The rows of a replayed or refused request are read too (rare; nothing is
+        id → (``deleted_by``, position)), read for the whole batch at once: on PostgreSQL in ONE statement
+        (``_LOOKUPS``; three in one pipeline before, two round trips before that), the twins found by the key's hash
+        where the key is not yet known. The rows of a replayed or refused request are read too (rare; nothing is
         written or told for them)."""
         if session.get_bind().dialect.name != "postgresql":
             batch = self._authenticate(session, batch)
@@ -317,19 +354,26 @@ class IntakeBatcher:
         pending = sorted({item.key_hash for item in batch if item.principal is None and item.key_hash})
         keyed = [item for item in batch if item.idempotency_key]
         wanted = self._wanted_rows(session, batch)
-        statements = [(LIVE_KEYS, (pending,))] if pending else []
-        if keyed:
-            key_ids = [item.principal.key_id if item.principal else None for item in keyed]
-            key_hashes = [None if item.principal else item.key_hash for item in keyed]
-            statements.append((_TWINS, (key_ids, key_hashes, [item.idempotency_key for item in keyed])))
-        statements += [(_ROWS, (dataset_id, ids)) for dataset_id, ids in wanted.items()]
-        results = pipelined(session, *statements) if statements else []
-        batch = self._authenticate(session, batch, live_principals(results.pop(0)) if pending else None)
-        twins = [request_id for (request_id,) in results.pop(0)] if keyed else []
-        rows = {
-            dataset_id: {row_id: (deleted_by, position) for row_id, deleted_by, position in found}
-            for dataset_id, found in zip(wanted, results, strict=True)
-        }
+        twins_wanted = [
+            {
+                "key_id": item.principal.key_id if item.principal else None,
+                "key_hash": None if item.principal else item.key_hash,
+                "idem": item.idempotency_key,
+            }
+            for item in keyed
+        ]
+        rows_wanted = [{"dataset_id": d, "row_id": row_id} for d, ids in wanted.items() for row_id in ids]
+        wanted_json = {"keys": pending, "twins": twins_wanted, "rows": rows_wanted}
+        (found,) = pipelined(session, (_LOOKUPS, {name: to_json(v).decode() for name, v in wanted_json.items()}))
+        keys, twins, rows = [], [], {dataset_id: {} for dataset_id in wanted}
+        for part, a, b, c, d, e, f, g, h in found:
+            if part == 0:
+                keys.append((a, b, c, d, e, f, g))
+            elif part == 1:
+                twins.append(a)
+            else:
+                rows[a][b] = (c, h)
+        batch = self._authenticate(session, batch, live_principals(keys) if pending else None)
         return batch, _requests_by_key(session, twins) if batch else {}, rows
 
     def _batched(self, batch: list[_Item]) -> list[tuple[_Item, object]]:
@@ -407,21 +451,30 @@ class IntakeBatcher:
         return outcomes
 
 
-_TWINS = (
-    "SELECT r.id FROM unnest(CAST(%s AS varchar[]), CAST(%s AS varchar[]), CAST(%s AS varchar[])) "
-    "AS p(key_id, key_hash, idem) CROSS JOIN LATERAL (SELECT d.id FROM deletion_requests d "
-    "WHERE d.api_key_id = COALESCE(p.key_id, (SELECT k.id FROM api_keys k WHERE k.key_hash = p.key_hash)) "
-    "AND d.idempotency_key = p.idem LIMIT 1) AS r"
+_LOOKUPS = (
+    "SELECT 0 AS part, k.key_hash AS a, k.id AS b, k.name AS c, k.scopes AS d, k.model_id AS e, k.client_id AS f, "
+    "k.expires_at AS g, NULL::integer AS h FROM api_keys AS k "
+    "WHERE k.key_hash IN (SELECT json_array_elements_text(CAST(%(keys)s AS json))) AND k.revoked_at IS NULL "
+    "UNION ALL SELECT 1, r.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL "
+    "FROM json_to_recordset(CAST(%(twins)s AS json)) AS p(key_id varchar, key_hash varchar, idem varchar) "
+    "CROSS JOIN LATERAL (SELECT d.id FROM deletion_requests AS d WHERE d.api_key_id = COALESCE(p.key_id, "
+    "(SELECT k.id FROM api_keys AS k WHERE k.key_hash = p.key_hash)) AND d.idempotency_key = p.idem LIMIT 1) AS r "
+    "UNION ALL SELECT 2, p.dataset_id, x.row_id, x.deleted_by, NULL, NULL, NULL, NULL, x.position "
+    "FROM json_to_recordset(CAST(%(rows)s AS json)) AS p(dataset_id varchar, row_id varchar) "
+    "CROSS JOIN LATERAL (SELECT y.row_id, y.deleted_by, y.position FROM dataset_rows AS y "
+    "WHERE y.dataset_id = p.dataset_id AND y.row_id = p.row_id LIMIT 1) AS x"
 )
-"""The ids of the requests already made under (API key, Idempotency-Key) pairs, the key given by its id or, not yet
-authenticated, by its hash: one probe of the unique index per pair, whatever the planner's statistics say. A
-row-value IN list (or two IN lists) was planned from statistics taken when the table was small, as one probe on the
-key alone, filtering every request that key ever made (1.5 ms a batch after 3,500 requests, growing with the
-table). A twin under a key that authentication then refuses is read and never used (only an admitted item looks its
-twin up)."""
-
-_ROWS = "SELECT row_id, deleted_by, position FROM dataset_rows WHERE dataset_id = %s AND row_id = ANY(%s)"
-"""A data set's rows among some ids (``lookup_rows``, as one array parameter: no chunks of bound values)."""
+"""The intake batch's reads in ONE statement (one round trip: a loopback TCP round trip costs ~50 µs of the API's
+CPU on the benchmark's machine, and psycopg's pipeline a send per statement; issue 21), the three parts told apart by
+``part``: 0, the live keys among the batch's not-yet-authenticated key hashes (``LIVE_KEYS``' columns); 1, the ids of
+the requests already made under its (API key, Idempotency-Key) pairs, the key given by its id or, not yet
+authenticated, by its hash; 2, the data-set rows its requests name ((data set, row id) → ``deleted_by``, position).
+The lists travel as JSON texts (psycopg dumps a list element by element in Python). Parts 1 and 2 probe a unique
+index once per pair, whatever the planner's statistics say (``LIMIT 1``: without it the planner flattens part 2
+into a hash join over every row of ``dataset_rows``): a row-value IN list was planned from statistics taken
+when the table was small, as one probe on the key alone, filtering every request that key ever made (1.5 ms a batch
+after 3,500 requests, growing with the table). A twin under a key that authentication then refuses is read and
+never used (only an admitted item looks its twin up)."""
 
 
 def _requests_by_key(session: Session, ids: list[str]) -> dict[tuple[str, str], DeletionRequest]:
@@ -434,7 +487,7 @@ def _requests_by_key(session: Session, ids: list[str]) -> dict[tuple[str, str], 
 
 def _idempotent_twins(session: Session, keys: list[tuple[str, str]]) -> dict[tuple[str, str], DeletionRequest]:
     """The requests already made under the batch's (API key, Idempotency-Key) pairs (not PostgreSQL: ``_lookups``
-    probes them with ``_TWINS``)."""
+    probes them with ``_LOOKUPS``)."""
     query = select(DeletionRequest).where(tuple_(DeletionRequest.api_key_id, DeletionRequest.idempotency_key).in_(keys))
     return {(r.api_key_id, r.idempotency_key): r for r in session.execute(query).scalars()}
 

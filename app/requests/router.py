@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import asyncio
 from typing import Literal
 
 from fastapi import APIRouter, Body, Depends, Query, Request, Response
@@ -158,9 +157,8 @@ async def create_deletion_request(request: Request):
 async def accept(api_key: str, body: DeletionRequestCreate, idempotency_key: str | None) -> DeletionRequestOut:
     """A validated request made durable by the intake batcher (this route and app/requests/fastpath.py): raises the
     batch's Problem (a refused key, the registry), or 503 past ``intake_timeout_seconds``."""
-    pending = get_batcher().submit_async(hash_key(api_key), body, idempotency_key)
     try:
-        out, _created = await asyncio.wait_for(pending, timeout=get_settings().intake_timeout_seconds)
+        out, _created = await get_batcher().submit_async(hash_key(api_key), body, idempotency_key)
     except TimeoutError:  # the commit may still land: the same Idempotency-Key then answers with that request
         raise unavailable() from None
     return out

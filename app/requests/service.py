@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from app.audit.service import append_event, append_events, forget_head, hash_subject
 from app.auth.service import Principal
-from app.config import get_settings
+from app.config import get_settings, hmac_hex
 from app.db import new_id, utcnow
 from app.jobs.outbox import cancel as cancel_job
 from app.jobs.outbox import job_insert, new_job
@@ -53,7 +53,7 @@ def body_fingerprint(body: DeletionRequestCreate) -> str:
     database would let anyone holding the database test guesses of a subject."""
     canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     key = get_settings().derived_key("request-fingerprint")
-    return hmac.new(key, canonical.encode(), hashlib.sha256).hexdigest()
+    return hmac_hex(key, canonical)
 
 
 @dataclass(frozen=True)

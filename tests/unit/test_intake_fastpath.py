@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import text
 
 from app.audit.service import _event_text, canonical_json, event_body
 from app.main import create_app
@@ -220,3 +221,145 @@ def test_rows_go_to_the_database_as_json_and_a_naive_datetime_is_refused():
         _rows_json(events, [*rows, {**rows[0], "at": datetime(2026, 1, 1)}])
     with pytest.raises(TypeError):
         _rows_json(events, [{"payload": object()}])
+
+
+class _Stalled(IntakeBatcher):
+    """A batcher whose batches never come: every request waits until its deadline."""
+
+    def __init__(self):
+        super().__init__()
+        self.queued: list[_Item] = []
+
+    def _enqueue(self, item: _Item) -> None:
+        self.queued.append(item)
+
+
+def test_a_request_past_the_intake_timeout_is_refused_and_never_made_durable(tmp_path):
+    """The intake's deadline is one sweep per event loop, not a timer per request: a request no batch took within
+    ``intake_timeout_seconds`` raises TimeoutError soon after it (the route's 503), and is cancelled, so a batch that
+    reaches it later drops it; an answered request leaves the sweep's book at the next sweep (the book holds a
+    quarter-second of requests, not the timeout's worth), and the book is gone once nothing waits."""
+    configure(tmp_path, intake_timeout_seconds="1.0")
+    batcher = _Stalled()
+    body = DeletionRequestCreate.model_validate(GOOD)
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        batcher.submit_async("h", body, None).set_result(("out", True))  # a batch answered this one at once
+        waiting = batcher.submit_async("h", body, "k")
+        await asyncio.sleep(0.4)
+        booked = len(batcher._deadlines[loop])
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(waiting, 5)  # 5 s: fail, don't hang
+        took = time.monotonic() - started
+        await asyncio.sleep(0.3)
+        return booked, took, loop in batcher._deadlines
+
+    try:
+        booked, took, still_booked = asyncio.run(scenario())
+    finally:
+        batcher.stop()
+    assert booked == 1  # the answered one was dropped by the first sweep
+    assert 1.0 <= took < 1.0 + 0.25 + 0.5  # the deadline, one sweep interval late at most, and slack
+    late = batcher.queued[1]
+    assert late.future.cancelled() and not late.future.set_running_or_notify_cancel()  # a batch would drop it
+    assert not still_booked
+
+
+def test_the_route_answers_503_when_the_intake_times_out(tmp_path, monkeypatch):
+    configure(tmp_path, intake_timeout_seconds="0.2")
+    batcher = _Stalled()
+    monkeypatch.setattr(requests_router, "get_batcher", lambda: batcher)
+    try:
+        with TestClient(create_app(run_background=False)) as client:
+            answer = client.post("/v1/deletion-requests", headers={"authorization": "Bearer k"}, json=GOOD)
+    finally:
+        batcher.stop()
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["type"].endswith("intake-unavailable")
+    assert int(answer.headers["Retry-After"]) > 0
+    assert len(batcher.queued) == 1 and batcher.queued[0].future.cancelled()
+
+
+def test_the_batch_lookup_probes_the_rows_index_whatever_the_plan(tmp_path):
+    """The intake's one look-up statement (``_LOOKUPS``) must probe ``dataset_rows``' unique index per wanted row, also
+    as the generic plan a prepared statement ends on: flattened into a join, the planner scanned every row of the
+    table per batch (it did, here, before the ``LIMIT 1``)."""
+    import psycopg
+
+    from app.requests.intake import _LOOKUPS
+    from tests.stack import fresh_database
+
+    with fresh_database("lethe_lookups") as url:
+        configure(tmp_path, database_url=url)
+        with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://", 1)) as conn:
+            conn.execute(
+                "INSERT INTO datasets (id, name, format, digest, row_id_column, label_column, columns, created_at) "
+                "VALUES ('d', 'd', 'csv', 'x', 'row_id', 'label', '[]', now())"
+            )
+            conn.execute(
+                "INSERT INTO dataset_rows (dataset_id, row_id, position, label) "
+                "SELECT 'd', 'r' || i, i, '0' FROM generate_series(1, 20000) AS i"
+            )
+            conn.execute("ANALYZE dataset_rows")
+            conn.execute("SET plan_cache_mode = force_generic_plan")
+            wanted = {"keys": "[]", "twins": "[]", "rows": json.dumps([{"dataset_id": "d", "row_id": "r7"}])}
+            sql = _LOOKUPS.replace("%(keys)s", "$1").replace("%(twins)s", "$2").replace("%(rows)s", "$3")
+            conn.execute(f"PREPARE lookups (text, text, text) AS {sql}")
+            explain = psycopg.ClientCursor(conn)  # EXPLAIN takes no bound parameters: the values are inlined
+            explain.execute("EXPLAIN (FORMAT JSON) EXECUTE lookups (%s, %s, %s)", list(wanted.values()))
+            ((plan,),) = explain.fetchall()
+            found = conn.execute(_LOOKUPS, wanted).fetchall()
+
+    def nodes(node):
+        yield node
+        for child in node.get("Plans", []):
+            yield from nodes(child)
+
+    on_rows = [n["Node Type"] for n in nodes(plan[0]["Plan"]) if n.get("Relation Name") == "dataset_rows"]
+    assert on_rows and "Seq Scan" not in on_rows, on_rows
+    assert [(part, a, b, h) for part, a, b, *_, h in found] == [(2, "d", "r7", 7)]
+
+
+def test_appenders_in_parallel_each_read_the_head_after_the_lock(tmp_path):
+    """The intake batch inserts its rows, takes the audit log's lock and reads the chain's head in ONE statement
+    (``lethe_audit_lock_head``, migration 0016). The head must be read with a snapshot taken after the lock is held:
+    read with the statement's own snapshot (taken before the lock), two appenders racing would both extend the same
+    head (a duplicate position, the batch failed). Four threads appending at once: every position once, in order,
+    the rows inserted with them all there, the chain verifying."""
+    from app.audit.service import append_events, verify_chain
+    from app.auth.tables import ApiKey
+    from app.db import session_scope, utcnow
+    from tests.stack import fresh_database
+
+    spec = {"actor": "test", "action": "race", "entity_type": "x", "entity_id": "e"}
+    errors: list[BaseException] = []
+
+    def appender(t: int) -> None:
+        try:
+            for i in range(25):
+                with session_scope() as session:
+                    row = {"id": f"k{t}-{i}", "name": "n", "prefix": "p", "key_hash": f"h{t}-{i}", "scopes": []}
+                    row["created_at"] = utcnow()
+                    append_events(session, [spec] * 3, together_with=[(ApiKey.__table__, [row])], commit=True)
+        except BaseException as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    with fresh_database("lethe_lock_head") as url:
+        configure(tmp_path, database_url=url)
+        threads = [threading.Thread(target=appender, args=(t,)) for t in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        with session_scope() as session:
+            seqs = [seq for (seq,) in session.execute(text("SELECT seq FROM audit_events ORDER BY seq"))]
+            keys = session.execute(text("SELECT count(*) FROM api_keys")).scalar()
+            verdict = verify_chain(session)
+        from app.db import reset_engine_cache
+
+        reset_engine_cache()
+    assert not errors, errors[:2]
+    assert seqs == list(range(1, 4 * 25 * 3 + 1)) and keys == 4 * 25
+    assert verdict.ok
