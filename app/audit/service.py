@@ -45,7 +45,7 @@ from app.certificates.signing import (
     utc_timestamp,
 )
 from app.config import get_settings, hmac_hex
-from app.db import insert_many, insert_statement, insert_then, pipelined, utcnow
+from app.db import JsonText, insert_many, insert_statement, insert_then, pipelined, utcnow
 
 GENESIS_HASH = "0" * 64
 _ADVISORY_LOCK_ID = 0x1E7E_A0D1  # any constant shared by every writer of the audit log
@@ -422,7 +422,8 @@ def append_events(
     for spec, payload_text in zip(events, texts, strict=True):
         seq += 1
         at = utcnow()
-        payload = json.loads(payload_text)  # what is hashed is what is stored
+        # what is hashed is what is stored: PostgreSQL parses the text itself, SQLite's JSON column takes the object
+        payload = JsonText(payload_text) if postgres else json.loads(payload_text)
         body = _event_text(seq, at, spec["actor"], spec["action"], spec["entity_type"], spec["entity_id"], payload_text)
         hash_ = hashlib.sha256((prev_hash + body).encode()).hexdigest()
         rows.append(

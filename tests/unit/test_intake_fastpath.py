@@ -354,12 +354,39 @@ def test_appenders_in_parallel_each_read_the_head_after_the_lock(tmp_path):
         for thread in threads:
             thread.join()
         with session_scope() as session:
+            verdict = verify_chain(session)  # first: it reads the log in a snapshot of its own
+        with session_scope() as session:
             seqs = [seq for (seq,) in session.execute(text("SELECT seq FROM audit_events ORDER BY seq"))]
             keys = session.execute(text("SELECT count(*) FROM api_keys")).scalar()
-            verdict = verify_chain(session)
         from app.db import reset_engine_cache
 
         reset_engine_cache()
     assert not errors, errors[:2]
     assert seqs == list(range(1, 4 * 25 * 3 + 1)) and keys == 4 * 25
     assert verdict.ok
+
+
+def test_ids_from_the_pool_are_uuid4_and_a_forked_child_does_not_repeat_its_parents():
+    """``new_id`` draws ids from a per-thread pool of random bytes (one system call per 256 ids): each is a version-4
+    UUID written as ``str(uuid4())`` would, none repeats, and a forked child (Celery's prefork workers) empties its
+    copy of the pool, or it would hand out the very ids its parent is about to."""
+    import os
+    import uuid
+
+    from app.db import new_id
+
+    ids = [new_id() for _ in range(1000)]
+    assert len(set(ids)) == 1000
+    for text_id in ids:
+        parsed = uuid.UUID(text_id)
+        assert parsed.version == 4 and parsed.variant == uuid.RFC_4122 and str(parsed) == text_id
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next id, to the parent
+        os.write(write, new_id().encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    os.close(write)
+    childs = os.read(read, 64).decode()
+    os.close(read)
+    assert childs and childs != new_id()
