@@ -24,6 +24,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -107,7 +108,7 @@ class IntakeBatcher:
         self._models: dict[str, tuple[float, Model]] = {}
         self._held = threading.local()  # each intake thread's own connection (see _held_session)
         # per event loop: (deadline, item) of its submit_async waiters, oldest first (see _sweep)
-        self._deadlines: dict[asyncio.AbstractEventLoop, collections.deque[tuple[float, _Item]]] = {}
+        self._deadlines: dict[asyncio.AbstractEventLoop, collections.deque[tuple[float, weakref.ref[_Item]]]] = {}
 
     def _start(self) -> None:
         with self._lock:
@@ -156,7 +157,7 @@ class IntakeBatcher:
         if pending is None:
             pending = self._deadlines[loop] = collections.deque()
             loop.call_later(min(SWEEP_S, timeout), self._sweep, loop)
-        pending.append((loop.time() + timeout, item))
+        pending.append((loop.time() + timeout, weakref.ref(item)))  # weak: an answered request is freed at once
 
     def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
         """On ``loop``: forget the waiters already answered, time out those past their deadline (the request is
@@ -165,9 +166,9 @@ class IntakeBatcher:
         per process), so the sweep stops at the first one still waiting inside its time."""
         pending = self._deadlines[loop]
         now = loop.time()
-        while pending and (pending[0][1].waiter.done() or pending[0][0] <= now):
-            deadline, item = pending.popleft()
-            if not item.waiter.done():
+        while pending and ((item := pending[0][1]()) is None or item.waiter.done() or pending[0][0] <= now):
+            pending.popleft()
+            if item is not None and not item.waiter.done():
                 item.future.cancel()
                 item.waiter.set_exception(TimeoutError())
         if pending:
