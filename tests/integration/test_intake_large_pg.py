@@ -45,10 +45,13 @@ def test_a_large_request_never_holds_the_batches_of_small_ones(client, tmp_path,
     # the large request's row look-up waits until the small request has been answered (or 30 s: then it is red)
     small_answered = threading.Event()
     large_looking_up = threading.Event()
-    pipelined = intake.pipelined  # the batch's look-ups, one round trip (its twins and rows)
+    pipelined = intake.pipelined  # the batch's look-ups, one statement (its keys, twins and rows)
 
     def gated_lookups(session, *statements):
-        if any(isinstance(v, list) and len(v) > intake.LARGE_REQUEST_IDS for _, params in statements for v in params):
+        if any(
+            sql == intake._LOOKUPS and len(json.loads(params["rows"])) > intake.LARGE_REQUEST_IDS
+            for sql, params in statements
+        ):
             large_looking_up.set()
             small_answered.wait(timeout=30)
         return pipelined(session, *statements)
