@@ -377,7 +377,8 @@ def test_ids_from_the_pool_are_uuid4_and_a_forked_child_does_not_repeat_its_pare
     from app.db import new_id
 
     ids = [new_id() for _ in range(1000)]
-    assert len(set(ids)) == 1000 and len({i[:8] for i in ids}) == 1000
+    assert len(set(ids)) == 1000
+    assert len({i[:8] for i in ids[:100]}) == 100  # what is shown: random (a collision: ~1 in a million)
     for text_id in ids:
         parsed = uuid.UUID(text_id)
         assert parsed.version == 4 and parsed.variant == uuid.RFC_4122 and str(parsed) == text_id
