@@ -335,11 +335,17 @@ def insert_many(session: Session, parts: list[tuple[Table, list[dict[str, Any]]]
 
 def insert_statement(parts: list[tuple[Table, list[dict[str, Any]]]]) -> tuple[str, dict[str, str]] | None:
     """``insert_many``'s one statement and its parameters, for ``pipelined`` (PostgreSQL); None when no rows."""
+    shapes, params = _bulk(parts)
+    return (_recordset_insert(shapes), params) if shapes else None
+
+
+def _bulk(parts: list[tuple[Table, list[dict[str, Any]]]]) -> tuple[tuple[_Shape, ...], dict[str, str]]:
+    """The shapes of the parts that have rows (a statement's text depends only on them) and those rows as the JSON
+    parameters ``rows0``, ``rows1``... (``insert_statement``, ``insert_then``)."""
     parts = [(table, rows) for table, rows in parts if rows]
-    if not parts:
-        return None
-    statement = _recordset_insert(tuple(_shape(table, rows) for table, rows in parts))
-    return statement, {f"rows{i}": _rows_json(table, rows) for i, (table, rows) in enumerate(parts)}
+    return tuple(_shape(table, rows) for table, rows in parts), {
+        f"rows{i}": _rows_json(table, rows) for i, (table, rows) in enumerate(parts)
+    }
 
 
 def _rows_json(table: Table, rows: list[dict[str, Any]]) -> str:
@@ -370,11 +376,10 @@ def insert_then(
     placeholders by name), where ``{inserted}`` stands for the number of rows inserted: PostgreSQL must finish the
     inserts before it can evaluate that (an unreferenced CTE's insert runs after the main query). For ``pipelined``
     (PostgreSQL): the audit log's lock taken in the same statement as the intake batch's rows (issue 21)."""
-    parts = [(table, rows) for table, rows in parts if rows]
-    if not parts:
+    shapes, rows_params = _bulk(parts)
+    if not shapes:
         return select.format(inserted="0"), params
-    ctes, inserted = _recordset_ctes(tuple(_shape(table, rows) for table, rows in parts))
-    rows_params = {f"rows{i}": _rows_json(table, rows) for i, (table, rows) in enumerate(parts)}
+    ctes, inserted = _recordset_ctes(shapes)
     return f"WITH {ctes} {select.format(inserted=inserted)}", {**params, **rows_params}
 
 
