@@ -392,3 +392,14 @@ def test_ids_from_the_pool_are_uuid4_and_a_forked_child_does_not_repeat_its_pare
     childs = os.read(read, 64).decode()
     os.close(read)
     assert childs and childs != new_id()
+
+
+def test_hmac_hex_is_hmac_sha256():
+    """``hmac_hex`` copies a cached keyed state instead of keying anew: still HMAC-SHA256, the same for every caller
+    (RFC 4231 test case 2, and the same state reused for a second message)."""
+    from app.config import hmac_hex
+
+    assert hmac_hex(b"Jefe", "what do ya want for nothing?") == (
+        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+    )
+    assert hmac_hex(b"Jefe", "what do ya want for nothing?") == hmac_hex(b"Jefe", "what do ya want for nothing?")
