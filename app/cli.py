@@ -8,7 +8,7 @@ Exit codes: see ``EXIT_*`` below.
 
 Output: tables fit the terminal's width (short ids and dates, then fewer columns; ids and statuses never cut) and
 take their natural width in a pipe; no line is broken by the program. Commands take a request's or a model's id
-whole or by its first characters (as the tables show them).
+whole or by its last characters (as the tables show them: an id's first ones are its clock's).
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from app.ids import short_id
 
 HELP = {"no_args_is_help": True, "rich_markup_mode": "markdown"}
 """Markdown: a docstring's paragraphs are reflowed to the terminal's width (its source line breaks are not kept)."""
@@ -474,10 +476,6 @@ def _console(stderr: bool = False):
     return console
 
 
-SHORT_ID = 8
-"""A UUID is shown by its first 8 characters where the width is short; the commands take such a prefix back."""
-
-
 @dataclass
 class _Column:
     """A column of a table that must fit the terminal: ``cells`` as rich markup, ``short`` a narrower rendering of
@@ -556,11 +554,11 @@ def _fit_table(title: str, columns: list[_Column], steps: list[tuple[str, str]],
 def _short_id(value: str | None, short: bool = True) -> str:
     if not value:
         return "—"
-    return value[:SHORT_ID] if short and len(value) > SHORT_ID else value
+    return short_id(value) if short else value
 
 
 def _id_column(header: str, ids: list[str | None]) -> _Column:
-    """Whole ids where they fit, their first 8 characters where not (the commands take either)."""
+    """Whole ids where they fit, their last 8 characters where not (the commands take either)."""
     return _Column(header, [_short_id(i, False) for i in ids], [_short_id(i) for i in ids])
 
 
@@ -607,20 +605,20 @@ RESOLVE_SCAN = 5_000
 
 
 def _resolve(ident: str, kind: str, items) -> str:
-    """``ident`` itself when it is a whole id; the one id among ``items`` that starts with it when it is a short
-    one (4 to 35 characters of an id, as the tables show them). None matching: exit 3; several: exit 2."""
+    """``ident`` itself when it is a whole id; the one id among ``items`` that ends with it when it is a short one
+    (4 to 35 characters of an id's end, as the tables show them). None matching: exit 3; several: exit 2."""
     from itertools import islice
 
-    prefix = ident.strip().lower()
-    if len(prefix) >= 36 or len(prefix) < 4 or any(c not in "0123456789abcdef-" for c in prefix):
+    end = ident.strip().lower()
+    if len(end) >= 36 or len(end) < 4 or any(c not in "0123456789abcdef-" for c in end):
         return ident
-    found = [item.id for item in islice(items(), RESOLVE_SCAN) if item.id.startswith(prefix)]
+    found = [item.id for item in islice(items(), RESOLVE_SCAN) if item.id.endswith(end)]
     if len(found) == 1:
         return found[0]
     if found:
-        raise typer.BadParameter(f"{ident!r} starts {len(found)} {kind} ids ({', '.join(found[:3])}…): give more of it")
+        raise typer.BadParameter(f"{ident!r} ends {len(found)} {kind} ids ({', '.join(found[:3])}…): give more of it")
     _console(stderr=True).print(
-        f"error: no {kind} id starts with {ident!r} (among the newest {RESOLVE_SCAN:,}: give the whole id)",
+        f"error: no {kind} id ends with {ident!r} (among the newest {RESOLVE_SCAN:,}: give the whole id)",
         markup=False,
     )
     raise typer.Exit(EXIT_NOT_FOUND)

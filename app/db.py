@@ -23,6 +23,7 @@ from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
 from app.config import get_settings
+from app.ids import new_id  # noqa: F401  (re-exported: the tables' default ids)
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -59,28 +60,6 @@ class UTCDateTime(TypeDecorator):
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-def new_id() -> str:
-    """A random (version 4) UUID, as ``str(uuid.uuid4())`` writes it, from a per-thread pool of random bytes drawn
-    4 KiB at a time from the OS (``os.urandom``, as ``uuid4`` does, but one system call per 256 ids instead of one per
-    id: the intake makes two ids per request, issue 21). A forked child starts with an empty pool: it never hands out
-    the ids its parent's pool still holds. (Time-ordered version-7 ids write less WAL — stop 36's lab: 7.1 → 5.6 KB
-    per intake request with frequent checkpoints — but the CLI, the dashboard and the demo show an id by its first 8
-    characters, which in version 7 are the clock's: ids made within a minute would all look alike.)"""
-    pool = _ID_POOL.__dict__
-    if not pool.get("left"):
-        pool["bytes"], pool["left"] = os.urandom(16 * 256), 256
-    pool["left"] -= 1
-    raw = bytearray(pool["bytes"][16 * pool["left"] : 16 * pool["left"] + 16])
-    raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
-    raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
-    text = raw.hex()
-    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
-
-
-_ID_POOL = threading.local()
-os.register_at_fork(after_in_child=lambda: _ID_POOL.__dict__.clear())
 
 
 def make_engine(url: str) -> Engine:

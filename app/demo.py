@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from app.client import DeletionRequest, LetheClient, LetheProblem, Model
+from app.ids import short_id
 
 HOME = Path("var/demo")
 
@@ -198,7 +199,7 @@ def _evidence(client: LetheClient, request: DeletionRequest, label: str) -> None
         print(f"   {label}: no certificate (the verdict did not pass)")
         return
     envelope = client.certificate(request.links["certificate"])
-    cert = HOME / f"certificate-{request.id[:8]}.json"
+    cert = HOME / f"certificate-{short_id(request.id)}.json"
     keys = HOME / "lethe-keys.json"
     cert.write_text(json.dumps(envelope, indent=1))
     keys.write_text(json.dumps(client.signing_keys()))

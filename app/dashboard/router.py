@@ -62,6 +62,7 @@ from app.dashboard.views import (
     version_accuracy,
 )
 from app.db import get_session
+from app.ids import short_id
 from app.problems import Problem
 from app.registry import service as registry
 from app.registry.schemas import ModelPatch
@@ -114,6 +115,7 @@ templates.env.globals.update(
     quality=lambda info: method_quality(info, get_settings().auto_max_param_ratio),
 )
 templates.env.filters["pretty"] = lambda value: json.dumps(value, indent=2, sort_keys=True, default=str)
+templates.env.filters["shortid"] = short_id  # an id's last 8 characters: its first ones are its clock's (app.ids)
 templates.env.filters["when"] = lambda value: value.strftime("%Y-%m-%d %H:%M:%S UTC") if value else "—"
 
 

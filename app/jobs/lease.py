@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from app.config import get_settings
 from app.db import is_unavailable, session_scope
+from app.ids import short_id
 from app.jobs import faults, outbox
 from app.jobs.outbox import LeaseLostError
 from app.jobs.tables import Job
@@ -209,7 +210,7 @@ class JobContext:
         self._renewing = threading.RLock()  # held by the beat around a renewal, and by ``finishing``
         self._stop = threading.Event()
         self.lost = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"lease-{job_id[:8]}", daemon=True)
+        self._thread = threading.Thread(target=self._beat, name=f"lease-{short_id(job_id)}", daemon=True)
 
     def __enter__(self) -> JobContext:
         self._thread.start()

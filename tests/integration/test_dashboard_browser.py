@@ -28,6 +28,7 @@ from app.certificates.verify_cli import verify_file
 from app.config import get_settings
 from app.dashboard import router as dashboard
 from app.db import session_scope
+from app.ids import short_id
 from app.jobs import outbox
 from app.requests import service as requests_service
 from app.subjects.service import subject_hash
@@ -108,7 +109,7 @@ def test_no_key_no_data(stack, page):
 
     page.goto(f"{base}/dashboard/requests")
     assert page.url.endswith("/dashboard/login")
-    assert request["id"][:8] not in page.content()
+    assert short_id(request["id"]) not in page.content()
     for path in (
         f"/dashboard/requests/{request['id']}",
         f"/dashboard/requests/{request['id']}/live",
@@ -131,7 +132,7 @@ def test_no_key_no_data(stack, page):
     # a key revoked after login is refused on the next page (it is looked up on every request)
     key = make_key(["requests:read"], name="soon-revoked")
     log_in(page, base, key)
-    assert page.url.endswith("/dashboard/requests") and request["id"][:8] in page.content()
+    assert page.url.endswith("/dashboard/requests") and short_id(request["id"]) in page.content()
     (cookie,) = [c for c in page.context.cookies() if c["name"] == "lethe_dashboard"]
     assert cookie["httpOnly"] and cookie["secure"] and cookie["sameSite"] == "Strict"
     assert key not in page.content()
@@ -140,7 +141,7 @@ def test_no_key_no_data(stack, page):
         revoke_key(session, key.split("_")[1])
     response = page.goto(f"{base}/dashboard/requests")
     assert response.status == 401 and "was refused" in page.inner_text("#refused, #login-error")
-    assert request["id"][:8] not in page.content()
+    assert short_id(request["id"]) not in page.content()
 
 
 def test_request_runs_to_certified_without_reload_with_report_and_certificate(stack, page, monkeypatch):
@@ -211,7 +212,7 @@ def test_request_runs_to_certified_without_reload_with_report_and_certificate(st
     page.goto(f"{base}/dashboard/models/{stack.model_id}")
     assert page.locator("svg.lineage g.version").count() >= 2
     assert page.locator("svg.lineage g.version.retired").count() >= 1
-    assert request["id"][:8] in page.inner_text("#versions")
+    assert short_id(request["id"]) in page.inner_text("#versions")
     for column in ("acc-test", "acc-trained"):  # every tabular version's accuracy, measured when it was made
         figures = page.locator(f"#versions td.{column}").all_inner_texts()
         assert len(figures) >= 2 and all(re.fullmatch(r"[01]\.\d{3}", f) for f in figures), figures
@@ -448,7 +449,7 @@ def test_per_person_erasure_followed_to_its_combined_certificate(stack, page, br
     page.wait_for_url(re.compile(r"/dashboard/subjects/[0-9a-f]{64}$"))
     assert page.url.endswith(subject_hash(person)) and person not in page.url and person not in page.content()
     assert _listed(page) == set(children)
-    assert erasure_id[:8] in page.inner_text("#erasures") and "certified" in page.inner_text("#erasures")
+    assert short_id(erasure_id) in page.inner_text("#erasures") and "certified" in page.inner_text("#erasures")
     page.click(f"#erasures a[href='/dashboard/erasures/{erasure_id}']")
     page.wait_for_selector("#erasure-download")
 
@@ -637,7 +638,7 @@ def test_plain_http_on_a_non_localhost_host_name_with_the_setting(stack, playwri
         context.set_default_timeout(TIMEOUT_MS)
         page = context.new_page()
         log_in(page, base, stack.admin_key)
-        assert page.url == f"{base}/dashboard/requests" and waiting["id"][:8] in page.content()
+        assert page.url == f"{base}/dashboard/requests" and short_id(waiting["id"]) in page.content()
         (cookie,) = [c for c in context.cookies() if c["name"] == "lethe_dashboard"]
         assert not cookie["secure"] and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
         # (from inside the page: Playwright's own page.request would resolve lethe.test for real, outside Chromium)

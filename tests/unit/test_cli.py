@@ -32,6 +32,7 @@ from typer.testing import CliRunner
 from app.cli import _few, _resolve
 from app.cli import app as cli
 from app.client import LetheClient
+from app.ids import short_id
 from app.jobs.tabular import holdout_mask
 from app.main import create_app
 from app.ml.unlearning import base
@@ -408,7 +409,7 @@ def _row(screen: str, short_id: str) -> list[str]:
 
 
 def test_tables_fit_80_columns_in_a_terminal_with_every_short_id_and_status_whole(service):
-    """Issue 23: at 80 columns every column used to be cut to two letters (`ce…`). Now ids shrink to their first 8
+    """Issue 23: at 80 columns every column used to be cut to two letters (`ce…`). Now ids shrink to their last 8
     characters, dates to minutes, and less important columns go or wrap; ids and statuses are never cut."""
     client: LetheClient = service["client"]
     requests = list(client.iter_deletions())
@@ -420,13 +421,13 @@ def test_tables_fit_80_columns_in_a_terminal_with_every_short_id_and_status_whol
     assert "…" not in screen  # nothing cut
     assert screen.splitlines()[1].split()[:4] == ["id", "model", "method", "status"], screen
     for request in requests:
-        row = _row(screen, request.id[:8])
-        assert request.status in row and request.model_id[:8] in row, (request.status, row)
+        row = _row(screen, short_id(request.id))
+        assert request.status in row and short_id(request.model_id) in row, (request.status, row)
 
     code, screen = in_terminal(service, "models")
     assert code == 0 and all(cell_len(line.rstrip()) <= 80 for line in screen.splitlines()), screen
     model = service["model"]
-    row = _row(screen, model.id[:8])
+    row = _row(screen, short_id(model.id))
     assert model.name in row and "ready" in row, row
 
     code, screen = in_terminal(service, "keys", "list")
@@ -437,7 +438,7 @@ def test_tables_fit_80_columns_in_a_terminal_with_every_short_id_and_status_whol
     assert "requests:read" in screen.split() and "requests:read," in screen.split()
 
     certified = next(r for r in requests if r.status == "certified")
-    code, screen = in_terminal(service, "report", certified.id[:8])  # a short id is taken back
+    code, screen = in_terminal(service, "report", short_id(certified.id))  # a short id is taken back
     tables = [line for line in screen.splitlines() if not line.startswith("plot ")]  # links are printed whole
     assert code == 0 and all(cell_len(line.rstrip()) <= 80 for line in tables), screen
     for check in client.reports(certified.id)[0].checks:
@@ -477,16 +478,17 @@ def test_piped_output_has_no_hard_wraps(service):
 def test_short_ids_are_taken_back_and_an_unknown_or_ambiguous_one_is_refused(service):
     client: LetheClient = service["client"]
     request = next(client.iter_deletions(status="certified"))
-    shown = run(service, "status", request.id[:8])
+    shown = run(service, "status", short_id(request.id))
     assert shown.exit_code == 0 and request.id in shown.output
-    assert run(service, "list", "--model", service["model"].id[:8]).exit_code == 0
+    assert run(service, "list", "--model", short_id(service["model"].id)).exit_code == 0
     missing = run(service, "status", "ffffffff")
-    assert missing.exit_code == 3 and "no request id starts with" in missing.output
-    pair = [SimpleNamespace(id="abcd0000-1"), SimpleNamespace(id="abcd0000-2"), SimpleNamespace(id="bcde")]
+    assert missing.exit_code == 3 and "no request id ends with" in missing.output
+    pair = [SimpleNamespace(id="1-0000abcd"), SimpleNamespace(id="2-0000abcd"), SimpleNamespace(id="bcde")]
     with pytest.raises(typer.BadParameter):
         _resolve("abcd", "request", lambda: pair)
     assert _resolve("bcd", "request", lambda: pair) == "bcd"  # under 4 characters: taken as it is
-    assert _resolve("abcd0000-2", "request", lambda: pair) == "abcd0000-2"
+    assert _resolve("2-0000abcd", "request", lambda: pair) == "2-0000abcd"
+    assert _resolve("0000abcd", "request", lambda: pair[1:]) == "2-0000abcd"  # an id's end, as the tables show it
 
 
 # ------------------------------------------------------------------------- watching through an API that restarts
@@ -579,7 +581,7 @@ def _approval(client: LetheClient, model_id: str, required: bool) -> None:
 def test_model_settings_show_and_change_a_model(service):
     client: LetheClient = service["client"]
     model = service["model"]
-    shown = run(service, "model-settings", model.id[:8])
+    shown = run(service, "model-settings", short_id(model.id))
     assert shown.exit_code == 0 and "requires approval  no" in shown.output and model.id in shown.output
     assert run(service, "model-settings", model.id, "--batch-max-rows", "500").exit_code == 0
     batched = run(service, "model-settings", model.id, "--batch-max-requests", "7")
@@ -597,7 +599,7 @@ def test_model_settings_show_and_change_a_model(service):
     assert run(service, "model-settings", model.id, key=service["reader"]).exit_code == 0  # reading is allowed
     assert run(service, "model-settings", model.id, "--requires-approval", key=service["reader"]).exit_code == 4
     assert run(service, "model-settings", "00000000-0000-0000-0000-000000000000").exit_code == 3
-    assert run(service, "model-settings", "ffffffff").exit_code == 3  # no model id starts with it
+    assert run(service, "model-settings", "ffffffff").exit_code == 3  # no model id ends with it
     restored = run(service, "model-settings", model.id, "--batch-max-requests", "2000", "--batch-max-rows", "20000")
     assert restored.exit_code == 0 and client.get_model(model.id).batch == {"max_requests": 2000, "max_rows": 20_000}
 
@@ -612,11 +614,11 @@ def test_bulk_actions_and_their_exit_codes(service):
             for s in ("bulk-a", "bulk-b")
         )
         unknown = "00000000-0000-0000-0000-000000000000"
-        partly = run(service, "bulk", "reject", first.id[:8], unknown, "--reason", "not a customer of ours")
+        partly = run(service, "bulk", "reject", short_id(first.id), unknown, "--reason", "not a customer of ours")
         assert partly.exit_code == 1, partly.output  # one skipped
         assert "1 done, 1 skipped of 2 selected" in partly.output and "request-not-found" in partly.output
         assert client.get_deletion(first.id).status == "rejected"
-        extended = run(service, "bulk", "extend", "--status", "pending-approval", "--model", model_id[:8],
+        extended = run(service, "bulk", "extend", "--status", "pending-approval", "--model", short_id(model_id),
                        "--months", "1", "--reason", "three systems to search", "--json")  # fmt: skip
         assert extended.exit_code == 0, extended.output
         outcome = json.loads(extended.output)
@@ -704,7 +706,7 @@ def test_model_export_writes_the_card_and_predict_answers_as_the_exported_model(
     model = client.get_model(service["model"].id)
     current = model.current_version
     out = tmp_path / "model.safetensors"
-    written = run(service, "model-export", model.id[:8], "-o", str(out))
+    written = run(service, "model-export", short_id(model.id), "-o", str(out))
     assert written.exit_code == 0, written.output
     predictor = load(out)  # the exported file's card, read back (theta checked against it)
     card = predictor.card
@@ -725,7 +727,7 @@ def test_model_export_writes_the_card_and_predict_answers_as_the_exported_model(
     rows = _rows_csv(tmp_path / "rows.csv")
     frame = write_table(tmp_path / "same.csv", n=200, seed=5).head(12)[predictor.feature_columns]
     expected = predictor.predict(frame.to_dict("records"))
-    answered = run(service, "predict", model.id[:8], "--csv", str(rows), "--id-column", "row_id")
+    answered = run(service, "predict", short_id(model.id), "--csv", str(rows), "--id-column", "row_id")
     assert answered.exit_code == 0, answered.output
     assert "left out (not the model's inputs): row_id, label, person" in answered.output
     table = {line.split()[0]: line.split() for line in answered.output.splitlines() if line.startswith("r")}
@@ -744,7 +746,7 @@ def test_model_export_writes_the_card_and_predict_answers_as_the_exported_model(
         assert entry["version"] == current.number
         assert [entry["probabilities"][c] for c in predictor.classes] == pytest.approx(list(expected_row), abs=1e-12)
 
-    code, screen = in_terminal(service, "predict", model.id[:8], "--csv", str(rows), "--id-column", "row_id")
+    code, screen = in_terminal(service, "predict", short_id(model.id), "--csv", str(rows), "--id-column", "row_id")
     assert code == 0 and all(cell_len(line.rstrip()) <= 80 for line in screen.splitlines()), screen
     assert [_row(screen, f"r{i}")[1] for i in range(12)] == expected
 

@@ -366,22 +366,29 @@ def test_appenders_in_parallel_each_read_the_head_after_the_lock(tmp_path):
     assert verdict.ok
 
 
-def test_ids_from_the_pool_are_uuid4_and_a_forked_child_does_not_repeat_its_parents():
-    """``new_id`` draws ids from a per-thread pool of random bytes (one system call per 256 ids): each is a version-4
-    UUID written as ``str(uuid4())`` would, none repeats, their first 8 characters (what the CLI and the dashboard
-    show) differ, and a forked child (Celery's prefork workers) empties its copy of the pool, or it would hand out the
-    very ids its parent is about to."""
+def test_ids_are_time_ordered_uuid7_shown_by_their_random_end_and_a_forked_child_does_not_repeat_its_parents():
+    """``new_id`` makes version-7 UUIDs (their first 48 bits the clock's milliseconds: index inserts land on the
+    rightmost pages) from a per-thread pool of random bytes (one system call per 256 ids), written as ``str(UUID)``
+    would; none repeats; ids made later sort later; what the CLI and the dashboard show of them (``short_id``, their
+    last 8 characters) differs between ids made in the same millisecond; and a forked child (Celery's prefork workers)
+    empties its copy of the pool, or it would hand out the very random bytes its parent is about to."""
     import os
+    import time
     import uuid
 
-    from app.db import new_id
+    from app.ids import new_id, short_id
 
+    before = time.time_ns() // 1_000_000
     ids = [new_id() for _ in range(1000)]
+    after = time.time_ns() // 1_000_000
     assert len(set(ids)) == 1000
-    assert len({i[:8] for i in ids[:100]}) == 100  # what is shown: random (a collision: ~1 in a million)
+    assert len({short_id(i) for i in ids[:100]}) == 100  # what is shown: random (a collision: ~1 in a million)
     for text_id in ids:
         parsed = uuid.UUID(text_id)
-        assert parsed.version == 4 and parsed.variant == uuid.RFC_4122 and str(parsed) == text_id
+        assert parsed.version == 7 and parsed.variant == uuid.RFC_4122 and str(parsed) == text_id
+        assert before <= parsed.int >> 80 <= after
+    time.sleep(0.002)
+    assert all(i < new_id() for i in ids)  # a later millisecond sorts after
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: its next id, to the parent
@@ -391,7 +398,7 @@ def test_ids_from_the_pool_are_uuid4_and_a_forked_child_does_not_repeat_its_pare
     os.close(write)
     childs = os.read(read, 64).decode()
     os.close(read)
-    assert childs and childs != new_id()
+    assert childs and short_id(childs) != short_id(new_id())
 
 
 def test_hmac_hex_is_hmac_sha256():
