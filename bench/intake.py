@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import socket
 import subprocess
@@ -35,6 +36,7 @@ import uuid
 from pathlib import Path
 
 import httpx
+import psutil
 import psycopg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,8 +84,32 @@ def _serve(app: str, port: int, env: dict, workers: int = 1, log_path: Path | No
     raise RuntimeError(f"{app} did not start")
 
 
-def _wrk(port, *, seconds, connections, model_id, api_key, tag, first_row, id_file="") -> dict:
-    """One wrk run (one thread: the API, PostgreSQL and wrk share 2 cores). Returns wrk's summary plus statuses."""
+def _cpu(server: subprocess.Popen) -> dict[str, float]:
+    """CPU seconds so far (user + system) of the server's processes, of every PostgreSQL process, and of this
+    process's finished children (wrk)."""
+
+    def seconds(process: psutil.Process) -> float:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:  # gone meanwhile
+            return 0.0
+        return times.user + times.system
+
+    tree = psutil.Process(server.pid)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {
+        "server": seconds(tree) + sum(seconds(p) for p in tree.children(recursive=True)),
+        "postgres": sum(seconds(p) for p in psutil.process_iter() if p.name() == "postgres"),
+        "wrk": children.ru_utime + children.ru_stime,
+    }
+
+
+def _wrk(
+    port, *, seconds, connections, model_id, api_key, tag, first_row, id_file="", server: subprocess.Popen
+) -> dict:
+    """One wrk run (one thread: the API, PostgreSQL and wrk share 2 cores). Returns wrk's summary plus statuses, and
+    the CPU each side spent per answer (``cpu_us_per_answer``) with the cores they kept busy between them: the
+    machine is shared, so a ratio of rates is a ratio of CPU per request only where both runs keep the cores busy."""
     command = [
         "wrk",
         "-t1",
@@ -103,7 +129,9 @@ def _wrk(port, *, seconds, connections, model_id, api_key, tag, first_row, id_fi
         id_file,
         "1",
     ]
+    before = _cpu(server)
     done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60)
+    after = _cpu(server)
     match = re.search(r"^WRK_RESULT (\{.*\})$", done.stdout, re.M)
     if done.returncode != 0 or match is None:
         raise RuntimeError(f"wrk failed ({done.returncode}): {done.stdout[-2000:]} {done.stderr[-2000:]}")
@@ -111,6 +139,7 @@ def _wrk(port, *, seconds, connections, model_id, api_key, tag, first_row, id_fi
     wall = raw["duration_us"] / 1e6
     statuses = {int(k): v for k, v in raw["statuses"].items()}
     ok = sum(v for k, v in statuses.items() if 200 <= k < 300)
+    spent = {side: after[side] - before[side] for side in after}
     return {
         "connections": connections,
         "wall_s": round(wall, 3),
@@ -123,6 +152,8 @@ def _wrk(port, *, seconds, connections, model_id, api_key, tag, first_row, id_fi
         "p99_ms": raw["p99_us"] / 1000,
         "max_ms": raw["max_us"] / 1000,
         "mean_ms": round(raw["mean_us"] / 1000, 3),
+        "cpu_us_per_answer": {side: round(cpu / max(raw["requests"], 1) * 1e6, 1) for side, cpu in spent.items()},
+        "cores_busy": round(sum(spent.values()) / wall, 2),
     }
 
 
@@ -237,6 +268,7 @@ def main() -> None:
                 tag=tag,
                 first_row=next_row,
                 id_file=str(id_file),
+                server=servers[0],
             )
             next_row += point["responses"] + args.connections  # requests still in flight at the end used ids too
             return point
@@ -250,6 +282,7 @@ def main() -> None:
                 api_key=api_key,
                 tag=tag,
                 first_row=0,
+                server=servers[1],
             )
 
         ceiling("warm-ceiling", warm_seconds)
