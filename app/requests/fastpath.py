@@ -61,7 +61,7 @@ class IntakeFastPath:
             self.route = _route(scope)
         scope["route"] = self.route  # the metrics' route label, as the router would have set it
         try:
-            out = await accept(api_key, request, idempotency_key)
+            out = await accept(api_key, request, idempotency_key, scope.get("client"))
         except Problem as problem:  # refused by the batch (the key, the registry, the database) or timed out
             await problem_response(problem, PATH)(scope, receive, send)
             return

@@ -63,6 +63,9 @@ timed-out request is answered at most this much after its deadline."""
 
 log = logging.getLogger("lethe.intake")
 
+ACTIVE_S = 1.0
+"""A connection that sent a request within this long counts as one that may send the next (``_note_client``)."""
+
 
 @dataclass
 class _Item:
@@ -109,6 +112,9 @@ class IntakeBatcher:
         self._held = threading.local()  # each intake thread's own connection (see _held_session)
         # per event loop: (deadline, item) of its submit_async waiters, oldest first (see _sweep)
         self._deadlines: dict[asyncio.AbstractEventLoop, collections.deque[tuple[float, weakref.ref[_Item]]]] = {}
+        self._clients: dict[tuple[str, int], float] = {}  # connection → when it last sent a request (_note_client)
+        self._pruned = 0.0
+        self._active = 0
 
     def _start(self) -> None:
         with self._lock:
@@ -132,13 +138,20 @@ class IntakeBatcher:
         self._enqueue(_Item(None, body, idempotency_key, future, key_hash))
         return future
 
-    def submit_async(self, key_hash: str, body: DeletionRequestCreate, idempotency_key: str | None) -> asyncio.Future:
+    def submit_async(
+        self,
+        key_hash: str,
+        body: DeletionRequestCreate,
+        idempotency_key: str | None,
+        client: tuple[str, int] | None = None,
+    ) -> asyncio.Future:
         """As ``submit_key``, awaited on the running event loop. A batch wakes each loop it answers ONCE (one
         ``call_soon_threadsafe`` for all its requests of that loop): a future per request, wrapped with
         ``asyncio.wrap_future``, cost a self-pipe write per request, a system call that let the event loop take the
         GIL from the intake thread in the middle of its batch. Cancelling the returned future (the client went
         away) cancels the request if no batch has taken it yet; so does ``intake_timeout_seconds`` passing, after
-        which the future raises TimeoutError (``_sweep``)."""
+        which the future raises TimeoutError (``_sweep``). ``client``: the connection's (host, port), see
+        ``_note_client``."""
         self._start()
         loop = asyncio.get_running_loop()
         waiter = loop.create_future()
@@ -146,8 +159,24 @@ class IntakeBatcher:
         item = _Item(None, body, idempotency_key, Future(), key_hash, waiter, prepared)
         waiter.add_done_callback(lambda w: w.cancelled() and item.future.cancel())
         self._expire(loop, item, get_settings().intake_timeout_seconds)
+        if client is not None and client[1]:  # port 0: an address a proxy forwarded, not a connection
+            self._note_client((client[0], client[1]), loop.time())
         self._enqueue(item)
         return waiter
+
+    def _note_client(self, client: tuple[str, int], now: float) -> None:
+        """``client`` (a connection) sent a request ``now``. HTTP/1.1 carries one request at a time per connection, so
+        once every connection that has been sending (within ``ACTIVE_S``) has its request in the batch being
+        gathered, no other request is on its way and ``_collect`` cuts the batch then, not ``gap`` later (issue 21:
+        in bench/intake.py's closed loop that wait left a core idle; cores busy 1.57-1.63 -> 1.68-1.80). A connection
+        per request, or connections gone quiet, only make the count larger: the gap then cuts, as before."""
+        seen = self._clients
+        if now - self._pruned > ACTIVE_S / 4:
+            for gone in [c for c, at in seen.items() if now - at > ACTIVE_S]:
+                del seen[gone]
+            self._pruned = now
+        seen[client] = now
+        self._active = len(seen)  # an int for the intake threads to read (the dict changes on the event loop)
 
     def _expire(self, loop: asyncio.AbstractEventLoop, item: _Item, timeout: float) -> None:
         """Give ``item``'s waiter its deadline: one sweep every ``SWEEP_S`` per loop while any waits, not a timer
@@ -204,12 +233,13 @@ class IntakeBatcher:
     def _collect(self, first: _Item) -> list[_Item]:
         """Up to ``max_batch`` items: those arriving within ``gap`` of the one before, for at most ``wait`` (a burst
         of requests shares a commit; the batch is cut once the burst is over, not at the end of the window, so neither
-        a lone request nor a finished burst waits the whole of it). An item whose client went away (its future was
+        a lone request nor a finished burst waits the whole of it), and no more once it holds a request from every
+        connection that has been sending (``_note_client``). An item whose client went away (its future was
         cancelled) is dropped here; once taken, a future is "running" and can no longer be cancelled, so its outcome
         is always delivered."""
         start = time.monotonic()
         batch, deadline, last = [first] if first.future.set_running_or_notify_cancel() else [], start + self.wait, start
-        while len(batch) < self.max_batch:
+        while len(batch) < self.max_batch and not 0 < self._active <= len(batch):
             timeout = min(deadline, last + self.gap) - time.monotonic()
             try:
                 item = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()

@@ -148,17 +148,20 @@ async def create_deletion_request(request: Request):
         if refusal is not None:
             raise refusal from None
         raise
-    out = await accept(api_key, body, idempotency_key)
+    out = await accept(api_key, body, idempotency_key, request.scope.get("client"))
     return Response(
         out.model_dump_json(), status_code=202, media_type="application/json", headers=accepted_headers(out)
     )
 
 
-async def accept(api_key: str, body: DeletionRequestCreate, idempotency_key: str | None) -> DeletionRequestOut:
+async def accept(
+    api_key: str, body: DeletionRequestCreate, idempotency_key: str | None, client: tuple[str, int] | None = None
+) -> DeletionRequestOut:
     """A validated request made durable by the intake batcher (this route and app/requests/fastpath.py): raises the
-    batch's Problem (a refused key, the registry), or 503 past ``intake_timeout_seconds``."""
+    batch's Problem (a refused key, the registry), or 503 past ``intake_timeout_seconds``. ``client``: the
+    connection's (host, port), which lets a batch be cut once every sending connection is in it."""
     try:
-        out, _created = await get_batcher().submit_async(hash_key(api_key), body, idempotency_key)
+        out, _created = await get_batcher().submit_async(hash_key(api_key), body, idempotency_key, client)
     except TimeoutError:  # the commit may still land: the same Idempotency-Key then answers with that request
         raise unavailable() from None
     return out

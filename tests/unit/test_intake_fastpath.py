@@ -22,7 +22,7 @@ from app.ops import http as http_metrics
 from app.requests import fastpath
 from app.requests import router as requests_router
 from app.requests.fastpath import PATH, IntakeFastPath
-from app.requests.intake import IntakeBatcher, _Item
+from app.requests.intake import ACTIVE_S, IntakeBatcher, _Item
 from app.requests.schemas import DeletionRequestCreate
 from tests.helpers import configure, make_key, wait_model, write_table
 
@@ -134,6 +134,7 @@ def test_an_accepted_request_is_answered_by_the_fast_path_with_the_routes_header
         response = client.post(PATH, json=body, headers={"Idempotency-Key": "fast-1", "X-Request-ID": "req-fast-1"})
         assert response.status_code == 202, response.text
         assert taken == [1]
+        assert list(requests_router.get_batcher()._clients) == [("testclient", 50000)]  # the connection, for _collect
         out = response.json()
         assert response.headers["location"] == f"{PATH}/{out['id']}"
         assert int(response.headers["retry-after"]) > 0
@@ -167,6 +168,38 @@ def test_a_batch_is_cut_when_its_burst_is_over_not_at_the_end_of_the_window(tmp_
     assert time.monotonic() - started < 1.0  # the 10 s window was not waited out (nor the late request)
     time.sleep(1.2)
     assert batcher._collect(batcher._queue.get()) == [late]  # it starts the next batch
+
+
+def test_a_batch_is_cut_once_every_sending_connection_is_in_it(tmp_path):
+    """HTTP/1.1 carries one request at a time per connection: once the batch holds a request from every connection
+    that has been sending, none is on its way, so the batch is cut then, not a gap (here 5 s) later. A connection
+    quiet for longer than ``ACTIVE_S`` no longer counts; an address a proxy forwarded (port 0) counts for nothing."""
+    configure(tmp_path)
+    batcher = IntakeBatcher(max_batch=64, wait_ms=10_000, gap_ms=5_000)
+    for port in (50001, 50002, 50003):
+        batcher._note_client(("127.0.0.1", port), 100.0)
+    for n in (1, 2):
+        batcher._queue.put(_item(n))
+    started = time.monotonic()
+    assert len(batcher._collect(_item(0))) == 3
+    assert time.monotonic() - started < 1.0
+    batcher._note_client(("127.0.0.1", 50004), 100.0 + ACTIVE_S + 1)  # the first three went quiet
+    assert batcher._active == 1
+    started = time.monotonic()
+    assert len(batcher._collect(_item(3))) == 1 and time.monotonic() - started < 1.0
+    batcher._note_client(("127.0.0.1", 50005), 100.0 + ACTIVE_S + 1)
+    late = _item(5)
+    threading.Timer(0.3, batcher._queue.put, (late,)).start()
+    assert [item.body.subject_ref for item in batcher._collect(_item(4))] == ["s4", "s5"]  # waited for the other
+
+    queued: list = []
+    batcher._start, batcher._enqueue = (lambda: None), queued.append
+
+    async def forwarded():
+        batcher.submit_async("h", _item(6).body, None, ("203.0.113.9", 0))
+
+    asyncio.run(forwarded())
+    assert len(queued) == 1 and batcher._active == 2  # unchanged
 
 
 def test_a_batch_is_never_longer_than_its_window_nor_its_size(tmp_path):
