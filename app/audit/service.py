@@ -82,8 +82,9 @@ def event_body(
     )
 
 
-_JSON_TEXT = json.JSONEncoder(ensure_ascii=False).encode
-"""A string as ``canonical_json`` writes it (``ensure_ascii=False``)."""
+_JSON_TEXT = json.encoder.encode_basestring
+"""A string as ``canonical_json`` writes it (``ensure_ascii=False``: what ``JSONEncoder.encode`` calls for a ``str``,
+without its Python wrapper; the C version where the interpreter has it)."""
 
 
 def _event_text(seq: int, at: datetime, actor: str, action: str, entity_type: str, entity_id: str, payload: str) -> str:

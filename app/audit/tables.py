@@ -29,7 +29,7 @@ class AuditEvent(Base):
     entity_id: Mapped[str] = mapped_column(String(64), index=True)
     payload: Mapped[dict[str, Any]] = mapped_column(JSONType)
     prev_hash: Mapped[str] = mapped_column(String(64))
-    hash: Mapped[str] = mapped_column(String(64), unique=True)
+    hash: Mapped[str] = mapped_column(String(64))  # not indexed on PostgreSQL (migration 0017): never looked up
     canonical: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
