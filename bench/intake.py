@@ -104,12 +104,26 @@ def _cpu(server: subprocess.Popen) -> dict[str, float]:
     }
 
 
+def _pg_counters() -> tuple[int, int]:
+    """(checkpoints so far, WAL position in bytes) of the PostgreSQL server (version 17 moved the counts to
+    ``pg_stat_checkpointer``)."""
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        wal = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0]
+        try:
+            done = conn.execute("SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter").fetchone()[0]
+        except psycopg.errors.UndefinedColumn:
+            done = conn.execute("SELECT num_timed + num_requested FROM pg_stat_checkpointer").fetchone()[0]
+    return int(done), int(wal)
+
+
 def _wrk(
     port, *, seconds, connections, model_id, api_key, tag, first_row, id_file="", server: subprocess.Popen
 ) -> dict:
     """One wrk run (one thread: the API, PostgreSQL and wrk share 2 cores). Returns wrk's summary plus statuses, and
     the CPU each side spent per answer (``cpu_us_per_answer``) with the cores they kept busy between them: the
-    machine is shared, so a ratio of rates is a ratio of CPU per request only where both runs keep the cores busy."""
+    machine is shared, so a ratio of rates is a ratio of CPU per request only where both runs keep the cores busy.
+    Also the WAL PostgreSQL wrote per answer and the checkpoints meanwhile (after one, the first change of each page
+    is a whole page in the WAL)."""
     command = [
         "wrk",
         "-t1",
@@ -129,9 +143,11 @@ def _wrk(
         id_file,
         "1",
     ]
+    checkpoints, wal = _pg_counters()
     before = _cpu(server)
     done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60)
     after = _cpu(server)
+    checkpoints_after, wal_after = _pg_counters()
     match = re.search(r"^WRK_RESULT (\{.*\})$", done.stdout, re.M)
     if done.returncode != 0 or match is None:
         raise RuntimeError(f"wrk failed ({done.returncode}): {done.stdout[-2000:]} {done.stderr[-2000:]}")
@@ -154,6 +170,8 @@ def _wrk(
         "mean_ms": round(raw["mean_us"] / 1000, 3),
         "cpu_us_per_answer": {side: round(cpu / max(raw["requests"], 1) * 1e6, 1) for side, cpu in spent.items()},
         "cores_busy": round(sum(spent.values()) / wall, 2),
+        "wal_bytes_per_answer": round((wal_after - wal) / max(raw["requests"], 1)),
+        "checkpoints": checkpoints_after - checkpoints,  # PostgreSQL checkpoints that began or ended meanwhile
     }
 
 
