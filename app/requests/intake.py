@@ -168,8 +168,9 @@ class IntakeBatcher:
         """``client`` (a connection) sent a request ``now``. HTTP/1.1 carries one request at a time per connection, so
         once every connection that has been sending (within ``ACTIVE_S``) has its request in the batch being
         gathered, no other request is on its way and ``_collect`` cuts the batch then, not ``gap`` later (issue 21:
-        in bench/intake.py's closed loop that wait left a core idle; cores busy 1.57-1.63 -> 1.68-1.80). A connection
-        per request, or connections gone quiet, only make the count larger: the gap then cuts, as before."""
+        in bench/intake.py's closed loop that wait left a core idle; alternated full runs: cores busy 1.59-1.62 ->
+        1.66-1.71, ratio 0.200/0.200 -> 0.226/0.237). A connection per request, or connections gone quiet, only make
+        the count larger: the gap then cuts, as before."""
         seen = self._clients
         if now - self._pruned > ACTIVE_S / 4:
             for gone in [c for c, at in seen.items() if now - at > ACTIVE_S]:
