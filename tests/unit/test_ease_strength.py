@@ -119,3 +119,24 @@ def test_the_probe_response_falls_with_the_scale():
     levels = [judge.level(line.at(s)) for s in (0.0, 4.0, 16.0, 64.0)]
     assert all(a >= b for a, b in zip(levels, levels[1:], strict=False)), levels
     assert levels[-1] < levels[0]
+
+
+def test_a_samples_deletion_without_non_members_runs_at_the_fixed_scale():
+    """Issue 24 item 3: version 1's level does not predict retraining's for a data subject's pairs, so under
+    ``target="auto"`` a samples deletion searches only where matched non-members give it a level."""
+    from app.ml.unlearning.ease.method import NO_TARGET_REASON
+
+    demo = tiny_demo()
+    fast = {"excision_steps": 2, "excision_batch": 8, "excision_objective": "uce", "max_probes": 2}
+    ease = get_method("ease").build(fast)
+    alone = ease.unlearn(demo.problem("samples"))
+    strength = alone.info["strength"]
+    assert strength["mode"] == "fixed" and strength["reason"] == NO_TARGET_REASON
+    assert strength["probes"] == [] and strength["scale"] == 1.0
+    assert not [s for s in alone.info["stages"] if s["stage"] == "probe"]
+    assert "probes: forget-pair embeddings" not in alone.info["bytes_by_item"]["up"]
+    # matched non-members give the search its level; "reference" asks for version 1's explicitly
+    matched = ease.unlearn(demo.problem("samples", nonmembers=demo.data.test)).info["strength"]
+    assert matched["mode"] == "adaptive" and matched["nonmember_r1"] is not None and matched["probes"]
+    asked = get_method("ease").build({**fast, "target": "reference"}).unlearn(demo.problem("samples"))
+    assert asked.info["strength"]["mode"] == "adaptive" and asked.info["strength"]["probes"]

@@ -93,3 +93,25 @@ def test_a_federated_deletion_drops_the_workers_decoded_copy_of_the_clients_data
     assert federated._federation_data.cache_info().currsize == 1
     assert federated.Deletion().upkeep("m", None) == {"federation_cache": "dropped"}
     assert federated._federation_data.cache_info().currsize == 0
+
+
+def test_a_cached_federation_is_keyed_by_its_planted_fractions(tmp_path):
+    """bench/ease.py trains the samples scenario's federation with a larger data subject: the training cache must not
+    hand it the default federation's θ (the key holds the fractions)."""
+    from app.ml.clip import LoraSettings
+    from app.ml.federation import FedSettings, make_demo_federation
+
+    from .clip_helpers import TINY_PRETRAIN
+
+    def build(fractions):
+        return make_demo_federation(
+            seed=0, n_clients=3, pairs_per_client=20, n_test=8, fed_settings=FedSettings(rounds=1, batch_size=10),
+            pretrain=TINY_PRETRAIN, lora=LoraSettings(rank=2), cache_dir=str(tmp_path), device="cpu",
+            cache_training=True, fractions=fractions,
+        )  # fmt: skip
+
+    default, subject = build(None), build({"ring": 0.5})
+    assert sum(subject.data.forget_masks("samples")[-1]) == 10 > sum(default.data.forget_masks("samples")[-1])
+    assert len(list((tmp_path / "federations").glob("*.pt"))) == 2
+    assert not torch.equal(default.theta, subject.theta)
+    assert torch.equal(build({"ring": 0.5}).theta, subject.theta)  # and the cache serves it again

@@ -76,11 +76,13 @@ def make_demo_federation(
     progress: ProgressFn = no_progress,
     cache_training: bool = False,
     regime: str = "concepts",
+    fractions: dict[str, float] | None = None,
 ) -> DemoFederation:
     """Pretrain (cached) the tiny CLIP, generate the federation and run FedAvg with LoRA, recording the history.
 
     ``cache_training`` also caches the trained federation (θ, history) under the cache dir, keyed by every setting.
     ``regime``: the generator's ``"concepts"`` (client/class/samples scenarios) or ``"membership"`` federation.
+    ``fractions``: the concepts regime's planted shares (captions.DEFAULT_FRACTIONS), e.g. a larger data subject.
     """
     checkpoint = pretrain_tiny_clip(
         pretrain or PretrainSettings(), cache_dir=cache_dir, progress=lambda f, m: progress(0.3 * f, m)
@@ -88,7 +90,7 @@ def make_demo_federation(
     spec = ClipSpec(checkpoint=str(checkpoint), lora=lora or LoraSettings(init_seed=seed))
     model = ClipLoRA(spec, device=device)
     data = make_synthetic_federation(
-        seed, n_clients=n_clients, pairs_per_client=pairs_per_client, n_test=n_test, regime=regime
+        seed, n_clients=n_clients, pairs_per_client=pairs_per_client, n_test=n_test, regime=regime, fractions=fractions
     )
     settings = fed_settings or FedSettings(seed=seed)
     cached = None
@@ -103,6 +105,8 @@ def make_demo_federation(
         ]
         if regime != "concepts":
             parts.append(regime)
+        if fractions:
+            parts.append(sorted(fractions.items()))
         key = json.dumps(parts, sort_keys=True)
         cached = (
             Path(cache_dir or default_cache_dir())

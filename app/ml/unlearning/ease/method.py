@@ -47,6 +47,17 @@ The paper's body could not be read (ease-notes §0): every formula and threshold
    re-measuring the chosen scale, the second at most doubling or halving it) the search ended in the band on 2 of
    the 8 seeds 2–11 where the rerun ran).
 
+   **Which deletions have a target** (issue 24 item 3, the samples scenario's target rule). ``target="auto"``
+   searches only where a level predicts retraining's: version 1 for a client or a class (the concept the holders
+   taught is gone after retraining, and version 1 never had it), matched non-members for a samples deletion that
+   has them. A samples deletion without matched non-members runs at the fixed scale instead: there, version 1's
+   level is the backbone's on the subject's pairs, not a model trained on everything else's, and it does not
+   predict retraining's. Measured on tuning seeds only (bench/ease.py samples scenario with the subject at 50 % of
+   its client; seeds 0, 1 and 100–105, none of them reported): version 1's probe level against retraining's held-out
+   level 28.8/26.7, 45.0/22.5, 28.8/32.5, 17.5/23.3, 28.8/30.8, 32.5/26.7, 26.2/32.5, 12.5/40.0 (no correlation);
+   searching towards it gave |forget R@1 − retrain| 7.08 and a retained drop of 3.90 (means of the 8 seeds), the
+   fixed scale 5.21 and 2.83, with 3 client round trips instead of ~8.
+
 Defaults were chosen on the synthetic benchmark (bench/ease.py, seed 0), one setting at a time: δ = 65° (45° removed
 too much retained support, 70° too little forget knowledge), SGD excision with the ``"reference"`` objective (Adam
 and the unbounded objectives destroyed retained R@1), margin −0.75, one repair round (none left retained R@1
@@ -94,10 +105,14 @@ from app.ml.unlearning.ease.subspace import (
 from app.ml.verification.retrieval import retrieval_scores
 
 EMBEDDING_BYTES = 2
+"""Probe embeddings travel as float16 (and are scored after the same rounding, so the figure is what was sent)."""
+NO_TARGET_REASON = (
+    "samples scope without matched non-members: version 1's level does not predict retraining's (module "
+    "docstring, step 4), so the excision runs at its fixed scale"
+)
 RESCALE_RATIO = 1.25
 """``repair_at_scale``: the repair round is rerun when the chosen scale differs from the one it ran at by more than
 this factor (either way)."""
-"""Probe embeddings travel as float16 (and are scored after the same rounding, so the figure is what was sent)."""
 
 
 @dataclass
@@ -135,7 +150,8 @@ class EaseConfig:
       ablations are matched by displacement, not by steps);
       ``excision_scale``: the scale the repair round runs at and the search's first probe;
       ``target``: ``"auto"`` (max of the version-1 level on the forget pairs and, where the problem has matched
-      non-members, their level under the current model), ``"reference"`` (version 1 only) or ``"nonmember"``;
+      non-members, their level under the current model; a samples deletion without them runs at the fixed scale:
+      step 4 of the module docstring), ``"reference"`` (version 1 only) or ``"nonmember"``;
       ``target_band``: the accepted band [T, T + band] in R@1 points; ``max_probes``: probes the search may spend
       (5, not the issue's 3–4: on cliffs as steep as the measured one, 4 probes left 7 of 30 unit-test cliffs outside
       a 3-point band, 5 left 2 — a probe costs the holders one evaluation, ≈ 2 % of retrain's critical path);
@@ -518,6 +534,13 @@ class Ease:
     def __init__(self, config: EaseConfig | None = None):
         self.config = config or EaseConfig()
 
+    def _no_target(self, problem: FederatedProblem) -> bool:
+        """A samples deletion without matched non-members has no level to search towards under ``target="auto"``:
+        the version-1 level does not predict retraining's there (module docstring, NO_TARGET_REASON), so the
+        excision runs at its fixed scale."""
+        has_nonmembers = problem.nonmembers is not None and len(problem.nonmembers) > 0
+        return self.config.target == "auto" and problem.scope == "samples" and not has_nonmembers
+
     def _target(self, judge: ProbeJudge, problem: FederatedProblem) -> dict[str, Any]:
         """T (strength.py): the version-1 level on the forget pairs and, where matched non-members exist, their level
         under the current model; ``target`` picks one or their maximum."""
@@ -628,7 +651,9 @@ class Ease:
         strength: dict[str, Any] = {"mode": cfg.strength, "excision_norm_unit": e_norm}
         if self.offline(problem):
             strength.update({"mode": "offline", "reason": "the leaving client is offline: no forget pairs to probe"})
-        if cfg.strength == "adaptive" and e_norm > 0 and strength["mode"] != "offline":
+        elif cfg.strength == "adaptive" and self._no_target(problem):
+            strength.update({"mode": "fixed", "reason": NO_TARGET_REASON})
+        if strength["mode"] == "adaptive" and e_norm > 0:
             judge = ProbeJudge(problem, model, ledger)
             # the holders receive what a probe model is made of: E (when more than one holder) and θ_p + Δ_rep
             n_holders = len(problem.holders())
