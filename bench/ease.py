@@ -89,8 +89,8 @@ class Sizes:
     membership_lora_rank: int = 16
     membership_local_epochs: float = 2.0
     # the samples scenario's data subject: its share of the last client's pairs (all its novel-shape photos). At
-    # 0.5 (100 of 200 pairs) the held-out 60 % give 120 queries, one query 0.83 points (issue 24 item 2); at the
-    # generator's default 0.2 the 24 held-out queries were 4.2 points each and separated no method
+    # 0.5 (100 of 200 pairs) the held-out 60 % are 60 pairs, 120 queries both ways: one query moves the mean R@1 by
+    # 0.83 points (issue 24 item 2); at the generator's default 0.2, 24 pairs (2.1 points a query) separated no method
     samples_subject_share: float = 0.5
 
 
@@ -297,7 +297,7 @@ def run_scenario(
     noise_f = abs(rows["retrain_other_order"]["forget_r1"] - rows["retrain"]["forget_r1"])
     noise_r = abs(rows["retrain_other_order"]["retain_r1"] - rows["retrain"]["retain_r1"])
     log(
-        f"[{scenario}] forget R@1 (held-out {rows['retrain']['n_forget']} queries): original "
+        f"[{scenario}] forget R@1 (held-out {rows['retrain']['n_forget']} pairs): original "
         f"{rows['original']['forget_r1']:.1f} vs retrain {rows['retrain']['forget_r1']:.1f} → gap {gap:+.1f} pts; "
         f"retrain vs retrain (other order): forget {noise_f:.1f}, retain {noise_r:.1f} pts"
     )
@@ -638,6 +638,49 @@ def markdown_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+ROW_ORDER = ("ease", "ease_fixed", "ease_offline", "retrain_other_order", "federaser", "fedosd", "gradient_ascent")
+
+
+def rows_markdown(report: dict[str, Any]) -> str:
+    """Every method of every scenario as one Markdown row (README's "EASE measured" table): forget gap and retain
+    drop with their 95 % intervals, the worst seed, retraining's own spread (EASE's rows), and the costs."""
+
+    def ci(m: dict[str, Any], key: str, ci_key: str) -> str:
+        lo, hi = m[ci_key]
+        return f"{m[key]:.2f} [{lo:.2f}, {hi:.2f}]"
+
+    def num(m: dict[str, Any], key: str, digits: int = 3) -> str:
+        return f"{m[key]:.{digits}f}" if m.get(key) is not None else "–"
+
+    lines = [
+        "| scenario | row | seeds | \\|forget R@1 − retrain\\| (held-out) | worst seed | retain drop "
+        "| retrain noise: forget / retain | bytes ÷ retrain | critical path ÷ retrain "
+        "| with verification, per deletion: bytes / compute | per batch of 10 "
+        "| client round trips (alone / + shadows) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for scenario, s in report["summary"].items():
+        pairs = s.get("n_forget_heldout")
+        name = f"{scenario} (n = {pairs:.0f} held-out pairs)" if pairs else scenario
+        methods = s.get("methods", {})
+        for label in [m for m in ROW_ORDER if m in methods] + [m for m in methods if m not in ROW_ORDER]:
+            m = methods[label]
+            noise = (
+                f"{s['retrain_noise_pts']:.2f} / {s['retrain_noise_retain_pts']:.2f}"
+                if label.startswith("ease") and label != "ease_offline"
+                else ""
+            )
+            lines.append(
+                f"| {name} | {label} | {m['seeds']} | {ci(m, 'forget_r1_gap_pts', 'forget_r1_gap_ci95')} "
+                f"| {m['forget_r1_gap_worst_pts']:.2f} | {ci(m, 'retain_r1_drop_pts', 'retain_r1_drop_ci95')} "
+                f"| {noise} | {num(m, 'bytes_ratio')} | {num(m, 'critical_path_ratio')} "
+                f"| {num(m, 'bytes_ratio_with_verification')} / {num(m, 'time_ratio_with_verification')} "
+                f"| {num(m, 'bytes_ratio_with_verification_batch')} / {num(m, 'time_ratio_with_verification_batch')} "
+                f"| {num(m, 'client_round_trips', 1)} / {num(m, 'client_round_trips_with_verification', 1)} |"
+            )
+    return "\n".join(lines)
+
+
 LABELS = {
     "ease_offline": "ease, leaving client offline (server only: its stored share removed at scale 0.5, 2 protected "
     "repair rounds; no BKE, no probes)",
@@ -794,6 +837,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.table is not None:
         report = json.loads(args.table.read_text())
         print(markdown_table(report))
+        print()
+        print(rows_markdown(report))
         return report
     if args.threads > 0:
         torch.set_num_threads(args.threads)

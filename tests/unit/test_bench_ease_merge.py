@@ -53,3 +53,15 @@ def test_parts_of_another_experiment_or_twice_the_same_seed_are_refused():
     assert report["sizes"]["ablations"] == [0] and report["summary"]["client"]["seeds"] == 2
     with pytest.raises(ValueError, match="more than one part"):
         merge([_part("class", [0, 1], 1.0), _part("class", [1], 1.0)])
+
+
+def test_the_readme_rows_show_every_method_of_every_scenario():
+    from bench.ease import rows_markdown
+
+    part = _part("client", [0, 1], 1.0)
+    for seed in part["seeds"].values():
+        seed["client"]["summary"] |= {"retrain_noise_pts": 2.0, "retrain_noise_retain_pts": 1.0, "n_forget_heldout": 60}
+    rows = rows_markdown(merge([part])).splitlines()[2:]
+    assert [r.split(" | ")[1] for r in rows] == ["ease", "ease_no_excision"]
+    assert rows[0].startswith("| client (n = 60 held-out pairs) | ease | 2 | 1.50 [") and "| 2.00 / 1.00 |" in rows[0]
+    assert rows[1].endswith("| – / – |")  # no round trips recorded: a dash, not a crash
