@@ -442,6 +442,8 @@ def summarise(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
     out["forget_r1_gap_worst_pts"] = gaps[worst]
     out["forget_r1_gap_worst_seed"] = worst
     out["in_band_seeds"] = sum(1 for s in seeds if per_seed[s]["summary"].get("in_band"))
+    # seeds whose strength was searched at all (a samples deletion without non-members runs at the fixed scale)
+    out["searched_seeds"] = sum(1 for s in seeds if per_seed[s]["summary"].get("in_band") is not None)
     out["per_seed"] = {
         str(s): {k: per_seed[s]["summary"].get(k) for k in ("forget_r1_signed_gap_pts", "retain_r1_drop_pts")}
         for s in seeds
@@ -549,6 +551,12 @@ def aims(summary: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def in_band(s: dict[str, Any]) -> str:
+    """How many seeds' searches ended in the band, of those that searched (older results: of all seeds)."""
+    searched = s.get("searched_seeds", s["seeds"])
+    return f"{s['in_band_seeds']}/{searched} in band" if searched else "no search (fixed scale)"
+
+
 def print_table(report: dict[str, Any]) -> None:
     cols = [
         ("forget_r1_gap_pts", "|E−rt|"),
@@ -564,7 +572,7 @@ def print_table(report: dict[str, Any]) -> None:
     print("\n== summary: mean over seeds (held-out forget pairs) ==")
     for scenario, s in report["summary"].items():
         print(
-            f"-- {scenario} ({s['seeds']} seeds {s['seed_list']}, {s['in_band_seeds']} in band; retrain noise "
+            f"-- {scenario} ({s['seeds']} seeds {s['seed_list']}, {in_band(s)}; retrain noise "
             f"forget {s.get('retrain_noise_pts', float('nan')):.2f} retain {s.get('retrain_noise_retain_pts', 0):.2f}"
             f"; original − retrain {s.get('original_forget_gap_pts', float('nan')):.2f})"
         )
@@ -600,7 +608,7 @@ def markdown_table(report: dict[str, Any]) -> str:
             f"| {scenario} | {s['seeds']} | {cell(s, 'original_forget_gap_pts', 1)} | {cell(s, 'forget_r1_gap_pts')} "
             f"| {s['forget_r1_gap_worst_pts']:.2f} (seed {s['forget_r1_gap_worst_seed']}) "
             f"| {cell(s, 'retain_r1_drop_pts')} | {cell(s, 'bytes_ratio', 3)} | {cell(s, 'critical_path_ratio', 3)} "
-            f"| {cell(s, 'time_ratio', 3)} | {s['in_band_seeds']}/{s['seeds']} |"
+            f"| {cell(s, 'time_ratio', 3)} | {in_band(s)} |"
         )
     client = report["summary"].get("client", {})
     if "lock_mean_gap_pts" in client:

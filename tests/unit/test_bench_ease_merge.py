@@ -65,3 +65,14 @@ def test_the_readme_rows_show_every_method_of_every_scenario():
     assert [r.split(" | ")[1] for r in rows] == ["ease", "ease_no_excision"]
     assert rows[0].startswith("| client (n = 60 held-out pairs) | ease | 2 | 1.50 [") and "| 2.00 / 1.00 |" in rows[0]
     assert rows[1].endswith("| – / – |")  # no round trips recorded: a dash, not a crash
+
+
+def test_seeds_that_did_not_search_are_not_counted_out_of_band():
+    from bench.ease import in_band
+
+    fixed = _part("samples", [0, 1], 1.0)
+    for seed in fixed["seeds"].values():
+        seed["samples"]["summary"]["in_band"] = None  # a samples deletion without non-members: no search
+    summary = merge([fixed, _part("client", [0, 1], 1.0)])["summary"]
+    assert in_band(summary["samples"]) == "no search (fixed scale)"
+    assert in_band(summary["client"]) == "2/2 in band"
