@@ -8,7 +8,8 @@ is judged on the model a deployment would publish, θ_p + s·E + Δ_rep, after t
 
 The target needs no retrain (§EASE "targets without a retrain"): T = max(version 1's R@1 on the forget pairs — the
 federation's starting point, which the holders can evaluate —, the current model's R@1 on matched held-out
-non-members where they exist). The accepted band is [T, T + band]: a model may stay a little above its target
+non-members where they exist; a samples deletion without them has no target and runs at the fixed scale:
+method.py, step 4). The accepted band is [T, T + band]: a model may stay a little above its target
 level (the version-1 level lands 1–8 points *below* retrain in the concept scenarios) but never below it.
 
 :func:`search_scale` is the search itself, pure and model-free: a bracketing search on a non-increasing response
