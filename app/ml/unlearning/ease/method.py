@@ -115,6 +115,11 @@ RESCALE_RATIO = 1.25
 this factor (either way)."""
 
 
+def _nonmembers(problem: FederatedProblem) -> CaptionDataset | None:
+    """The problem's matched held-out non-members, or None where it has none (absent or empty)."""
+    return problem.nonmembers if problem.nonmembers is not None and len(problem.nonmembers) else None
+
+
 @dataclass
 class EaseConfig:
     """Every EASE threshold. The paper's values are [UNKNOWN]; defaults were chosen on the synthetic benchmark.
@@ -538,8 +543,7 @@ class Ease:
         """A samples deletion without matched non-members has no level to search towards under ``target="auto"``:
         the version-1 level does not predict retraining's there (module docstring, NO_TARGET_REASON), so the
         excision runs at its fixed scale."""
-        has_nonmembers = problem.nonmembers is not None and len(problem.nonmembers) > 0
-        return self.config.target == "auto" and problem.scope == "samples" and not has_nonmembers
+        return self.config.target == "auto" and problem.scope == "samples" and _nonmembers(problem) is None
 
     def _target(self, judge: ProbeJudge, problem: FederatedProblem) -> dict[str, Any]:
         """T (strength.py): the version-1 level on the forget pairs and, where matched non-members exist, their level
@@ -548,7 +552,7 @@ class Ease:
         out: dict[str, Any] = {"reference_r1": None, "nonmember_r1": None}
         if cfg.target in ("auto", "reference"):
             out["reference_r1"] = judge.level(problem.theta_init, stage="target: version-1 level")
-        nonmembers = problem.nonmembers if problem.nonmembers is not None and len(problem.nonmembers) else None
+        nonmembers = _nonmembers(problem)
         if cfg.target in ("auto", "nonmember") and nonmembers is not None:
             out["nonmember_r1"] = judge.level(problem.theta, nonmembers, stage="target: non-member level")
         if cfg.target == "nonmember" and nonmembers is None:
