@@ -115,9 +115,15 @@ def test_config_validation():
         EaseConfig(gsd="partial")
 
 
-def test_offline_leaving_client_runs_from_the_stored_updates_alone():
-    """leaving_client="offline" (client scope): no step reads the leaving client's pairs — the excision is its stored
-    FedAvg share, the strength is not probed — and the result still moves off the original and is locked."""
+@pytest.mark.parametrize(
+    ("settings", "leaving_client"),
+    [({}, "online"), ({"leaving_client": "offline"}, "offline")],
+    ids=["default", "offline"],
+)
+def test_a_client_deletion_runs_from_the_stored_updates_alone(settings, leaving_client):
+    """Client scope by default, and always when the leaving client is offline: no step reads the leaving client's
+    pairs — the excision is its stored FedAvg share, the strength is not probed — and the result still moves off the
+    original and is locked (method.py, EaseConfig ``client_excision``)."""
     demo = tiny_demo()
     problem = demo.problem("client")
     leaving = int(problem.forget_client)
@@ -129,19 +135,50 @@ def test_offline_leaving_client_runs_from_the_stored_updates_alone():
         return original(self, *args, **kwargs)
 
     problem.forget_data = forget_data.__get__(problem)
-    result = get_method("ease").build({**FAST, "leaving_client": "offline"}).unlearn(problem)
-    assert read == [], "an offline leaving client's pairs were read"
+    result = get_method("ease").build({**FAST, **settings}).unlearn(problem)
+    assert read == [], "the leaving client's pairs were read"
     info = result.info
-    assert info["leaving_client"] == "offline" and info["strength"]["mode"] == "offline"
+    assert info["leaving_client"] == leaving_client and info["client_excision"] == "stored_updates"
+    assert info["strength"]["mode"] == "stored_updates"
     assert info["strength"]["probes"] == [] and info["pair_grads"] > 0  # the repair rounds, at retained clients only
     assert info["bke"][0]["client"] == leaving and info["bke"][0]["pair_grads"] == 0
     assert not any("BKE" in item or "probes" in item for side in info["bytes_by_item"].values() for item in side)
     lock = ForgetLock.from_bytes(result.artifacts["forget_lock"])
     assert lock.drift(result.theta) == pytest.approx(0.0, abs=1e-6)
     assert float((result.theta - demo.theta).norm()) > 0
-    # the same settings on a class deletion are refused: its holders' pairs are indispensable there
+    # an offline holder on a class deletion is refused: its holders' pairs are indispensable there
     with pytest.raises(ValueError, match="client scope only"):
         get_method("ease").build({**FAST, "leaving_client": "offline"}).unlearn(demo.problem("class"))
+
+
+def test_the_server_excision_is_minus_the_leaving_clients_stored_share_off_the_exclusive_subspace():
+    """method.py server_excision: E = −(I − U_μU_μᵀ)·share, share = the leaving client's FedAvg-weighted updates."""
+    from app.ml.federation.accounting import Ledger
+    from app.ml.unlearning.ease.method import Ease, forget_contribution
+
+    problem = tiny_demo().problem("client")
+    line = Ease(EaseConfig(**FAST)).line(problem, Ledger())
+    share = forget_contribution(problem).double()
+    u = line.subspaces.u_mu.double()
+    expected = -(share - u @ (u.T @ share))
+    assert float(expected.norm()) > 0
+    assert torch.allclose(line.excision.double(), expected, atol=1e-6 * float(expected.norm()))
+    assert line.scale0 == EaseConfig().offline_scale
+
+
+def test_client_excision_bke_runs_bke_at_the_leaving_client():
+    """``client_excision="bke"``: the leaving client takes part — BKE on its pairs, the strength searched on probes."""
+    demo = tiny_demo()
+    problem = demo.problem("client")
+    bke = {**FAST, "client_excision": "bke", "max_probes": 2, "excision_objective": "uce", "excision_lr": 0.05}
+    result = get_method("ease").build(bke).unlearn(problem)
+    info = result.info
+    assert info["client_excision"] == "bke" and info["strength"]["mode"] == "adaptive"
+    assert info["bke"][0]["client"] == int(problem.forget_client) and info["bke"][0]["pair_grads"] > 0
+    assert info["strength"]["probes"] and any("BKE" in item for item in info["bytes_by_item"]["up"])
+    # an offline leaving client overrides it: there is no one to run BKE
+    offline = {**FAST, "client_excision": "bke", "leaving_client": "offline"}
+    assert get_method("ease").build(offline).unlearn(demo.problem("client")).info["client_excision"] == "stored_updates"
 
 
 def test_gsd_compares_one_update_space_block_by_block():

@@ -87,6 +87,7 @@ def test_ease_publishes_target_scale_and_probes_and_counts_them():
         "excision_lr": 0.05,
         "excision_objective": "uce",
         "max_probes": 3,
+        "client_excision": "bke",  # client scope's default excision is the server's, with no probes
     }
     result = get_method("ease").build(settings).unlearn(problem)
     strength = result.info["strength"]
@@ -109,7 +110,8 @@ def test_the_probe_response_falls_with_the_scale():
 
     demo = tiny_demo()
     problem = demo.problem("client")
-    ease = Ease(EaseConfig(excision_steps=3, excision_batch=8, excision_lr=0.05, excision_objective="uce"))
+    bke = {"excision_steps": 3, "excision_batch": 8, "excision_lr": 0.05, "excision_objective": "uce"}
+    ease = Ease(EaseConfig(**bke, client_excision="bke"))
     line = ease.line(problem, Ledger())
     assert float(line.excision.norm()) > 0
     # the repair round's update is orthogonal to the locked excision direction
@@ -140,3 +142,23 @@ def test_a_samples_deletion_without_non_members_runs_at_the_fixed_scale():
     assert matched["mode"] == "adaptive" and matched["nonmember_r1"] is not None and matched["probes"]
     asked = get_method("ease").build({**fast, "target": "reference"}).unlearn(demo.problem("samples"))
     assert asked.info["strength"]["mode"] == "adaptive" and asked.info["strength"]["probes"]
+
+
+def test_a_memorisation_deletion_runs_the_longer_excision_and_more_repair_rounds():
+    """EaseConfig's memorisation settings: a samples deletion with matched non-members runs BKE for
+    ``memorisation_excision_steps`` and ``memorisation_repair_rounds`` rounds; one without them, or a class deletion,
+    runs the general settings."""
+    demo = tiny_demo()
+    fast = {"excision_batch": 8, "max_probes": 1, "memorisation_excision_steps": 4, "memorisation_repair_rounds": 2}
+    ease = get_method("ease").build(fast)
+
+    def rounds(info):  # the protected repair rounds the ledger counted
+        return sum(1 for s in info["stages"] if s["stage"].startswith("repair round"))
+
+    matched = ease.unlearn(demo.problem("samples", nonmembers=demo.data.test)).info
+    assert matched["memorisation"] and matched["excision_steps"] == 4 and matched["repair_rounds"] == 2
+    assert {b["steps"] for b in matched["bke"]} == {4} and rounds(matched) == 2
+    for problem in (demo.problem("samples"), demo.problem("class")):
+        info = ease.unlearn(problem).info
+        assert not info["memorisation"] and info["excision_steps"] == 6 and info["repair_rounds"] == 1
+        assert {b["steps"] for b in info["bke"]} == {6} and rounds(info) == 1

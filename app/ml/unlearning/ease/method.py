@@ -32,6 +32,19 @@ The paper's body could not be read (ease-notes §0): every formula and threshold
    bytes aim. The defaults therefore stay the earlier ones (flat, ``"mixed"``, no rerun), which the tuning seeds
    favoured too; the consistent-space and per-tensor decompositions and the rerun are settings, not defaults.
 
+2. **BKE** (excision.py, notes §2): every holder of forget pairs (the class holders, the subject's client) runs a
+   bounded excision on both towers' LoRA from the projected model; the server averages the displacements (one
+   unlearning round). In client scope the default excision is the leaving client's stored share of the updates,
+   computed by the server alone (``client_excision``, :func:`server_excision`; measured closer to retraining than
+   BKE with probes: EaseConfig says where); ``client_excision="bke"`` runs BKE at the leaving client instead.
+
+3. **PFL** (lock.py, notes §4): a :class:`ForgetLock` over U_μ, the excision direction and every direction an
+   earlier deletion locked (merged, issue 11 item 5); ``repair_rounds`` FedAvg rounds of the retained clients run with
+   the server projection active (the notes' "in each unlearning round, the parameter displacement is projected onto
+   the complement of the unique subspace"), which repairs the retained alignment without re-entering the locked
+   directions. The lock (U_μ, α, θ_unl) is returned as the ``forget_lock`` artifact; the service applies
+   ``lock.project`` to later aggregated updates.
+
 4. **Adaptive strength** (strength.py, issue 11 item 1): the excision displacement E enters the model scaled,
    θ_unl = θ_p + s·E + Δ_rep, with Δ_rep the protected repair round's update (orthogonal to E, which is locked). The
    scale s is searched so that the forget R@1 of the published model lies in [T, T + band], T the level of version 1
@@ -172,15 +185,36 @@ class EaseConfig:
       the server projection (and the client penalty if α > 0) active ("in each unlearning round, the parameter
       displacement is projected onto the complement of the unique subspace", notes §4): they repair the retained
       alignment that excision disturbed without re-entering the locked directions (None epochs = the schedule's).
-    Offline leaving client (issue 11 item 6; client scope only):
-      ``leaving_client``: ``"online"`` (BKE and the strength probes run at the leaving client) or ``"offline"``
-      (the server-only fallback: the excision displacement is the leaving client's FedAvg-weighted share of the
-      stored updates, negated and taken off U_μ (the projection already removed that part), at the fixed
-      ``offline_scale`` — there are no forget pairs to probe a strength on —, then the same lock and
-      ``offline_repair_rounds`` protected repair rounds of the retained clients). Nothing of the leaving client is
-      needed beyond the updates the server already stores. Defaults chosen on the client scenario's seeds 0–1
-      (bench/ease.py, scale 1 with one round: forget gap 3.3 / 1.5 but retain −12.5 / −7.1 points; 0.5 with two:
-      gap 1.3 / 2.3, retain −2.5 / −1.8; seeds 2–4 were not looked at before the benchmark ran).
+    Memorisation deletions (issue 24 item 3, the membership scenario): a samples deletion *with* matched
+    non-members — its pairs are memorised rather than a concept, and the search targets the non-members' level —
+    runs BKE for ``memorisation_excision_steps`` at ``memorisation_excision_lr`` and ``memorisation_repair_rounds``
+    protected repair rounds instead of ``excision_steps`` / ``excision_lr`` / ``repair_rounds``. BKE's displacement
+    on memorised pairs is ~0.03 long (≈ 0.3 for a client's concept): 6 short steps give the search a direction too
+    weak to scale, and one repair round re-teaches part of what was excised. Chosen on the membership scenario's
+    tuning seeds 0, 1, 100–105 (none reported; bench/results/item3/membership_tuning_*.json): 20 steps at 0.03 with 3
+    rounds gave |forget R@1 − retrain| 3.24 against 7.12 for the general defaults, at retained drop 2.80 against
+    1.49, bytes 0.35 against 0.25 and critical path 0.69 against 0.32 of retrain's (retraining against itself 2.48).
+    The same settings on a samples deletion without non-members (no target: fixed scale) over-forget — on that
+    scenario's tuning seeds gap 10.94 against 5.21 (bench/results/item3/samples_tuning_*.json) — so they apply only
+    where the search has the non-members' level to stop at.
+    Client scope: where the excision comes from (issue 11 item 6, issue 24 item 3):
+      ``client_excision``: ``"stored_updates"`` (the default; the server-only path: the excision displacement is
+      the leaving client's FedAvg-weighted share of the stored updates, negated and taken off U_μ (the projection
+      already removed that part), at the fixed ``offline_scale`` — no forget pairs are probed —, then the same lock
+      and ``offline_repair_rounds`` protected repair rounds of the retained clients; nothing of the leaving client
+      is needed beyond the updates the server already stores) or ``"bke"`` (BKE at the leaving client and the
+      probe-controlled strength, steps 2 and 4: the method as the seed notes describe it; needs the client online).
+      The server path is the default because it lands closer to retraining with less damage and no client work:
+      on the client scenario's tuning seeds 0, 1, 100–105 (none reported) |forget R@1 − retrain| / retained drop
+      2.13 / 0.99 against BKE with probes 4.06 / 1.33 and BKE at scale 1 4.74 / 1.01 (retraining against itself
+      1.88; bench/results/item3/client_tuning_seeds.json). The reported seeds 2–11 and the fresh seeds 12–21 had
+      also been measured before this choice (0.92 / 0.84 and 2.54 / 0.83 against 3.46 / 0.98 and 5.00 / 2.83):
+      they agree with the tuning seeds but were seen, which the README says.
+      ``leaving_client``: a fact of the request, ``"online"`` or ``"offline"``; offline forces the server path
+      (and is refused for class and samples scope, whose holders' data is indispensable).
+      ``offline_scale`` / ``offline_repair_rounds``: the server path's scale and repair rounds, chosen on the client
+      scenario's seeds 0–1 (scale 1 with one round: forget gap 3.3 / 1.5 but retain −12.5 / −7.1 points; 0.5 with
+      two: gap 1.3 / 2.3, retain −2.5 / −1.8).
     """
 
     tau: float = 0.95
@@ -217,6 +251,10 @@ class EaseConfig:
     rescale_probes: int = 2
     repair_epochs: float | None = None
     lock_excision: bool = True
+    memorisation_excision_steps: int = 20
+    memorisation_excision_lr: float = 0.03
+    memorisation_repair_rounds: int = 3
+    client_excision: str = "stored_updates"
     leaving_client: str = "online"
     offline_scale: float = 0.5
     offline_repair_rounds: int = 2
@@ -256,10 +294,12 @@ class EaseConfig:
             raise ValueError("rescale_probes must be ≥ 1")
         if self.lock_alpha < 0:
             raise ValueError("lock_alpha must be ≥ 0")
-        if self.repair_rounds < 0:
-            raise ValueError("repair_rounds must be ≥ 0")
+        if self.repair_rounds < 0 or self.memorisation_repair_rounds < 0 or self.memorisation_excision_steps < 0:
+            raise ValueError("repair_rounds, memorisation_repair_rounds and memorisation_excision_steps must be ≥ 0")
         if self.leaving_client not in ("online", "offline"):
             raise ValueError("leaving_client must be online or offline")
+        if self.client_excision not in ("stored_updates", "bke"):
+            raise ValueError("client_excision must be stored_updates or bke")
         if self.offline_scale < 0 or self.offline_repair_rounds < 0:
             raise ValueError("offline_scale and offline_repair_rounds must be ≥ 0")
 
@@ -500,7 +540,7 @@ def excise(problem: FederatedProblem, cfg: EaseConfig, model: ClipLoRA, theta_p:
 
 
 def server_excision(problem: FederatedProblem, sub: Subspaces, off_retain: bool, ledger: Ledger):
-    """The offline leaving client's excision, computed by the server alone (EaseConfig ``leaving_client``): minus its
+    """The leaving client's excision computed by the server alone (EaseConfig ``client_excision``): minus its
     FedAvg-weighted share of the stored updates (``forget_contribution``), with the part along U_μ taken off (the GSD
     projection removed the whole displacement there already). No bytes move; the server's CPU is counted."""
     with cpu_timer() as t:
@@ -511,7 +551,7 @@ def server_excision(problem: FederatedProblem, sub: Subspaces, off_retain: bool,
             if u.shape[1]:
                 excision = excision - u @ (u.T @ excision)
     ledger.stage("server excision (stored updates)", {"server": t[0]})
-    info = [{"client": int(problem.forget_client), "source": "stored updates (leaving client offline)",  # type: ignore[arg-type]
+    info = [{"client": int(problem.forget_client), "source": "stored updates (server only)",  # type: ignore[arg-type]
              "displacement_norm": float(torch.linalg.norm(excision)), "pair_grads": 0}]  # fmt: skip
     return excision.float(), info
 
@@ -539,6 +579,23 @@ class Ease:
     def __init__(self, config: EaseConfig | None = None):
         self.config = config or EaseConfig()
 
+    def memorisation(self, problem: FederatedProblem) -> bool:
+        """A samples deletion with matched non-members: EaseConfig's memorisation settings apply."""
+        return problem.scope == "samples" and _nonmembers(problem) is not None
+
+    def for_problem(self, problem: FederatedProblem) -> EaseConfig:
+        """The settings this deletion runs with: the memorisation ones replace BKE's steps and learning rate and the
+        repair rounds for a memorisation deletion (EaseConfig), the configuration as given otherwise."""
+        cfg = self.config
+        if not self.memorisation(problem):
+            return cfg
+        return dataclasses.replace(
+            cfg,
+            excision_steps=cfg.memorisation_excision_steps,
+            excision_lr=cfg.memorisation_excision_lr,
+            repair_rounds=cfg.memorisation_repair_rounds,
+        )
+
     def _no_target(self, problem: FederatedProblem) -> bool:
         """A samples deletion without matched non-members has no level to search towards under ``target="auto"``:
         the version-1 level does not predict retraining's there (module docstring, NO_TARGET_REASON), so the
@@ -560,20 +617,21 @@ class Ease:
         out["target_r1"] = max(v for v in (out["reference_r1"], out["nonmember_r1"]) if v is not None)
         return out
 
-    def offline(self, problem: FederatedProblem) -> bool:
-        """The server-only fallback (``leaving_client="offline"``); refused where holders' data is indispensable."""
-        if self.config.leaving_client != "offline":
-            return False
-        if problem.scope != "client":
+    def server_only(self, problem: FederatedProblem) -> bool:
+        """The server-only path: a client deletion with ``client_excision="stored_updates"`` (the default) or a
+        leaving client that is offline; an offline holder is refused where holders' data is indispensable."""
+        if self.config.leaving_client == "offline" and problem.scope != "client":
             raise ValueError(
                 "leaving_client 'offline' is for client scope only: a class or samples deletion needs the holders of "
                 "the forget pairs (their updates mix forget and retained pairs); use fed_retrain"
             )
-        return True
+        return problem.scope == "client" and (
+            self.config.leaving_client == "offline" or self.config.client_excision == "stored_updates"
+        )
 
     def line(self, problem: FederatedProblem, ledger: Ledger) -> ExcisionLine:
         """GSD, BKE and the protected repair round: the line θ_p + s·E + Δ_rep the strength is chosen on."""
-        cfg = self.config
+        cfg = self.for_problem(problem)
         model = problem.get_model()
         problem.progress(0.0, "GSD: decomposing update subspaces")
         sub = decompose(problem, cfg, model, ledger)
@@ -588,8 +646,8 @@ class Ease:
             basis, mode = sub.u_mu, "onto"
         elif cfg.excision_subspace == "off_retain":
             basis, mode = sub.q_r, "off"
-        offline = self.offline(problem)
-        if offline:
+        server = self.server_only(problem)
+        if server:
             excision, bke_info = server_excision(problem, sub, cfg.excision_subspace == "off_retain", ledger)
         else:
             excision, bke_info = excise(problem, cfg, model, theta_p, basis, mode, ledger)
@@ -602,10 +660,10 @@ class Ease:
         lock = merge_locks(problem.forget_lock, ForgetLock(lock_basis.float(), cfg.lock_alpha, theta_p.clone()))
 
         # the protected repair round, at the scale the fixed strength (or the search's first probe) uses
-        scale0 = cfg.offline_scale if offline else cfg.excision_scale
+        scale0 = cfg.offline_scale if server else cfg.excision_scale
         if cfg.excision_norm is not None:
             scale0 = cfg.excision_norm / e_norm if e_norm > 0 else 0.0
-        repair = self.repair(problem, theta_p, excision, lock, scale0, ledger, offline)
+        repair = self.repair(problem, theta_p, excision, lock, scale0, ledger, server)
         return ExcisionLine(theta_p, excision, repair, scale0, lock, sub, bke_info)
 
     def repair(
@@ -625,7 +683,7 @@ class Ease:
         theta_r = theta_p + scale * excision
         retained = problem.retained_clients()
         anchor = ForgetLock(lock.basis, lock.alpha, theta_r.clone())
-        rounds = cfg.offline_repair_rounds if offline else cfg.repair_rounds
+        rounds = cfg.offline_repair_rounds if offline else self.for_problem(problem).repair_rounds
         for r in range(rounds):
             res = problem.run_round(
                 theta_r,
@@ -653,8 +711,13 @@ class Ease:
         e_norm = float(torch.linalg.norm(excision))
 
         strength: dict[str, Any] = {"mode": cfg.strength, "excision_norm_unit": e_norm}
-        if self.offline(problem):
-            strength.update({"mode": "offline", "reason": "the leaving client is offline: no forget pairs to probe"})
+        if self.server_only(problem):
+            why = (
+                "the leaving client is offline"
+                if cfg.leaving_client == "offline"
+                else "client scope: the excision is the leaving client's stored share (client_excision)"
+            )
+            strength.update({"mode": "stored_updates", "reason": f"{why}: no forget pairs are probed"})
         elif cfg.strength == "adaptive" and self._no_target(problem):
             strength.update({"mode": "fixed", "reason": NO_TARGET_REASON})
         if strength["mode"] == "adaptive" and e_norm > 0:
@@ -696,10 +759,15 @@ class Ease:
         lock = ForgetLock(lock.basis, cfg.lock_alpha, theta_unl.clone())
         seconds = time.perf_counter() - start
         n_retained = len(problem.retained_clients())
+        run, server = self.for_problem(problem), self.server_only(problem)
         info = {
             "method": "ease",
             "scope": problem.scope,
             "leaving_client": cfg.leaving_client,
+            "client_excision": "stored_updates" if server else "bke",
+            "memorisation": self.memorisation(problem),  # the memorisation settings ran (EaseConfig)
+            "excision_steps": 0 if server else run.excision_steps,
+            "repair_rounds": run.offline_repair_rounds if server else run.repair_rounds,
             "gsd": line.subspaces.info,
             "bke": line.bke,
             "strength": strength,
