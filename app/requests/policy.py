@@ -20,8 +20,9 @@ from app.registry.settings import METHOD_SETTINGS
 
 REQUEST_SETTINGS: dict[str, frozenset[str]] = {"ease": frozenset({"leaving_client"})}
 """Method name → the settings keys a deletion request may set. None by default (``auto`` too); EASE's
-``leaving_client`` ("offline": the server-only path, issue 11 item 6) is a fact about this request — whether the
-leaving client can take part — not a tuning of the method."""
+``leaving_client`` ("offline": the server-only path, issue 11 item 6 — already the client-scope default, so it only
+matters for a model registered with ``client_excision="bke"``) is a fact about this request — whether the leaving
+client can take part — not a tuning of the method."""
 
 
 def check_request_settings(method: str, settings: dict[str, Any]) -> None:
