@@ -269,3 +269,18 @@ def test_repair_round_is_rerun_at_a_scale_far_from_its_own(monkeypatch):
     assert calls == [1.0] and "rescaled" not in off.info["strength"]
     assert torch.allclose(off.theta, line.at(3.0), atol=1e-6)
     assert off.info["client_round_trips"] < info["client_round_trips"]
+
+
+def test_a_class_deletion_projects_off_the_whole_forget_subspace():
+    """EaseConfig ``class_gsd="whole"``: a class deletion projects off all of U_f (its gradients share directions
+    with the retained pairs', so the exclusive part left most of the class to the scaled excision); other scopes keep
+    ``gsd`` (the retain-exclusive part)."""
+    demo = tiny_demo()
+    ease = get_method("ease").build(FAST)
+    info = ease.unlearn(demo.problem("class")).info
+    assert info["gsd_projection"] == "whole"
+    assert info["gsd"]["rank_exclusive"] == info["gsd"]["rank_forget"] > 0
+    samples = ease.unlearn(demo.problem("samples")).info
+    assert samples["gsd_projection"] == "exclusive"
+    asked = get_method("ease").build({**FAST, "class_gsd": "exclusive"}).unlearn(demo.problem("class")).info
+    assert asked["gsd_projection"] == "exclusive" and asked["gsd"]["rank_exclusive"] <= asked["gsd"]["rank_forget"]
