@@ -115,9 +115,9 @@ subset held an erased pair is retrained on what remains — a full federated tra
 data, needing the clients' data."""
 
 ABLATIONS: dict[str, dict[str, Any]] = {
-    "ease_gsd_whole": {"gsd": "whole", "class_gsd": "whole"},
-    "ease_gsd_exclusive": {"gsd": "exclusive", "class_gsd": "exclusive"},
-    "ease_no_gsd": {"gsd": "none", "class_gsd": "none"},
+    "ease_gsd_whole": {"gsd": "whole", "replay_gsd": "whole"},
+    "ease_gsd_exclusive": {"gsd": "exclusive", "replay_gsd": "exclusive"},
+    "ease_no_gsd": {"gsd": "none", "replay_gsd": "none"},
     "ease_no_excision": {"excision_steps": 0},
 }
 BKE = {"client_excision": "bke"}

@@ -193,7 +193,7 @@ class EaseSettings(_Settings):
     rescale_probes: int = Field(2, ge=1, le=32)
     repair_epochs: float | None = Field(None, gt=0, le=1000)
     lock_excision: bool = True
-    class_gsd: Literal["exclusive", "whole", "none"] = "whole"
+    replay_gsd: Literal["exclusive", "whole", "none"] = "whole"
     memorisation_excision_steps: int = Field(20, ge=0, le=100_000)
     memorisation_excision_lr: Rate = 0.03
     memorisation_repair_rounds: int = Field(3, ge=0, le=1000)

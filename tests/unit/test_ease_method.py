@@ -271,16 +271,17 @@ def test_repair_round_is_rerun_at_a_scale_far_from_its_own(monkeypatch):
     assert off.info["client_round_trips"] < info["client_round_trips"]
 
 
-def test_a_class_deletion_projects_off_the_whole_forget_subspace():
-    """EaseConfig ``class_gsd="whole"``: a class deletion projects off all of U_f (its gradients share directions
-    with the retained pairs', so the exclusive part left most of the class to the scaled excision); other scopes keep
-    ``gsd`` (the retain-exclusive part)."""
+def test_a_class_or_samples_deletion_projects_off_the_whole_forget_subspace():
+    """EaseConfig ``replay_gsd="whole"``: a class deletion and a samples deletion without matched non-members project
+    off all of U_f (a class's gradients share directions with the retained pairs', so the exclusive part left most of
+    it to the scaled excision); client scope and memorisation deletions keep ``gsd`` (the retain-exclusive part)."""
     demo = tiny_demo()
-    ease = get_method("ease").build(FAST)
-    info = ease.unlearn(demo.problem("class")).info
-    assert info["gsd_projection"] == "whole"
-    assert info["gsd"]["rank_exclusive"] == info["gsd"]["rank_forget"] > 0
-    samples = ease.unlearn(demo.problem("samples")).info
-    assert samples["gsd_projection"] == "exclusive"
-    asked = get_method("ease").build({**FAST, "class_gsd": "exclusive"}).unlearn(demo.problem("class")).info
+    ease = get_method("ease").build({**FAST, "memorisation_excision_steps": 2, "max_probes": 1})
+    for scope in ("class", "samples"):
+        info = ease.unlearn(demo.problem(scope)).info
+        assert info["gsd_projection"] == "whole", scope
+        assert info["gsd"]["rank_exclusive"] == info["gsd"]["rank_forget"] > 0, scope
+    for problem in (demo.problem("client"), demo.problem("samples", nonmembers=demo.data.test)):
+        assert ease.unlearn(problem).info["gsd_projection"] == "exclusive", problem.scope
+    asked = get_method("ease").build({**FAST, "replay_gsd": "exclusive"}).unlearn(demo.problem("class")).info
     assert asked["gsd_projection"] == "exclusive" and asked["gsd"]["rank_exclusive"] <= asked["gsd"]["rank_forget"]

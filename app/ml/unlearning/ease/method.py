@@ -185,15 +185,16 @@ class EaseConfig:
       the server projection (and the client penalty if α > 0) active ("in each unlearning round, the parameter
       displacement is projected onto the complement of the unique subspace", notes §4): they repair the retained
       alignment that excision disturbed without re-entering the locked directions (None epochs = the schedule's).
-    Class deletions (issue 24 item 3, the class scenario's utility):
-      ``class_gsd``: the GSD projection of a class deletion (``gsd``'s values; ``gsd`` applies to the other
-      scopes). ``"whole"`` projects off the whole forget subspace U_f, not only its retain-exclusive part: a class's
-      gradients share directions with the retained pairs', so the exclusive part leaves most of the class to the
-      excision, which the search must then scale up — and the scaled excision is what costs the retained R@1 (r = 0.98
-      between scale and drop in issue 24). Chosen on the class scenario's tuning seeds 0, 1, 100–105 (none reported;
-      bench/results/item3/class_tuning_*.json): |forget R@1 − retrain| 10.01 → 5.50, retained drop 7.63 → 5.48 at
-      the same bytes (0.20); the projection takes 4–6 directions instead of 3–5 and the searched scale falls from
-      1.98 to 1.38 on average.
+    Class and samples deletions (issue 24 item 3: the class scenario's utility, the samples scenario's gap):
+      ``replay_gsd``: the GSD projection of a class deletion and of a samples deletion without matched non-members
+      (``gsd``'s values; ``gsd`` applies to client scope and to memorisation deletions). ``"whole"`` projects off the
+      whole forget subspace U_f, not only its retain-exclusive part: a class's gradients share directions with the
+      retained pairs', so the exclusive part leaves most of the class to the excision, which the search must then
+      scale up — and the scaled excision is what costs the retained R@1 (r = 0.98 between scale and drop in issue
+      24). Chosen on tuning seeds 0, 1, 100–105 (none reported; bench/results/item3/*_tuning_*.json): class
+      |forget R@1 − retrain| 10.01 → 5.50, retained drop 7.63 → 5.48 at the same bytes (the projection takes 4–6
+      directions instead of 3–5, the searched scale falls from 1.98 to 1.38 on average); samples (fixed scale)
+      5.21 → 3.02, drop 2.83 → 2.99 (retraining against itself 3.54).
     Memorisation deletions (issue 24 item 3, the membership scenario): a samples deletion *with* matched
     non-members — its pairs are memorised rather than a concept, and the search targets the non-members' level —
     runs BKE for ``memorisation_excision_steps`` at ``memorisation_excision_lr`` and ``memorisation_repair_rounds``
@@ -260,7 +261,7 @@ class EaseConfig:
     rescale_probes: int = 2
     repair_epochs: float | None = None
     lock_excision: bool = True
-    class_gsd: str = "whole"
+    replay_gsd: str = "whole"
     memorisation_excision_steps: int = 20
     memorisation_excision_lr: float = 0.03
     memorisation_repair_rounds: int = 3
@@ -275,7 +276,7 @@ class EaseConfig:
             raise ValueError("tau and tau_retain must be in (0, 1]")
         if not 0 <= self.delta_deg <= 90:
             raise ValueError("delta_deg must be in [0, 90]")
-        for name in ("gsd", "class_gsd"):
+        for name in ("gsd", "replay_gsd"):
             if getattr(self, name) not in ("exclusive", "whole", "none"):
                 raise ValueError(f"{name} must be exclusive, whole or none, not {getattr(self, name)!r}")
         if self.gsd_blocks not in ("tensor", "flat"):
@@ -595,12 +596,12 @@ class Ease:
         return problem.scope == "samples" and _nonmembers(problem) is not None
 
     def for_problem(self, problem: FederatedProblem) -> EaseConfig:
-        """The settings this deletion runs with: ``class_gsd`` replaces ``gsd`` for a class deletion; the memorisation
-        ones replace BKE's steps and learning rate and the repair rounds for a memorisation deletion (EaseConfig);
-        the configuration as given otherwise."""
+        """The settings this deletion runs with (EaseConfig): ``replay_gsd`` replaces ``gsd`` for a class deletion and
+        a samples deletion without matched non-members; the memorisation ones replace BKE's steps and learning rate
+        and the repair rounds for a memorisation deletion; the configuration as given otherwise (client scope)."""
         cfg = self.config
-        if problem.scope == "class":
-            return dataclasses.replace(cfg, gsd=cfg.class_gsd)
+        if problem.scope == "class" or (problem.scope == "samples" and not self.memorisation(problem)):
+            return dataclasses.replace(cfg, gsd=cfg.replay_gsd)
         if not self.memorisation(problem):
             return cfg
         return dataclasses.replace(
@@ -780,7 +781,7 @@ class Ease:
             "leaving_client": cfg.leaving_client,
             "client_excision": "stored_updates" if server else "bke",
             "memorisation": self.memorisation(problem),  # the memorisation settings ran (EaseConfig)
-            "gsd_projection": run.gsd,  # class_gsd for a class deletion, gsd otherwise
+            "gsd_projection": run.gsd,  # replay_gsd or gsd (for_problem)
             "excision_steps": 0 if server else run.excision_steps,
             "repair_rounds": run.offline_repair_rounds if server else run.repair_rounds,
             "gsd": line.subspaces.info,
