@@ -194,7 +194,9 @@ class EaseConfig:
       24). Chosen on tuning seeds 0, 1, 100–105 (none reported; bench/results/item3/*_tuning_*.json): class
       |forget R@1 − retrain| 10.01 → 5.50, retained drop 7.63 → 5.48 at the same bytes (the projection takes 4–6
       directions instead of 3–5, the searched scale falls from 1.98 to 1.38 on average); samples (fixed scale)
-      5.21 → 3.02, drop 2.83 → 2.99 (retraining against itself 3.54).
+      5.21 → 3.02, drop 2.83 → 2.99 (retraining against itself 3.54). Not confirmed on the reported seeds 2–11
+      (bench/results/ease.json, stop 39): class 8.29 / 4.61 against 6.16 / 5.80 with the exclusive projection (the
+      trade-off moved), samples 6.83 / 2.53 against 6.92 / 2.45; kept, as chosen on the tuning seeds.
     Memorisation deletions (issue 24 item 3, the membership scenario): a samples deletion *with* matched
     non-members — its pairs are memorised rather than a concept, and the search targets the non-members' level —
     runs BKE for ``memorisation_excision_steps`` at ``memorisation_excision_lr`` and ``memorisation_repair_rounds``
