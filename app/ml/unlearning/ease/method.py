@@ -696,11 +696,11 @@ class Ease:
     ) -> torch.Tensor:
         """Δ_rep: the protected repair round(s) of the retained clients from θ_p + s·E (notes §4, "in each unlearning
         round, the parameter displacement is projected onto the complement of the unique subspace")."""
-        cfg = self.config
+        cfg = self.for_problem(problem)
         theta_r = theta_p + scale * excision
         retained = problem.retained_clients()
         anchor = ForgetLock(lock.basis, lock.alpha, theta_r.clone())
-        rounds = cfg.offline_repair_rounds if offline else self.for_problem(problem).repair_rounds
+        rounds = cfg.offline_repair_rounds if offline else cfg.repair_rounds
         for r in range(rounds):
             res = problem.run_round(
                 theta_r,
