@@ -285,3 +285,65 @@ def test_a_class_or_samples_deletion_projects_off_the_whole_forget_subspace():
         assert ease.unlearn(problem).info["gsd_projection"] == "exclusive", problem.scope
     asked = get_method("ease").build({**FAST, "replay_gsd": "exclusive"}).unlearn(demo.problem("class")).info
     assert asked["gsd_projection"] == "exclusive" and asked["gsd"]["rank_exclusive"] <= asked["gsd"]["rank_forget"]
+
+
+def test_a_local_update_replays_its_round_bit_for_bit_and_drops_only_the_marked_pairs():
+    """Federation.local_update: at the rebuilt θ_t with round index t a holder's stored update comes back exactly
+    (the replayed share uses the stored update as the 'with' side); ``drop`` with nothing marked changes nothing, and
+    with the forget pairs marked it trains on the same batches without them (a different update)."""
+    from app.ml.federation import Federation, trajectory
+
+    problem = tiny_demo().problem("class")
+    fed = Federation(problem.get_model(), problem.clients, problem.fed_settings)
+    thetas = trajectory(problem.theta_init, problem.full_history(), problem.weights)
+    k = problem.holders()[0]
+    for r in range(int(problem.n_rounds)):
+        stored = problem.client_history(k)[r]
+        assert torch.equal(fed.local_update(thetas[r], k, round_index=r), stored)
+        nothing = torch.zeros(len(problem.clients[k]), dtype=torch.bool)
+        assert torch.equal(fed.local_update(thetas[r], k, round_index=r, drop=nothing), stored)
+        without = fed.local_update(thetas[r], k, round_index=r, drop=torch.as_tensor(problem.forget_masks[k]))
+        assert float((without - stored).norm()) > 1e-3 * float(stored.norm())
+
+
+def test_the_replayed_share_is_the_stored_updates_minus_the_counterfactual_without_the_forget_pairs():
+    """share.py: Σ_k Σ_t (w_k / Σ_present w)(Δ_k,t − Δ_k,t(drop)), every round replayed (or R / points of them);
+    ``holder_excision="replayed_share"`` takes minus it, off U_μ, instead of running BKE."""
+    from app.ml.federation import Federation, trajectory
+    from app.ml.federation.accounting import Ledger
+    from app.ml.unlearning.ease.method import Ease
+    from app.ml.unlearning.ease.share import replayed_share, share_rounds
+
+    problem = tiny_demo().problem("class")
+    model = problem.get_model()
+    fed = Federation(model, problem.clients, problem.fed_settings)
+    thetas = trajectory(problem.theta_init, problem.full_history(), problem.weights)
+    w = problem.weights
+    expected = torch.zeros(problem.theta.numel(), dtype=torch.float64)
+    for k in problem.holders():
+        for r in range(int(problem.n_rounds)):
+            drop = torch.as_tensor(problem.forget_masks[k])
+            d = problem.client_history(k)[r] - fed.local_update(thetas[r], k, round_index=r, drop=drop)
+            expected += float(w[k] / w.sum()) * d.double()
+    share, info = replayed_share(problem, model, None, Ledger())
+    assert float(expected.norm()) > 0 and torch.allclose(share, expected, atol=1e-6 * float(expected.norm()))
+    assert [i["client"] for i in info] == problem.holders()
+    assert share_rounds(20, 2) == [0, 19] and share_rounds(3, None) == [0, 1, 2] and share_rounds(3, 5) == [0, 1, 2]
+    one, _ = replayed_share(problem, model, 1, Ledger())  # round 0 alone, standing for both rounds
+    first = torch.zeros_like(expected)
+    for k in problem.holders():
+        drop = torch.as_tensor(problem.forget_masks[k])
+        d = problem.client_history(k)[0] - fed.local_update(thetas[0], k, round_index=0, drop=drop)
+        first += 2 * float(w[k] / w.sum()) * d.double()
+    assert torch.allclose(one, first, atol=1e-6 * float(first.norm()))
+
+    ease = Ease(EaseConfig(**FAST, holder_excision="replayed_share"))
+    line = ease.line(problem, Ledger())
+    u = line.subspaces.u_mu.double()
+    assert torch.allclose(line.excision.double(), -(share - u @ (u.T @ share)), atol=1e-5 * float(share.norm()))
+    assert line.bke[0]["source"] == "replayed share"
+    info = ease.unlearn(problem).info
+    assert info["holder_excision"] == "replayed_share" and info["excision_steps"] == 0
+    assert not any("BKE" in item for item in info["bytes_by_item"]["up"])
+    with pytest.raises(ValueError, match="holder_excision"):
+        EaseConfig(holder_excision="retrain")

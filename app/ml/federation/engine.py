@@ -154,11 +154,15 @@ class Federation:
         epochs: float | None = None,
         penalty: Penalty | None = None,
         loss_sign: float = 1.0,
+        drop: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Client k's local training from the broadcast θ; returns Δ_k = θ_local − θ.
 
         Adam, reset every round (no optimiser state leaves the client); data order seeded by (seed, round, k).
-        ``loss_sign=-1`` turns it into gradient ascent (used by baselines).
+        ``loss_sign=-1`` turns it into gradient ascent (used by baselines). ``drop`` (a mask over client k's pairs):
+        the counterfactual update without those pairs — the same data order and batches with the marked pairs left
+        out of each (a batch left with fewer than two pairs skips its step), so that ``Δ − Δ(drop)`` is the marked
+        pairs' share of the update rather than the noise of another order (EASE's replayed share).
         """
         data = self.clients[k]
         if len(data) == 0:
@@ -177,6 +181,10 @@ class Federation:
                 order, pos = torch.randperm(len(data), generator=gen), 0
             idx = order[pos : pos + bs]
             pos += bs
+            if drop is not None:
+                idx = idx[~drop[idx]]
+                if len(idx) < 2:
+                    continue
             img, txt, scale = m.encode(data.images[idx], self._tokens[k][idx])
             self.pair_grads += len(idx)
             loss = loss_sign * clip_loss(img, txt, scale, self._labels[k][idx])
