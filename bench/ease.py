@@ -36,6 +36,12 @@ batch of ``BATCH`` deletions (the shadows replaced once per batch); client round
 part, one after another), without and with the shadows' rounds. The shadows' cost is derived from the measured
 retrain, not run. Summaries: mean over seeds, 95 % interval (Student t), worst seed.
 
+Where the forget gap comes from (``target_level``): the level EASE's control aims at (version 1's; for membership
+the non-members' when higher) is measured on the held-out pairs too, and the gap is reported in two parts —
+``target_floor_pts`` = |target − retrain| (what a control that hit its target exactly would still miss by: the target
+predicts retraining's level only so well) and ``control_transfer_pts`` = |EASE − target| (what the control adds: it
+measures 40 % of the pairs against the other gallery half).
+
 Results: bench/results/ease.json (``--quick``: ease_quick.json) with a ``summary`` keyed by scenario, holding the
 ``ease`` and ``ease_fixed`` rows and ``retrain_noise_pts``; ``aims`` per scenario and row.
 """
@@ -216,6 +222,23 @@ def add_costs(rows: dict[str, dict[str, Any]], plan: dict[str, Any], rounds: int
     rows["retrain"]["verification"] = {**plan, **{k: round(v, 3) for k, v in verify.items()}, "batch": BATCH}
 
 
+def target_level(
+    demo: DemoFederation, problem: FederatedProblem, scenario: str, model: ClipLoRA, gallery: CaptionDataset
+) -> dict[str, Any]:
+    """The level EASE's strength control aims at (method.py step 4: version 1's, and for a membership deletion the
+    matched non-members' under the current model when higher), measured like every row: on the held-out forget pairs
+    (the non-members' evaluation half) against the evaluation gallery. |target − retrain| is the forget gap of a
+    control that hit its target exactly on pairs it never saw — the floor that target puts under the gap; |EASE −
+    target| is what the control adds (the probe split's level does not carry over exactly to the held-out pairs)."""
+    version_1 = evaluate(model, problem.theta_init, problem, gallery)["forget_r1"]
+    out: dict[str, Any] = {"version_1_r1": version_1, "nonmember_r1": None, "r1": version_1}
+    if scenario == "membership" and demo.data.heldout is not None:
+        model.set_theta(problem.theta)
+        nonmember = round(evaluate_retrieval(model, split_reference(demo.data.heldout)[1], gallery).mean_r1, 2)
+        out.update({"nonmember_r1": nonmember, "r1": max(version_1, nonmember)})
+    return out
+
+
 def run_method(name: str, settings: dict[str, Any], problem: FederatedProblem) -> tuple[UnlearningResult, float]:
     """Run one method; returns its result and its CPU seconds (this process, one thread: every party's work)."""
     cpu = time.process_time()
@@ -352,6 +375,7 @@ def run_scenario(
     add_costs(rows, verification_plan(problem), rounds)
     base = rows["retrain"]
     ease = rows["ease"]
+    target = target_level(demo, problem, scenario, model, gallery)
     summary = {
         "original_forget_gap_pts": round(gap, 2),
         "forget_r1_gap_pts": round(abs(ease["forget_r1"] - base["forget_r1"]), 2),
@@ -369,8 +393,16 @@ def run_scenario(
         "in_band": ease["info"]["strength"].get("in_band"),
         "scale": ease["info"]["strength"].get("scale"),
         "probes": len(ease["info"]["strength"].get("probes", [])),
+        # the forget gap split in two (target_level): the target's own miss, and EASE's miss of the target
+        "target_heldout_r1": target["r1"],
+        "target_floor_pts": round(abs(target["r1"] - base["forget_r1"]), 2),
+        "control_transfer_pts": round(abs(ease["forget_r1"] - target["r1"]), 2),
     }
-    out: dict[str, Any] = {"methods": rows, "summary": summary}
+    out: dict[str, Any] = {"methods": rows, "summary": summary, "target": target}
+    log(
+        f"[{scenario}] target on the held-out pairs {target['r1']:.1f} (version 1 {target['version_1_r1']:.1f}): "
+        f"|target − retrain| {summary['target_floor_pts']:.1f}, |EASE − target| {summary['control_transfer_pts']:.1f}"
+    )
 
     if scenario == "client" and sizes.relearn_rounds > 0:
         lock = ForgetLock.from_bytes(results["ease"].artifacts["forget_lock"])
@@ -431,6 +463,8 @@ SUMMARY_KEYS = (
     "retrain_noise_pts",
     "retrain_noise_retain_pts",
     "n_forget_heldout",
+    "target_floor_pts",
+    "control_transfer_pts",
 )
 
 
@@ -581,7 +615,9 @@ def print_table(report: dict[str, Any]) -> None:
         print(
             f"-- {scenario} ({s['seeds']} seeds {s['seed_list']}, {in_band(s)}; retrain noise "
             f"forget {s.get('retrain_noise_pts', float('nan')):.2f} retain {s.get('retrain_noise_retain_pts', 0):.2f}"
-            f"; original − retrain {s.get('original_forget_gap_pts', float('nan')):.2f})"
+            f"; original − retrain {s.get('original_forget_gap_pts', float('nan')):.2f}"
+            f"; |target − retrain| {s.get('target_floor_pts', float('nan')):.2f}"
+            f", |EASE − target| {s.get('control_transfer_pts', float('nan')):.2f})"
         )
         print("   " + " ".join(f"{name:>9s}" for _, name in cols) + "  method")
         for label, row in s.get("methods", {}).items():
@@ -606,14 +642,16 @@ def markdown_table(report: dict[str, Any]) -> str:
         return f"{s[key]:.{digits}f} [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]" if ci else f"{s[key]:.{digits}f}"
 
     head = (
-        "| scenario | seeds | original − retrain | \\|EASE − retrain\\| forget R@1 | worst seed | retain drop "
+        "| scenario | seeds | original − retrain | \\|EASE − retrain\\| forget R@1 | worst seed "
+        "| \\|target − retrain\\| | \\|EASE − target\\| | retain drop "
         "| bytes ÷ retrain | critical path ÷ retrain | compute ÷ retrain | in band |"
     )
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for scenario, s in report["summary"].items():
         lines.append(
             f"| {scenario} | {s['seeds']} | {cell(s, 'original_forget_gap_pts', 1)} | {cell(s, 'forget_r1_gap_pts')} "
             f"| {s['forget_r1_gap_worst_pts']:.2f} (seed {s['forget_r1_gap_worst_seed']}) "
+            f"| {cell(s, 'target_floor_pts')} | {cell(s, 'control_transfer_pts')} "
             f"| {cell(s, 'retain_r1_drop_pts')} | {cell(s, 'bytes_ratio', 3)} | {cell(s, 'critical_path_ratio', 3)} "
             f"| {cell(s, 'time_ratio', 3)} | {in_band(s)} |"
         )

@@ -76,3 +76,25 @@ def test_seeds_that_did_not_search_are_not_counted_out_of_band():
     summary = merge([fixed, _part("client", [0, 1], 1.0)])["summary"]
     assert in_band(summary["samples"]) == "no search (fixed scale)"
     assert in_band(summary["client"]) == "2/2 in band"
+
+
+def test_the_target_level_is_measured_like_every_row_on_the_held_out_pairs():
+    """bench.ease.target_level: version 1's forget R@1 on the held-out pairs against the evaluation gallery (what
+    |target − retrain|, the floor the target puts under the gap, is computed from); for membership the non-members'
+    evaluation half under the current model where it is higher."""
+    import dataclasses
+
+    from bench.ease import evaluate, scenario_problem, target_level
+    from tests.unit.clip_helpers import tiny_demo
+
+    demo = tiny_demo()
+    problem, gallery = scenario_problem(demo, "class")
+    model = problem.get_model()
+    target = target_level(demo, problem, "class", model, gallery)
+    assert target["r1"] == target["version_1_r1"] == evaluate(model, problem.theta_init, problem, gallery)["forget_r1"]
+    assert target["nonmember_r1"] is None
+    # membership: the non-members' level under the current model counts where it is higher (here: the test pairs,
+    # which the tiny federation's model retrieves better than its LoRA initialisation does)
+    with_heldout = dataclasses.replace(demo, data=dataclasses.replace(demo.data, heldout=demo.data.test))
+    member = target_level(with_heldout, problem, "membership", model, gallery)
+    assert member["nonmember_r1"] is not None and member["r1"] == max(member["version_1_r1"], member["nonmember_r1"])
