@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -337,6 +339,22 @@ def test_the_replayed_share_is_the_stored_updates_minus_the_counterfactual_witho
         first += 2 * float(w[k] / w.sum()) * d.double()
     assert torch.allclose(one, first, atol=1e-6 * float(first.norm()))
 
+    # a client absent from a round: its weight leaves that round's FedAvg denominator (and the rebuilt θ_t)
+    history = problem.full_history().clone()
+    absent = next(j for j in range(problem.n_clients) if j not in problem.holders())
+    history[1, absent] = 0
+    gappy = dataclasses.replace(problem, history=history)
+    thetas = trajectory(gappy.theta_init, history, w)
+    expected = torch.zeros_like(expected)
+    for k in gappy.holders():
+        drop = torch.as_tensor(gappy.forget_masks[k])
+        for r in range(int(gappy.n_rounds)):
+            present = [j for j in range(gappy.n_clients) if not (r == 1 and j == absent)]
+            d = fed.local_update(thetas[r], k, round_index=r) - fed.local_update(thetas[r], k, round_index=r, drop=drop)
+            expected += float(w[k] / w[present].sum()) * d.double()
+    share_gappy, _ = replayed_share(gappy, model, None, Ledger())
+    assert torch.allclose(share_gappy, expected, atol=1e-6 * float(expected.norm()))
+
     ease = Ease(EaseConfig(**FAST, holder_excision="replayed_share"))
     line = ease.line(problem, Ledger())
     u = line.subspaces.u_mu.double()
@@ -347,3 +365,8 @@ def test_the_replayed_share_is_the_stored_updates_minus_the_counterfactual_witho
     assert not any("BKE" in item for item in info["bytes_by_item"]["up"])
     with pytest.raises(ValueError, match="holder_excision"):
         EaseConfig(holder_excision="retrain")
+    # client scope never takes it: BKE at the leaving client (client_excision="bke") or the stored share
+    bke = Ease(EaseConfig(**FAST, holder_excision="replayed_share", client_excision="bke", max_probes=1))
+    client = bke.unlearn(tiny_demo().problem("client")).info
+    assert client["holder_excision"] is None and client["bke"][0]["pair_grads"] > 0
+    assert not any("replayed share" in item for item in client["bytes_by_item"]["down"])

@@ -225,13 +225,15 @@ class EaseConfig:
       they agree with the tuning seeds but were seen, which the README says.
       ``holder_excision`` (class and samples scope): ``"bke"`` (the default) or ``"replayed_share"`` — the class
       analogue of the stored share: minus the holders' replayed share of the forget pairs (share.py: each holder's
-      stored update minus its same-batch rerun without the forget pairs, FedAvg-weighted, over every round or
-      ``share_points`` evenly spaced ones), off U_μ, then the same strength control and repair. Measured on the class
-      scenario's tuning seeds 0, 1, 100–102 (stopped there; bench/results/item3/class_tuning_replayed_share.json):
-      |forget R@1 − retrain| / retained drop 9.17 / 20.40 against BKE's 5.85 / 5.51 on the same machine, at bytes
-      0.46 and critical path 0.98 of retrain's (every round replayed) — taking the class's first-order share off
-      destroys retained alignment learned through the class pairs (retained R@1 57.5–68.0 at scale 1 after the
-      repair round against retrain's 75–82; 23.8 on seed 1 after the search), so it is a setting, not the default.
+      round-t training rerun at the rebuilt θ_t, minus the same batches without the forget pairs, FedAvg-weighted,
+      over every round or ``share_points`` evenly spaced ones), off U_μ, then the same strength control and repair.
+      Measured on the class scenario's tuning seeds 0, 1, 100–102 (stopped there;
+      bench/results/item3/class_tuning_replayed_share.json): |forget R@1 − retrain| / retained drop 9.17 / 20.40
+      against BKE's 5.28 / 5.06 on the same seeds and machine, at bytes 0.46 and critical path 0.98 of retrain's
+      (every round replayed; that run read the stored update for the first side, so the holders' compute now
+      doubles) — taking the class's first-order share off destroys retained alignment learned through the class
+      pairs (retained R@1 57.5–68.0 at scale 1 after the repair round against retrain's 75–82; 23.8 on seed 1 after
+      the search), so it is a setting, not the default.
       ``leaving_client``: a fact of the request, ``"online"`` or ``"offline"``; offline forces the server path
       (and is refused for class and samples scope, whose holders' data is indispensable).
       ``offline_scale`` / ``offline_repair_rounds``: the server path's scale and repair rounds, chosen on the client
@@ -698,7 +700,7 @@ class Ease:
         server = self.server_only(problem)
         if server:
             excision, bke_info = server_excision(problem, sub, cfg.excision_subspace == "off_retain", ledger)
-        elif cfg.holder_excision == "replayed_share":
+        elif cfg.holder_excision == "replayed_share" and problem.scope != "client":
             excision, bke_info = holders_share_excision(problem, sub, cfg, model, ledger)
         else:
             excision, bke_info = excise(problem, cfg, model, theta_p, basis, mode, ledger)

@@ -6,11 +6,13 @@ aim of the client scenario. In class or samples scope no stored update isolates 
 into their holders' updates. Each holder can still *replay* what they added: at a stored global model θ_t (rebuilt
 from θ₀ and the history, as GSD's replay does) it runs its round-t local training twice — as it ran, and with the
 forget pairs left out of the same batches (``Federation.local_update(drop=…)``) — and the difference is the forget
-pairs' share of its round-t update, with the batch noise of the retained pairs cancelled [INFERENCE]. The excision is
+pairs' share of its round-t update, with the batch noise of the retained pairs cancelled [INFERENCE]. (On an
+untouched federation the first run reproduces the stored update bit for bit; in a service the stored round ran on data
+later deletions changed, at a published θ the rebuild does not reproduce, so it is rerun, not read.) The excision is
 minus the FedAvg-weighted sum over holders and rounds; at ``share_points`` < R rounds the sum is estimated from
 evenly spaced rounds (each standing for R / points of them).
 
-Cost: per holder and replayed round, one local training and θ_t down (none where GSD's replay already sent it),
+Cost: per holder and replayed round, two local trainings and θ_t down (none where GSD's replay already sent it),
 one displacement up per holder.
 """
 
@@ -62,14 +64,15 @@ def replayed_share(
                 if not present[r, k]:
                     continue
                 w = float(weights[k] / weights[present[r]].sum())
-                # the stored update is the round's training as it ran (replayed bit for bit on the same θ_t: the test
-                # checks); after earlier removals θ_t is rebuilt without the departed, so the holder reruns it
-                with_pairs = fed.local_update(thetas[r], k, round_index=r) if problem.removed else history[r, k]
+                # rerun, not read from the stored update: in a service the stored round ran on data that later
+                # deletions changed, at a published θ (lock, departed clients) that the rebuild does not reproduce
+                with_pairs = fed.local_update(thetas[r], k, round_index=r)
                 without = fed.local_update(thetas[r], k, round_index=r, drop=drop)
                 share += w * (with_pairs - without).to(torch.float64)
         party[f"client {k}"] = t[0]
         total += stretch * share
-        ledger.down("replayed share: global models to holders", sum(bytes_of(p) for r in replayed if r not in sent))
+        missing = [r for r in replayed if present[r, k] and r not in sent]
+        ledger.down("replayed share: global models to holders", len(missing) * bytes_of(p))
         ledger.up("replayed share: displacements from holders", bytes_of(p))
         info.append({"client": k, "source": "replayed share", "rounds": len(replayed),
                      "share_norm": float(torch.linalg.norm(stretch * share))})  # fmt: skip
