@@ -41,8 +41,9 @@ the non-members' when higher) is measured on the held-out pairs too, and the gap
 ``target_floor_pts`` = |target − retrain| (what a control that hit its target exactly would still miss by: the target
 predicts retraining's level only so well) and ``control_transfer_pts`` = |EASE − target| (where EASE searched — class,
 membership — what the control adds: it measures 40 % of the pairs against the other gallery half; where it ran at a
-fixed scale — the client scenario's server path, samples — only how far it lands from version 1's level, no floor). ``original_retain_drop_pts``: the retain drop of the
-original model itself (retraining, freed of the forgotten pairs, may retrieve the retained ones better).
+fixed scale — the client scenario's server path, samples — only how far it lands from version 1's level, no floor).
+``original_retain_drop_pts``: the retain drop of the original model itself (retraining, freed of the forgotten pairs,
+may retrieve the retained ones better).
 
 Results: bench/results/ease.json (``--quick``: ease_quick.json) with a ``summary`` keyed by scenario, holding the
 ``ease`` and ``ease_fixed`` rows and ``retrain_noise_pts``; ``aims`` per scenario and row.
