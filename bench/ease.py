@@ -177,7 +177,7 @@ def scenario_problem(
     masks = demo.data.forget_masks(scenario)
     overrides: dict[str, Any] = {
         "gallery": probe_gallery,
-        "probe_masks": probe_split(masks, probe_fraction, PROBE_SEED),
+        "probe_masks": probe_split(masks, probe_fraction, PROBE_SEED, strata=[c.captions for c in demo.data.clients]),
     }
     if scenario == "membership" and demo.data.heldout is not None:
         overrides["nonmembers"] = split_reference(demo.data.heldout)[0]

@@ -363,7 +363,12 @@ class Deletion:
         # the part of the forget pairs a method may measure itself on (EASE's strength control); the verdict scores
         # the rest when the method did (issue 24 item 1: control and evaluation on separate pairs)
         n_forget = sum(int(m.sum()) for m in alive_masks)
-        probe_masks = probe_split(alive_masks, PROBE_FRACTION, PROBE_SEED) if n_forget >= MIN_PROBE_SPLIT else None
+        captions = [[c.captions[i] for i in np.flatnonzero(keep)] for c, keep in zip(data.clients, alive, strict=True)]
+        probe_masks = (
+            probe_split(alive_masks, PROBE_FRACTION, PROBE_SEED, strata=captions)
+            if n_forget >= MIN_PROBE_SPLIT
+            else None
+        )
         problem = FederatedProblem(
             spec=clip.spec,
             theta=weights(work.parent.digest),

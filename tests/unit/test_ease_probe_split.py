@@ -29,6 +29,27 @@ def test_probe_split_is_a_disjoint_part_of_the_forget_pairs():
         probe_split(masks, 1.0)
 
 
+def test_a_stratified_probe_split_gives_every_caption_its_share():
+    """With captions as strata each caption's probe count is its share, rounded one way or the other: the control
+    and the verdict see the same caption mix (a plain random split of these 60 pairs misses it by far)."""
+    rng = np.random.default_rng(0)
+    sizes = [13, 13, 11, 9, 8, 3, 2, 1]
+    captions = [f"caption {j}" for j, size in enumerate(sizes) for _ in range(size)]
+    order = rng.permutation(len(captions))
+    clients = [[captions[i] for i in order[:25]], [captions[i] for i in order[25:]] + ["retained"] * 4]
+    masks = [np.ones(25, bool), np.array([True] * (len(captions) - 25) + [False] * 4)]
+    for seed in range(20):
+        probe = probe_split(masks, 0.4, seed=seed, strata=clients)
+        assert all(not (p & ~m).any() for p, m in zip(probe, masks, strict=True))
+        picked = [c for cl, p in zip(clients, probe, strict=True) for c, hit in zip(cl, p, strict=True) if hit]
+        assert len(picked) == round(0.4 * len(captions))
+        for j, size in enumerate(sizes):
+            assert abs(picked.count(f"caption {j}") - 0.4 * size) < 1.0, (seed, j)
+    unstratified = probe_split(masks, 0.4, seed=1)
+    picked = [c for cl, p in zip(clients, unstratified, strict=True) for c, hit in zip(cl, p, strict=True) if hit]
+    assert max(abs(picked.count(f"caption {j}") - 0.4 * size) for j, size in enumerate(sizes)) >= 1.0
+
+
 def test_the_strength_control_measures_only_the_probe_pairs():
     demo, problem = _split_problem()
     judge = ProbeJudge(problem, demo.model, Ledger())

@@ -191,16 +191,34 @@ MIN_PROBE_SPLIT = 10
 then sees every forget pair, and the verdict scores them all — stated in the report."""
 
 
-def probe_split(forget_masks: Sequence[np.ndarray], fraction: float, seed: int = 0) -> list[np.ndarray]:
+def probe_split(
+    forget_masks: Sequence[np.ndarray],
+    fraction: float,
+    seed: int = 0,
+    strata: Sequence[Sequence[str]] | None = None,
+) -> list[np.ndarray]:
     """A random ``fraction`` of all forget pairs as the probe split (``FederatedProblem.probe_masks``, one mask per
-    client), the rest held out; with two or more forget pairs in all, both sides keep at least one (issue 24 item 1)."""
+    client), the rest held out; with two or more forget pairs in all, both sides keep at least one (issue 24 item 1).
+
+    ``strata``: per client, one key per pair (the caption). The split is then proportional within every key —
+    systematic sampling down the pairs ordered by key, from a random start — so the probe and the held-out pairs
+    hold the same captions in the same shares. Why: R@1 counts a caption twin as a hit, so a forget set clusters by
+    caption (the benchmark's class deletion: 180 pairs, 24 captions) and a plain random split hands the control
+    another caption mix than the one the verdict scores."""
     if not 0.0 < fraction < 1.0:
         raise ValueError("the probe fraction must lie in (0, 1)")
     rng = np.random.default_rng(seed)
     positions = [(k, i) for k, m in enumerate(forget_masks) for i in np.flatnonzero(m)]
     n = len(positions)
     n_probe = min(max(int(round(fraction * n)), 1), n - 1) if n >= 2 else n
-    chosen = rng.permutation(n)[:n_probe]
+    if strata is None:
+        chosen = rng.permutation(n)[:n_probe]
+    else:
+        keys = [str(strata[k][i]) for k, i in positions]
+        rank = {key: r for r, key in enumerate(rng.permutation(sorted(set(keys))))}  # strata in a random order
+        order = sorted(rng.permutation(n).tolist(), key=lambda j: rank[keys[j]])  # stable: random inside a stratum
+        step = np.floor(np.arange(n + 1) * (n_probe / max(n, 1)) + rng.random())
+        chosen = np.asarray(order, dtype=int)[np.diff(step) > 0]  # exactly n_probe picks, spread evenly
     out = [np.zeros(len(m), dtype=bool) for m in forget_masks]
     for j in chosen:
         k, i = positions[j]
