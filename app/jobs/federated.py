@@ -362,13 +362,7 @@ class Deletion:
         alive_masks = [m[keep] for m, keep in zip(masks, alive, strict=True)]
         # the part of the forget pairs a method may measure itself on (EASE's strength control); the verdict scores
         # the rest when the method did (issue 24 item 1: control and evaluation on separate pairs)
-        n_forget = sum(int(m.sum()) for m in alive_masks)
-        captions = [[c.captions[i] for i in np.flatnonzero(keep)] for c, keep in zip(data.clients, alive, strict=True)]
-        probe_masks = (
-            probe_split(alive_masks, PROBE_FRACTION, PROBE_SEED, strata=captions)
-            if n_forget >= MIN_PROBE_SPLIT
-            else None
-        )
+        probe_masks = _probe_masks(data, alive, alive_masks)
         problem = FederatedProblem(
             spec=clip.spec,
             theta=weights(work.parent.digest),
@@ -526,6 +520,15 @@ def _retain_check(unlearned: Unlearned, policy: VerdictPolicy, exact: bool = Fal
         f"max {limit})"
         + (" [exact retraining is the reference: its utility is reported, not judged]" if exact else ""),
     }
+
+
+def _probe_masks(data: Any, alive: list[np.ndarray], masks: list[np.ndarray]) -> list[np.ndarray] | None:
+    """The probe split of a deletion's forget pairs (``masks``, over each client's ``alive`` pairs), stratified by
+    caption so that the control and the verdict see the same caption mix; none below ``MIN_PROBE_SPLIT`` pairs."""
+    if sum(int(m.sum()) for m in masks) < MIN_PROBE_SPLIT:
+        return None
+    captions = [[c.captions[i] for i in np.flatnonzero(keep)] for c, keep in zip(data.clients, alive, strict=True)]
+    return probe_split(masks, PROBE_FRACTION, PROBE_SEED, strata=captions)
 
 
 def _audited_positions(problem: FederatedProblem, data: Any, unlearned: Unlearned) -> tuple[list[int], str]:

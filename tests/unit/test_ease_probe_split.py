@@ -1,10 +1,13 @@
 """Issue 24 item 1: what sets EASE's strength measures only the probe split of the forget pairs, and the verdict
 scores only the other forget pairs when the method measured itself."""
 
+import collections
+import types
+
 import numpy as np
 import pytest
 
-from app.jobs.federated import _audited_positions
+from app.jobs.federated import _audited_positions, _probe_masks
 from app.jobs.work import Unlearned
 from app.ml.federation.accounting import Ledger
 from app.ml.federation.problem import probe_split
@@ -48,6 +51,31 @@ def test_a_stratified_probe_split_gives_every_caption_its_share():
     unstratified = probe_split(masks, 0.4, seed=1)
     picked = [c for cl, p in zip(clients, unstratified, strict=True) for c, hit in zip(cl, p, strict=True) if hit]
     assert max(abs(picked.count(f"caption {j}") - 0.4 * size) for j, size in enumerate(sizes)) >= 1.0
+
+
+def test_the_service_stratifies_its_probe_split_by_caption():
+    """The worker's split (jobs/federated.py) over the pairs an earlier deletion left: each caption its share."""
+    rng = np.random.default_rng(5)
+    words = [f"caption {j}" for j, size in enumerate([14, 12, 9, 9, 6, 2, 1]) for _ in range(size)]
+    captions = [list(rng.permutation(words[:30])) + ["kept"] * 6, list(rng.permutation(words[30:])) + ["kept"] * 3]
+    data = types.SimpleNamespace(clients=[types.SimpleNamespace(captions=c) for c in captions])
+    alive = [np.ones(len(c), bool) for c in captions]
+    alive[0][:4] = False  # pairs an earlier deletion took: the masks index each client's remaining pairs
+    remaining = [[c for c, a in zip(cl, al, strict=True) if a] for cl, al in zip(captions, alive, strict=True)]
+    masks = [np.array([c != "kept" for c in cl]) for cl in remaining]
+    probe = _probe_masks(data, alive, masks)
+    assert probe is not None
+
+    def count(which):
+        return collections.Counter(
+            c for cl, m in zip(remaining, which, strict=True) for c, hit in zip(cl, m, strict=True) if hit
+        )
+
+    every, probed = count(masks), count(probe)
+    assert all(abs(probed[c] - 0.4 * n) < 1.0 for c, n in every.items()), (every, probed)
+    few = [np.zeros_like(m) for m in masks]
+    few[1][:3] = True
+    assert _probe_masks(data, alive, few) is None  # below MIN_PROBE_SPLIT: no split
 
 
 def test_the_strength_control_measures_only_the_probe_pairs():
