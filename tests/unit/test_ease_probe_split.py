@@ -10,7 +10,7 @@ import pytest
 from app.jobs.federated import _audited_positions, _probe_masks
 from app.jobs.work import Unlearned
 from app.ml.federation.accounting import Ledger
-from app.ml.federation.problem import probe_split
+from app.ml.federation.problem import PROBE_FRACTION, PROBE_SEED, probe_split
 from app.ml.unlearning.ease.method import ProbeJudge
 
 from .clip_helpers import tiny_demo
@@ -46,11 +46,18 @@ def test_a_stratified_probe_split_gives_every_caption_its_share():
         assert all(not (p & ~m).any() for p, m in zip(probe, masks, strict=True))
         picked = [c for cl, p in zip(clients, probe, strict=True) for c, hit in zip(cl, p, strict=True) if hit]
         assert len(picked) == round(0.4 * len(captions))
+        share = len(picked) / len(captions)
         for j, size in enumerate(sizes):
-            assert abs(picked.count(f"caption {j}") - 0.4 * size) < 1.0, (seed, j)
+            assert abs(picked.count(f"caption {j}") - share * size) < 1.0, (seed, j)
     unstratified = probe_split(masks, 0.4, seed=1)
     picked = [c for cl, p in zip(clients, unstratified, strict=True) for c, hit in zip(cl, p, strict=True) if hit]
     assert max(abs(picked.count(f"caption {j}") - 0.4 * size) for j, size in enumerate(sizes)) >= 1.0
+
+
+def test_a_stratified_split_of_very_few_pairs_keeps_both_sides():
+    for n in (0, 1, 2, 3):
+        probe = probe_split([np.ones(n, bool)], 0.4, seed=n, strata=[["same"] * n])[0]
+        assert int(probe.sum()) == (n if n < 2 else max(1, min(round(0.4 * n), n - 1)))
 
 
 def test_the_service_stratifies_its_probe_split_by_caption():
@@ -72,7 +79,11 @@ def test_the_service_stratifies_its_probe_split_by_caption():
         )
 
     every, probed = count(masks), count(probe)
-    assert all(abs(probed[c] - 0.4 * n) < 1.0 for c, n in every.items()), (every, probed)
+    share = sum(probed.values()) / sum(every.values())
+    assert all(abs(probed[c] - share * n) < 1.0 for c, n in every.items()), (every, probed)
+    # the strata are the captions of the pairs the masks index: the split is exactly the library's on those
+    expected = probe_split(masks, PROBE_FRACTION, PROBE_SEED, strata=remaining)
+    assert all((a == b).all() for a, b in zip(probe, expected, strict=True))
     few = [np.zeros_like(m) for m in masks]
     few[1][:3] = True
     assert _probe_masks(data, alive, few) is None  # below MIN_PROBE_SPLIT: no split

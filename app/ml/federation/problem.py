@@ -200,11 +200,13 @@ def probe_split(
     """A random ``fraction`` of all forget pairs as the probe split (``FederatedProblem.probe_masks``, one mask per
     client), the rest held out; with two or more forget pairs in all, both sides keep at least one (issue 24 item 1).
 
-    ``strata``: per client, one key per pair (the caption). The split is then proportional within every key —
-    systematic sampling down the pairs ordered by key, from a random start — so the probe and the held-out pairs
-    hold the same captions in the same shares. Why: R@1 counts a caption twin as a hit, so a forget set clusters by
-    caption (the benchmark's class deletion: 180 pairs, 24 captions) and a plain random split hands the control
-    another caption mix than the one the verdict scores."""
+    ``strata``: per client, one key per pair (the caption). The split is then proportional within every key (each
+    key's probe count within one pair of its share n_probe/n): systematic sampling from a random start down the pairs
+    ordered by stratum (strata in a random order, pairs in a random order inside each), so the probe and the held-out
+    pairs hold the captions in (nearly) the same shares; a caption with one pair lands on one side. Why: R@1 counts
+    a caption twin as a hit, so a forget set clusters by caption (the benchmark's class deletion: 180 pairs, 24
+    captions) and a plain random split hands the control another caption mix than the one the verdict scores.
+    A single forget pair goes to the probe split (nothing is held out)."""
     if not 0.0 < fraction < 1.0:
         raise ValueError("the probe fraction must lie in (0, 1)")
     rng = np.random.default_rng(seed)
