@@ -71,7 +71,7 @@ from app.ml.clip import ClipLoRA, LoraSettings, checkpoint_sha256, pretrain_tiny
 from app.ml.data.captions import CaptionDataset
 from app.ml.federation import DemoFederation, FederatedProblem, FedSettings, make_demo_federation
 from app.ml.federation.lock import ForgetLock
-from app.ml.federation.problem import probe_split
+from app.ml.federation.problem import PROBE_FRACTION, PROBE_SEED, probe_split
 from app.ml.unlearning.base import UnlearningResult, get_method
 from app.ml.unlearning.ease import EaseConfig
 from app.ml.verification.clip_evidence import split_reference
@@ -83,11 +83,6 @@ RESULTS = Path(__file__).parent / "results"
 SCENARIOS = ("client", "class", "samples", "membership")
 # Student t quantiles t_{0.975, n−1} for the 95 % interval of a mean over n seeds
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
-
-
-PROBE_FRACTION = 0.4
-"""Share of the forget pairs EASE's strength control may measure (``FederatedProblem.probe_masks``); the other 60 %
-are the held-out forget pairs every figure is scored on (issue 24 item 1: one query < 1 point from 100 held out)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +114,6 @@ QUICK = Sizes(
     pairs_per_client=60, n_test=100, rounds=8, relearn_rounds=3, relearn_orders=3, seeds=(2, 3), ablations=False
 )
 
-PROBE_SEED = 24
 BATCH = 10
 """Deletions per batch in the batch cost: each unlearned by the method, the shadows replaced once for the batch."""
 SHADOWS = ClipShadowSettings()
