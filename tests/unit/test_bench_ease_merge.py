@@ -116,3 +116,43 @@ def test_results_without_the_gap_split_still_merge_and_print():
     table = markdown_table(report)
     assert "| class | 2 |" in table and "\\|target − retrain\\|" in table and "| – | – |" in table
     print_table(report)
+
+
+def test_the_oracle_row_searches_towards_retrainings_own_probe_level(monkeypatch):
+    """bench.ease's ``ease_oracle`` row: EASE's control given retraining's level on the probe split as its target (a
+    perfect predictor of retraining's level), and ``probe_transfer_pts`` = |that level − retraining's held-out
+    level|: the same model measured on the two splits. Run on the tiny federation's class scenario; every probe
+    measurement is recorded (the real ProbeJudge runs), so the level is traced to retraining's θ — on this tiny set
+    the original and the retrained model tie on the probe pairs, so the level alone would not tell them apart."""
+    import dataclasses
+
+    import torch
+
+    from app.ml.unlearning.base import get_method
+    from app.ml.unlearning.ease.method import ProbeJudge
+    from bench.ease import QUICK, run_scenario, scenario_problem
+    from tests.unit.clip_helpers import tiny_demo
+
+    measured: list[tuple[torch.Tensor, float]] = []
+    real_level = ProbeJudge.level
+
+    def recorded(self, theta, pairs=None, stage="probe"):
+        level = real_level(self, theta, pairs, stage)
+        measured.append((theta.detach().clone(), level))
+        return level
+
+    monkeypatch.setattr(ProbeJudge, "level", recorded)
+    demo = tiny_demo()
+    fast = {"excision_steps": 2, "excision_batch": 8, "excision_objective": "uce", "max_probes": 2}
+    out = run_scenario(demo, "class", dataclasses.replace(QUICK, baselines=False), fast, lambda msg: None)
+    summary, rows = out["summary"], out["methods"]
+    problem, _ = scenario_problem(demo, "class")
+    retrained = get_method("fed_retrain").build({}).unlearn(problem).theta
+    levels = [level for theta, level in measured if torch.allclose(theta, retrained, atol=1e-6)]
+    assert levels, "retraining's θ was never measured on the probe split"
+    assert summary["retrain_probe_r1"] == pytest.approx(levels[0], abs=0.01)
+    strength = rows["ease_oracle"]["info"]["strength"]
+    assert strength["mode"] == "adaptive" and strength["target_r1"] == pytest.approx(levels[0], abs=0.01)
+    assert strength["reference_r1"] is None  # version 1 is not the oracle's target
+    assert summary["probe_transfer_pts"] == pytest.approx(abs(levels[0] - rows["retrain"]["forget_r1"]), abs=0.01)
+    assert summary["oracle_gap_pts"] == round(abs(rows["ease_oracle"]["forget_r1"] - rows["retrain"]["forget_r1"]), 2)

@@ -144,6 +144,21 @@ def test_a_samples_deletion_without_non_members_runs_at_the_fixed_scale():
     assert asked.info["strength"]["mode"] == "adaptive" and asked.info["strength"]["probes"]
 
 
+def test_an_explicit_target_level_is_searched_towards_in_every_scope():
+    """``target_r1`` (the benchmark's oracle row: retraining's own probe level) replaces the measured target, and a
+    samples deletion without non-members searches when given one; version 1 is then not evaluated at all."""
+    demo = tiny_demo()
+    fast = {"excision_steps": 2, "excision_batch": 8, "excision_objective": "uce", "max_probes": 2}
+    for scope in ("class", "samples"):
+        info = get_method("ease").build({**fast, "target_r1": 12.5}).unlearn(demo.problem(scope)).info
+        strength = info["strength"]
+        assert strength["mode"] == "adaptive" and strength["probes"]
+        assert strength["target_r1"] == 12.5 and strength["reference_r1"] is None
+        assert not [s for s in info["stages"] if s["stage"].startswith("target:")]
+    with pytest.raises(ValueError, match="target_r1"):
+        get_method("ease").build({"target_r1": 140.0})
+
+
 def test_a_memorisation_deletion_runs_the_longer_excision_and_more_repair_rounds():
     """EaseConfig's memorisation settings: a samples deletion with matched non-members runs BKE for
     ``memorisation_excision_steps`` and ``memorisation_repair_rounds`` rounds; one without them, or a class deletion,

@@ -171,6 +171,9 @@ class EaseConfig:
       ``target``: ``"auto"`` (max of the version-1 level on the forget pairs and, where the problem has matched
       non-members, their level under the current model; a samples deletion without them runs at the fixed scale:
       step 4 of the module docstring), ``"reference"`` (version 1 only) or ``"nonmember"``;
+      ``target_r1``: an explicit level (R@1 points on the probe split) to search towards instead, in every scope
+      the search runs in — a level measured elsewhere; the benchmark's ``ease_oracle`` row passes retraining's own
+      probe level, to measure what a perfect predictor of retraining's level would leave;
       ``target_band``: the accepted band [T, T + band] in R@1 points; ``max_probes``: probes the search may spend
       (5, not the issue's 3–4: on cliffs as steep as the measured one, 4 probes left 7 of 30 unit-test cliffs outside
       a 3-point band, 5 left 2 — a probe costs the holders one evaluation, ≈ 2 % of retrain's critical path);
@@ -266,6 +269,7 @@ class EaseConfig:
     excision_scale: float = 1.0
     excision_norm: float | None = None
     target: str = "auto"
+    target_r1: float | None = None
     target_band: float = 3.0
     max_probes: int = 5
     scale_max: float = 16.0
@@ -316,6 +320,8 @@ class EaseConfig:
             raise ValueError("target must be auto, reference or nonmember")
         if self.excision_scale < 0 or self.scale_max <= 0 or self.target_band < 0 or self.max_probes < 1:
             raise ValueError("excision_scale ≥ 0, scale_max > 0, target_band ≥ 0 and max_probes ≥ 1")
+        if self.target_r1 is not None and not 0 <= self.target_r1 <= 100:
+            raise ValueError("target_r1 must be an R@1 level in [0, 100]")
         if self.excision_norm is not None and self.excision_norm < 0:
             raise ValueError("excision_norm must be ≥ 0")
         if self.rescale_probes < 1:
@@ -651,13 +657,21 @@ class Ease:
         """A samples deletion without matched non-members has no level to search towards under ``target="auto"``:
         the version-1 level does not predict retraining's there (module docstring, NO_TARGET_REASON), so the
         excision runs at its fixed scale."""
-        return self.config.target == "auto" and problem.scope == "samples" and _nonmembers(problem) is None
+        cfg = self.config
+        return (
+            cfg.target_r1 is None
+            and cfg.target == "auto"
+            and problem.scope == "samples"
+            and _nonmembers(problem) is None
+        )
 
     def _target(self, judge: ProbeJudge, problem: FederatedProblem) -> dict[str, Any]:
         """T (strength.py): the version-1 level on the forget pairs and, where matched non-members exist, their level
         under the current model; ``target`` picks one or their maximum."""
         cfg = self.config
         out: dict[str, Any] = {"reference_r1": None, "nonmember_r1": None}
+        if cfg.target_r1 is not None:  # a level given, not measured here
+            return {**out, "target_r1": float(cfg.target_r1)}
         if cfg.target in ("auto", "reference"):
             out["reference_r1"] = judge.level(problem.theta_init, stage="target: version-1 level")
         nonmembers = _nonmembers(problem)
