@@ -177,3 +177,21 @@ def test_a_memorisation_deletion_runs_the_longer_excision_and_more_repair_rounds
         info = ease.unlearn(problem).info
         assert not info["memorisation"] and info["excision_steps"] == 6 and info["repair_rounds"] == 1
         assert {b["steps"] for b in info["bke"]} == {6} and rounds(info) == 1
+
+
+def test_lock_gsd_off_locks_only_the_excision_direction():
+    """``lock_gsd=False``: the published lock holds the excision direction alone (and the repair round may move along
+    U_μ); by default it holds U_μ and the excision direction."""
+    import torch
+
+    from app.ml.federation.lock import ForgetLock
+
+    demo = tiny_demo()
+    fast = {"excision_steps": 2, "excision_batch": 8, "excision_objective": "uce", "max_probes": 1}
+    on = get_method("ease").build(fast).unlearn(demo.problem("class"))
+    off = get_method("ease").build({**fast, "lock_gsd": False}).unlearn(demo.problem("class"))
+    assert on.info["gsd"]["rank_exclusive"] > 0
+    assert on.info["lock_rank"] == on.info["gsd"]["rank_exclusive"] + 1 and off.info["lock_rank"] == 1
+    lock = ForgetLock.from_bytes(off.artifacts["forget_lock"])
+    # the one locked direction is the excision's: the model moved along it from the projected model by s·‖E‖
+    assert lock.rank == 1 and float(torch.linalg.norm(lock.basis)) == pytest.approx(1.0, abs=1e-4)

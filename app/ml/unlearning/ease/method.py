@@ -183,6 +183,8 @@ class EaseConfig:
       client needs the lock basis);
       ``lock_excision``: add the (normalised) excision displacement to the locked basis, so that later rounds
       cannot walk the excision back either;
+      ``lock_gsd``: lock the projected-off directions U_μ as well (notes §4); off, only the excision direction
+      (and earlier deletions' locks) is locked, so the repair round may restore retained alignment along U_μ;
       ``repair_at_scale``/``rescale_probes``: rerun the repair round at the searched scale when it moved more than
       ``RESCALE_RATIO`` from the scale the round ran at, then search on with that many more probes (module doc, 4);
       ``repair_rounds``/``repair_epochs``: FedAvg rounds of the retained clients run *as part of unlearning*, with
@@ -279,6 +281,7 @@ class EaseConfig:
     rescale_probes: int = 2
     repair_epochs: float | None = None
     lock_excision: bool = True
+    lock_gsd: bool = True
     replay_gsd: str = "whole"
     memorisation_excision_steps: int = 20
     memorisation_excision_lr: float = 0.03
@@ -721,9 +724,9 @@ class Ease:
         e_norm = float(torch.linalg.norm(excision))
 
         # PFL: this deletion's lock (U_μ and the excision direction) merged with the earlier deletions' lock
-        lock_basis = sub.u_mu
+        lock_basis = sub.u_mu if cfg.lock_gsd else sub.u_mu[:, :0]
         if cfg.lock_excision and e_norm > 0:
-            lock_basis = orthonormalize(torch.cat([sub.u_mu, excision.to(torch.float64)[:, None]], dim=1), 1.0)
+            lock_basis = orthonormalize(torch.cat([lock_basis, excision.to(torch.float64)[:, None]], dim=1), 1.0)
         lock = merge_locks(problem.forget_lock, ForgetLock(lock_basis.float(), cfg.lock_alpha, theta_p.clone()))
 
         # the protected repair round, at the scale the fixed strength (or the search's first probe) uses
