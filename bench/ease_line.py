@@ -9,10 +9,14 @@ For each seed, EASE's line θ_p + s·E + Δ_rep (method.py step 4: what the stre
 at a grid of scales on both splits — the probe split (the forget pairs and gallery half the control sees) and the
 held-out split (what bench.ease scores) — beside retraining (and retraining with another data order) and version 1
 on both splits. From that grid, without rerunning the search, it reads off where a control that matched a level on
-the probe split would land (linear interpolation along the probed scales, aiming at the middle of the band as
-strength.search_scale does): with version 1's level as the target (the default), with retraining's own probe level
-(an oracle), and every fixed scale. The figures are |forget R@1 − retrain| on the held-out split and the retained
-drop, means over seeds; ``probe_transfer_pts`` is retraining's own |probe level − held-out level|.
+the probe split would land — strength.search_scale itself, with EASE's band, first scale and probe budget, its probes
+read off the scan by linear interpolation, and capped at the grid's largest scale (4; the service's cap is
+``scale_max``, 16) —: with version 1's level as the target (the class default; for samples the default runs at the
+fixed scale 1, the ``fixed_1`` row, and this row is ``target="reference"``), with retraining's own probe level (an
+oracle), and every fixed scale. The held-out level and the retained R@1 at a chosen scale between two grid points
+are interpolated too, not measured. The figures are |forget R@1 − retrain| on the held-out split and the retained
+drop, means over seeds; ``probe_transfer_pts`` is retraining's own |probe level − held-out level|. Settings the
+scan does not mirror (a fixed strength, ``excision_norm``, ``repair_at_scale``) are refused.
 
 Seeds: the tuning seeds only (0, 1, 100–105) by default: this is where settings are chosen, and bench.ease reports
 2–11 (bench/ease.py). Results: bench/results/item3/line_<scenario>[_<tag>].json.
@@ -135,6 +139,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     sizes = QUICK if args.quick else FULL
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else ([0, 1] if args.quick else list(TUNING_SEEDS))
     settings = json.loads(args.ease)
+    unmirrored = {k for k in ("strength", "excision_norm", "repair_at_scale") if k in settings}
+    if unmirrored:
+        ap.error(f"the scan does not mirror {sorted(unmirrored)}: it scans the line and simulates the adaptive search")
     pretrain_tiny_clip(cache_dir=args.cache_dir)
     start = time.perf_counter()
     per_seed: dict[str, dict[str, Any]] = {}

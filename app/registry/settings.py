@@ -193,6 +193,7 @@ class EaseSettings(_Settings):
     rescale_probes: int = Field(2, ge=1, le=32)
     repair_epochs: float | None = Field(None, gt=0, le=1000)
     lock_excision: bool = True
+    lock_gsd: bool = True
     replay_gsd: Literal["exclusive", "whole", "none"] = "whole"
     memorisation_excision_steps: int = Field(20, ge=0, le=100_000)
     memorisation_excision_lr: Rate = 0.03
@@ -205,6 +206,11 @@ class EaseSettings(_Settings):
     offline_repair_rounds: int = Field(2, ge=0, le=1000)
     seed: Seed = 0
 
+
+NOT_ON_THE_API: dict[str, frozenset[str]] = {"ease": frozenset({"target_r1"})}
+"""Config fields a model registration may not set. EASE's ``target_r1`` (an explicit level for the strength search)
+is the benchmark's oracle: pinned for every deletion of a model it predicts nothing, and set high it lets the
+search stop near scale 0 — an excision that does almost nothing, reported as done."""
 
 METHOD_SETTINGS: dict[str, type[_Settings]] = {
     "retrain": RetrainSettings,

@@ -130,15 +130,17 @@ def test_the_oracle_row_searches_towards_retrainings_own_probe_level(monkeypatch
 
     from app.ml.unlearning.base import get_method
     from app.ml.unlearning.ease.method import ProbeJudge
+    from app.ml.verification.clip_evidence import split_reference
     from bench.ease import QUICK, run_scenario, scenario_problem
     from tests.unit.clip_helpers import tiny_demo
 
-    measured: list[tuple[torch.Tensor, float]] = []
+    measured: list[tuple[torch.Tensor, float, bool, list[str]]] = []
     real_level = ProbeJudge.level
 
     def recorded(self, theta, pairs=None, stage="probe"):
         level = real_level(self, theta, pairs, stage)
-        measured.append((theta.detach().clone(), level))
+        # what was ranked: the probe pairs (pairs None) against which gallery
+        measured.append((theta.detach().clone(), level, pairs is None, list(self.gallery.captions)))
         return level
 
     monkeypatch.setattr(ProbeJudge, "level", recorded)
@@ -148,8 +150,15 @@ def test_the_oracle_row_searches_towards_retrainings_own_probe_level(monkeypatch
     summary, rows = out["summary"], out["methods"]
     problem, _ = scenario_problem(demo, "class")
     retrained = get_method("fed_retrain").build({}).unlearn(problem).theta
-    levels = [level for theta, level in measured if torch.allclose(theta, retrained, atol=1e-6)]
-    assert levels, "retraining's θ was never measured on the probe split"
+    probe_gallery = list(split_reference(demo.data.test)[0].captions)
+    on_retrained = [
+        (level, probe, gallery)
+        for theta, level, probe, gallery in measured
+        if torch.allclose(theta, retrained, atol=1e-6)
+    ]
+    assert on_retrained, "retraining's θ was never measured"
+    levels = [level for level, probe, gallery in on_retrained if probe and gallery == probe_gallery]
+    assert levels, "retraining's θ was not measured on the probe split against the probe gallery half"
     assert summary["retrain_probe_r1"] == pytest.approx(levels[0], abs=0.01)
     strength = rows["ease_oracle"]["info"]["strength"]
     assert strength["mode"] == "adaptive" and strength["target_r1"] == pytest.approx(levels[0], abs=0.01)

@@ -157,6 +157,8 @@ def test_an_explicit_target_level_is_searched_towards_in_every_scope():
         assert not [s for s in info["stages"] if s["stage"].startswith("target:")]
     with pytest.raises(ValueError, match="target_r1"):
         get_method("ease").build({"target_r1": 140.0})
+    with pytest.raises(ValueError, match="target_r1"):  # an explicit level and a measured one: which?
+        get_method("ease").build({"target_r1": 10.0, "target": "reference"})
 
 
 def test_a_memorisation_deletion_runs_the_longer_excision_and_more_repair_rounds():
@@ -180,18 +182,23 @@ def test_a_memorisation_deletion_runs_the_longer_excision_and_more_repair_rounds
 
 
 def test_lock_gsd_off_locks_only_the_excision_direction():
-    """``lock_gsd=False``: the published lock holds the excision direction alone (and the repair round may move along
-    U_μ); by default it holds U_μ and the excision direction."""
+    """``lock_gsd=False``: the lock holds the excision direction alone, so the protected repair round may move along
+    U_μ; by default it holds U_μ and the excision direction, and the repair round stays out of U_μ."""
     import torch
 
-    from app.ml.federation.lock import ForgetLock
+    from app.ml.federation.accounting import Ledger
+    from app.ml.unlearning.ease.method import Ease, EaseConfig
 
     demo = tiny_demo()
     fast = {"excision_steps": 2, "excision_batch": 8, "excision_objective": "uce", "max_probes": 1}
-    on = get_method("ease").build(fast).unlearn(demo.problem("class"))
-    off = get_method("ease").build({**fast, "lock_gsd": False}).unlearn(demo.problem("class"))
-    assert on.info["gsd"]["rank_exclusive"] > 0
-    assert on.info["lock_rank"] == on.info["gsd"]["rank_exclusive"] + 1 and off.info["lock_rank"] == 1
-    lock = ForgetLock.from_bytes(off.artifacts["forget_lock"])
-    # the one locked direction is the excision's: the model moved along it from the projected model by s·‖E‖
-    assert lock.rank == 1 and float(torch.linalg.norm(lock.basis)) == pytest.approx(1.0, abs=1e-4)
+    on = Ease(EaseConfig(**fast)).line(demo.problem("class"), Ledger())
+    off = Ease(EaseConfig(**fast, lock_gsd=False)).line(demo.problem("class"), Ledger())
+    u_mu = off.subspaces.u_mu.float()
+    assert u_mu.shape[1] > 0 and on.lock.rank == u_mu.shape[1] + 1 and off.lock.rank == 1
+    unit = off.excision / off.excision.norm()
+    assert abs(float(off.lock.basis[:, 0] @ unit)) == pytest.approx(1.0, abs=1e-4)  # the one locked direction is E
+    # the repair round: locked out of U_μ by default, free to move along it when lock_gsd is off
+    assert float(torch.linalg.norm(u_mu.T @ on.repair)) < 1e-4 * float(on.repair.norm()) + 1e-7
+    assert float(torch.linalg.norm(u_mu.T @ off.repair)) > 1e-2 * float(off.repair.norm())
+    info = get_method("ease").build({**fast, "lock_gsd": False}).unlearn(demo.problem("class")).info
+    assert info["lock_rank"] == 1

@@ -184,7 +184,8 @@ class EaseConfig:
       ``lock_excision``: add the (normalised) excision displacement to the locked basis, so that later rounds
       cannot walk the excision back either;
       ``lock_gsd``: lock the projected-off directions U_μ as well (notes §4); off, only the excision direction
-      (and earlier deletions' locks) is locked, so the repair round may restore retained alignment along U_μ;
+      (and earlier deletions' locks) is locked, so the repair round may restore retained alignment along U_μ — and
+      the published lock no longer keeps the service's later rounds out of U_μ either;
       ``repair_at_scale``/``rescale_probes``: rerun the repair round at the searched scale when it moved more than
       ``RESCALE_RATIO`` from the scale the round ran at, then search on with that many more probes (module doc, 4);
       ``repair_rounds``/``repair_epochs``: FedAvg rounds of the retained clients run *as part of unlearning*, with
@@ -325,6 +326,8 @@ class EaseConfig:
             raise ValueError("excision_scale ≥ 0, scale_max > 0, target_band ≥ 0 and max_probes ≥ 1")
         if self.target_r1 is not None and not 0 <= self.target_r1 <= 100:
             raise ValueError("target_r1 must be an R@1 level in [0, 100]")
+        if self.target_r1 is not None and self.target != "auto":
+            raise ValueError("target_r1 replaces the measured target: leave target at 'auto'")
         if self.excision_norm is not None and self.excision_norm < 0:
             raise ValueError("excision_norm must be ≥ 0")
         if self.rescale_probes < 1:
@@ -670,7 +673,8 @@ class Ease:
 
     def _target(self, judge: ProbeJudge, problem: FederatedProblem) -> dict[str, Any]:
         """T (strength.py): the version-1 level on the forget pairs and, where matched non-members exist, their level
-        under the current model; ``target`` picks one or their maximum."""
+        under the current model; ``target`` picks one or their maximum. An explicit ``target_r1`` replaces both
+        (nothing is measured)."""
         cfg = self.config
         out: dict[str, Any] = {"reference_r1": None, "nonmember_r1": None}
         if cfg.target_r1 is not None:  # a level given, not measured here
