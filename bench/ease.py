@@ -248,6 +248,14 @@ def target_level(
     return out
 
 
+def other_order(problem: FederatedProblem) -> FederatedProblem:
+    """The same deletion with another training data order: retraining it is retraining's own spread (the noise
+    floor every gap is judged against)."""
+    return dataclasses.replace(
+        problem, fed_settings=dataclasses.replace(problem.fed_settings, seed=problem.fed_settings.seed + 1000)
+    )
+
+
 def run_method(name: str, settings: dict[str, Any], problem: FederatedProblem) -> tuple[UnlearningResult, float]:
     """Run one method; returns its result and its CPU seconds (this process, one thread: every party's work)."""
     cpu = time.process_time()
@@ -333,8 +341,7 @@ def run_scenario(
     # retraining's own level on the probe split, as EASE's control measures a model there (the oracle row's target)
     rt_probe = ProbeJudge(problem, model, Ledger()).level(rt.theta)
     # retraining against retraining: the same recipe with another data order (the noise floor of every gap)
-    other = dataclasses.replace(problem.fed_settings, seed=problem.fed_settings.seed + 1000)
-    retrain("retrain_other_order", dataclasses.replace(problem, fed_settings=other))
+    retrain("retrain_other_order", other_order(problem))
     gap = rows["original"]["forget_r1"] - rows["retrain"]["forget_r1"]
     noise_f = abs(rows["retrain_other_order"]["forget_r1"] - rows["retrain"]["forget_r1"])
     noise_r = abs(rows["retrain_other_order"]["retain_r1"] - rows["retrain"]["retain_r1"])
@@ -429,7 +436,7 @@ def run_scenario(
 
     if scenario == "client" and sizes.relearn_rounds > 0:
         lock = ForgetLock.from_bytes(results["ease"].artifacts["forget_lock"])
-        rt_b = get_method("fed_retrain").build({}).unlearn(dataclasses.replace(problem, fed_settings=other))
+        rt_b = get_method("fed_retrain").build({}).unlearn(other_order(problem))
         orders = []
         for o in range(sizes.relearn_orders):
             offset = 50_000 + 1_000 * o

@@ -25,7 +25,6 @@ Seeds: the tuning seeds only (0, 1, 100–105) by default: this is where setting
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -40,7 +39,7 @@ from app.ml.unlearning.base import get_method
 from app.ml.unlearning.ease import EaseConfig
 from app.ml.unlearning.ease.method import ProbeJudge
 from app.ml.unlearning.ease.strength import search_scale
-from bench.ease import FULL, QUICK, build, evaluate, git_commit, run_method, scenario_problem
+from bench.ease import FULL, QUICK, build, evaluate, git_commit, other_order, run_method, scenario_problem
 
 RESULTS = Path(__file__).parent / "results" / "item3"
 TUNING_SEEDS = (0, 1, 100, 101, 102, 103, 104, 105)
@@ -60,14 +59,11 @@ def scan(seed: int, scenario: str, sizes: Any, settings: dict[str, Any], cache_d
         held = evaluate(model, theta, problem, gallery)
         return {"probe": round(judge.level(theta), 3), "held": held["forget_r1"], "retain": held["retain_r1"]}
 
-    other = dataclasses.replace(problem.fed_settings, seed=problem.fed_settings.seed + 1000)
     out: dict[str, Any] = {
         "version_1": both(problem.theta_init),
         "original": both(problem.theta),
         "retrain": both(run_method("fed_retrain", {}, problem)[0].theta),
-        "retrain_other_order": both(
-            run_method("fed_retrain", {}, dataclasses.replace(problem, fed_settings=other))[0].theta
-        ),
+        "retrain_other_order": both(run_method("fed_retrain", {}, other_order(problem))[0].theta),
     }
     line = get_method("ease").build(settings).line(problem, Ledger())
     out["line"] = [{"scale": s, **both(line.at(s))} for s in GRID]
