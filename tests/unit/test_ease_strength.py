@@ -163,10 +163,16 @@ def test_an_explicit_target_level_is_searched_towards_in_every_scope():
 
 def test_a_memorisation_deletion_runs_the_longer_excision_and_more_repair_rounds():
     """EaseConfig's memorisation settings: a samples deletion with matched non-members runs BKE for
-    ``memorisation_excision_steps`` and ``memorisation_repair_rounds`` rounds; one without them, or a class deletion,
-    runs the general settings."""
+    ``memorisation_excision_steps`` and ``memorisation_repair_rounds`` rounds; one without them runs the general
+    settings, and a class deletion the general excision with ``class_repair_rounds`` rounds."""
     demo = tiny_demo()
-    fast = {"excision_batch": 8, "max_probes": 1, "memorisation_excision_steps": 4, "memorisation_repair_rounds": 2}
+    fast = {
+        "excision_batch": 8,
+        "max_probes": 1,
+        "memorisation_excision_steps": 4,
+        "memorisation_repair_rounds": 2,
+        "class_repair_rounds": 3,
+    }
     ease = get_method("ease").build(fast)
 
     def rounds(info):  # the protected repair rounds the ledger counted
@@ -175,10 +181,50 @@ def test_a_memorisation_deletion_runs_the_longer_excision_and_more_repair_rounds
     matched = ease.unlearn(demo.problem("samples", nonmembers=demo.data.test)).info
     assert matched["memorisation"] and matched["excision_steps"] == 4 and matched["repair_rounds"] == 2
     assert {b["steps"] for b in matched["bke"]} == {4} and rounds(matched) == 2
-    for problem in (demo.problem("samples"), demo.problem("class")):
+    for problem, n in ((demo.problem("samples"), 1), (demo.problem("class"), 3)):
         info = ease.unlearn(problem).info
-        assert not info["memorisation"] and info["excision_steps"] == 6 and info["repair_rounds"] == 1
-        assert {b["steps"] for b in info["bke"]} == {6} and rounds(info) == 1
+        assert not info["memorisation"] and info["excision_steps"] == 6 and info["repair_rounds"] == n
+        assert {b["steps"] for b in info["bke"]} == {6} and rounds(info) == n
+    with pytest.raises(ValueError, match="class_repair_rounds"):
+        get_method("ease").build({"class_repair_rounds": -1})
+
+
+def test_replayed_bases_travel_as_float16_and_the_server_decomposes_what_was_sent(monkeypatch):
+    """GSD in class scope: every basis a client uploads is counted at 2 bytes an entry, and the decomposition the
+    server runs receives exactly those rounded entries (method.BASIS_DTYPE), so the bytes are what was sent."""
+    import torch
+
+    from app.ml.federation.accounting import Ledger
+    from app.ml.unlearning.ease import method
+    from app.ml.unlearning.ease.method import EaseConfig, decompose
+
+    seen = {}
+    real = method.blockwise_exclusive
+
+    def spy(forget, retain, *args, **kwargs):
+        seen["forget"], seen["retain"] = forget, retain
+        return real(forget, retain, *args, **kwargs)
+
+    demo = tiny_demo()
+    problem = demo.problem("class")
+    cfg = EaseConfig(gsd_space="gradient")
+    with monkeypatch.context() as m:  # sent at full precision: the angles the rounding may not move
+        m.setattr(method, "BASIS_DTYPE", torch.float32)
+        exact = decompose(problem, cfg, problem.get_model(), Ledger()).info
+    monkeypatch.setattr(method, "blockwise_exclusive", spy)
+    ledger = Ledger()
+    info = decompose(problem, cfg, problem.get_model(), ledger).info
+    assert info["rank_exclusive"] == exact["rank_exclusive"] and info["rank_forget"] == exact["rank_forget"]
+    assert info["angles_deg"] == pytest.approx(exact["angles_deg"], abs=0.1)  # hundredths of a degree, not tenths
+    up = dict(ledger.bytes_up)
+    for key in ("forget", "retain"):
+        bases = [b for src in seen[key] for b in src]
+        assert bases and all(torch.equal(b, b.half().to(b.dtype)) for b in bases)  # rounded as sent
+        assert any(b.dtype != torch.float16 and b.numel() for b in bases)
+    entries = sum(int(b.numel()) for src in seen["forget"] for b in src)
+    assert up["GSD: holders' forget bases"] == 2 * entries
+    retained = sum(int(b.numel()) for src in seen["retain"] for b in src)
+    assert up["GSD: retain bases"] + up.get("GSD: other clients' retain bases", 0) == 2 * retained
 
 
 def test_lock_gsd_off_locks_only_the_excision_direction():
