@@ -4,6 +4,7 @@
     .venv/bin/python -m bench.ease_line --scenario samples
     .venv/bin/python -m bench.ease_line --scenario class --ease '{"repair_epochs": 3}'
     .venv/bin/python -m bench.ease_line --quick                       # smaller sizes, seeds 0 and 1
+    .venv/bin/python -m bench.ease_line --scenario class --sizes '{"n_test": 900, "pairs_per_client": 400}' --tag big
 
 For each seed, EASE's line θ_p + s·E + Δ_rep (method.py step 4: what the strength search moves along) is measured
 at a grid of scales on both splits — the probe split (the forget pairs and gallery half the control sees) and the
@@ -18,6 +19,9 @@ are interpolated too, not measured. The figures are |forget R@1 − retrain| on 
 drop, means over seeds; ``probe_transfer_pts`` is retraining's own |probe level − held-out level|. Settings the
 scan does not mirror (a fixed strength, ``excision_norm``, ``repair_at_scale``) are refused.
 
+``--sizes``: bench.ease's ``Sizes`` fields to change (a larger class and gallery: does the probe split then resolve
+retraining's level?); the results file records them.
+
 Seeds: the tuning seeds only (0, 1, 100–105) by default: this is where settings are chosen, and bench.ease reports
 2–11 (bench/ease.py). Results: bench/results/item3/line_<scenario>[_<tag>].json.
 """
@@ -25,6 +29,7 @@ Seeds: the tuning seeds only (0, 1, 100–105) by default: this is where setting
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -126,6 +131,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--scenario", choices=sorted(REGIME), default="class")
     ap.add_argument("--seeds", default=None, help="comma-separated (default: the tuning seeds 0,1,100-105)")
     ap.add_argument("--ease", default="{}", help="EASE settings as JSON (default: EaseConfig's defaults)")
+    ap.add_argument("--sizes", default="{}", help="bench.ease Sizes fields to change, as JSON (default: none)")
     ap.add_argument("--tag", default="", help="suffix of the results file")
     ap.add_argument("--quick", action="store_true", help="bench.ease's quick sizes and seeds 0, 1")
     ap.add_argument("--cache-dir", default=None)
@@ -133,6 +139,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     sizes = QUICK if args.quick else FULL
+    resized = json.loads(args.sizes)
+    unknown = set(resized) - {f.name for f in dataclasses.fields(sizes)}
+    if unknown:
+        ap.error(f"--sizes: no such Sizes field {sorted(unknown)}")
+    sizes = dataclasses.replace(sizes, **resized)
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else ([0, 1] if args.quick else list(TUNING_SEEDS))
     settings = json.loads(args.ease)
     unmirrored = {k for k in ("strength", "excision_norm", "repair_at_scale") if k in settings}
@@ -166,6 +177,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "seeds": seeds,
         "quick": args.quick,
         "ease_settings": settings,
+        "sizes": dataclasses.asdict(sizes),
         "grid": list(GRID),
         "summary": summary,
         "per_seed": per_seed,

@@ -44,3 +44,32 @@ def test_the_rows_score_the_held_out_split_and_the_oracle_aims_at_retrainings_pr
     assert rows["fixed_1"]["retain_r1_drop_pts"] == pytest.approx(3.0)  # 72 − (70 − 1)
     assert summary["probe_transfer_pts"] == 5.0 and summary["retrain_noise_pts"] == 2.0
     assert summary["version_1_floor_pts"] == 15.0
+
+
+def test_sizes_reach_the_federation_and_the_results_file(monkeypatch, tmp_path):
+    """``--sizes`` changes bench.ease's Sizes for every seed's federation (here: a spy on scan, no training) and the
+    results file records the sizes it ran; an unknown field is refused."""
+    import json
+
+    from bench import ease_line
+
+    seen = []
+    seed_scan = {
+        "version_1": {"probe": 20.0, "held": 25.0, "retain": 60.0},
+        "retrain": {"probe": 35.0, "held": 40.0, "retain": 72.0},
+        "retrain_other_order": {"probe": 33.0, "held": 38.0, "retain": 72.0},
+        "line": _line(80.0, 30.0),
+    }
+
+    def scan(seed, scenario, sizes, settings, cache_dir):
+        seen.append(sizes)
+        return seed_scan
+
+    monkeypatch.setattr(ease_line, "scan", scan)
+    monkeypatch.setattr(ease_line, "pretrain_tiny_clip", lambda **_: None)
+    out = tmp_path / "line.json"
+    ease_line.main(["--seeds", "0,1", "--sizes", '{"n_test": 900, "pairs_per_client": 400}', "--out", str(out)])
+    assert [(s.n_test, s.pairs_per_client) for s in seen] == [(900, 400)] * 2
+    assert json.loads(out.read_text())["sizes"]["n_test"] == 900
+    with pytest.raises(SystemExit):
+        ease_line.main(["--seeds", "0", "--sizes", '{"n_tests": 900}', "--out", str(out)])
