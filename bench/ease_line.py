@@ -140,9 +140,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(1)
     sizes = QUICK if args.quick else FULL
     resized = json.loads(args.sizes)
-    unknown = set(resized) - {f.name for f in dataclasses.fields(sizes)}
+    if not isinstance(resized, dict):
+        ap.error("--sizes takes a JSON object of Sizes fields")
+    # fields the scan never reads (its seeds are --seeds; no baselines, ablations or re-anchoring run here)
+    unread = {"seeds", "baselines", "ablations", "relearn_rounds", "relearn_orders"}
+    unknown = set(resized) - ({f.name for f in dataclasses.fields(sizes)} - unread)
     if unknown:
-        ap.error(f"--sizes: no such Sizes field {sorted(unknown)}")
+        ap.error(f"--sizes: {sorted(unknown)} are not Sizes fields the scan reads")
+    wrong = [k for k, v in resized.items() if not isinstance(v, type(getattr(sizes, k))) or isinstance(v, bool)]
+    wrong = [k for k in wrong if not (isinstance(getattr(sizes, k), float) and type(resized[k]) is int)]
+    if wrong:
+        ap.error(f"--sizes: {sorted(wrong)} need the type of their default")
+    if resized and not args.tag:
+        ap.error("--sizes needs --tag: the default-size results file is not overwritten by another size")
     sizes = dataclasses.replace(sizes, **resized)
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else ([0, 1] if args.quick else list(TUNING_SEEDS))
     settings = json.loads(args.ease)

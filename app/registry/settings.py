@@ -198,7 +198,7 @@ class EaseSettings(_Settings):
     memorisation_excision_steps: int = Field(20, ge=0, le=100_000)
     memorisation_excision_lr: Rate = 0.03
     memorisation_repair_rounds: int = Field(3, ge=0, le=1000)
-    class_repair_rounds: int = Field(1, ge=0, le=1000)
+    class_repair_rounds: int | None = Field(None, ge=0, le=1000)
     client_excision: Literal["stored_updates", "bke"] = "stored_updates"
     holder_excision: Literal["bke", "replayed_share"] = "bke"
     share_points: int | None = Field(None, ge=1, le=10_000)

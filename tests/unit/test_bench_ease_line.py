@@ -68,8 +68,13 @@ def test_sizes_reach_the_federation_and_the_results_file(monkeypatch, tmp_path):
     monkeypatch.setattr(ease_line, "scan", scan)
     monkeypatch.setattr(ease_line, "pretrain_tiny_clip", lambda **_: None)
     out = tmp_path / "line.json"
-    ease_line.main(["--seeds", "0,1", "--sizes", '{"n_test": 900, "pairs_per_client": 400}', "--out", str(out)])
+    big = ["--seeds", "0,1", "--sizes", '{"n_test": 900, "pairs_per_client": 400}', "--tag", "big"]
+    ease_line.main([*big, "--out", str(out)])
     assert [(s.n_test, s.pairs_per_client) for s in seen] == [(900, 400)] * 2
     assert json.loads(out.read_text())["sizes"]["n_test"] == 900
-    with pytest.raises(SystemExit):
-        ease_line.main(["--seeds", "0", "--sizes", '{"n_tests": 900}', "--out", str(out)])
+    for sizes in ('{"n_tests": 900}', '{"seeds": [0]}', '{"n_test": "900"}', "[900]"):  # unknown, unread, type
+        with pytest.raises(SystemExit):
+            ease_line.main(["--seeds", "0", "--sizes", sizes, "--tag", "x", "--out", str(out)])
+    with pytest.raises(SystemExit):  # another size may not overwrite the default-size results file
+        ease_line.main(["--seeds", "0", "--sizes", '{"n_test": 900}', "--out", str(out)])
+    assert len(seen) == 2

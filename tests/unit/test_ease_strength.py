@@ -185,6 +185,13 @@ def test_a_memorisation_deletion_runs_the_longer_excision_and_more_repair_rounds
         info = ease.unlearn(problem).info
         assert not info["memorisation"] and info["excision_steps"] == 6 and info["repair_rounds"] == n
         assert {b["steps"] for b in info["bke"]} == {6} and rounds(info) == n
+    # unset, a class deletion runs ``repair_rounds`` (a model registered before the setting keeps its rounds)
+    info = (
+        get_method("ease")
+        .build({**fast, "class_repair_rounds": None, "repair_rounds": 2})
+        .unlearn(demo.problem("class"))
+    )
+    assert rounds(info.info) == 2
     with pytest.raises(ValueError, match="class_repair_rounds"):
         get_method("ease").build({"class_repair_rounds": -1})
 
@@ -225,6 +232,17 @@ def test_replayed_bases_travel_as_float16_and_the_server_decomposes_what_was_sen
     assert up["GSD: holders' forget bases"] == 2 * entries
     retained = sum(int(b.numel()) for src in seen["retain"] for b in src)
     assert up["GSD: retain bases"] + up.get("GSD: other clients' retain bases", 0) == 2 * retained
+
+    # what stays on the server is neither rounded nor counted: the stored updates lent in the "mixed" space (the
+    # non-holders' retain bases, after the holders' own) and every basis of a client deletion
+    ledger = Ledger()
+    decompose(problem, EaseConfig(gsd_space="mixed"), problem.get_model(), ledger)
+    lent = seen["retain"][len(problem.holders()) :]
+    assert lent and all(not torch.equal(b, b.half().to(b.dtype)) for src in lent for b in src if b.numel())
+    assert "GSD: other clients' retain bases" not in ledger.bytes_up
+    ledger = Ledger()
+    decompose(demo.problem("client"), EaseConfig(), problem.get_model(), ledger)
+    assert seen["forget"] and not any(k.startswith("GSD") for k in [*ledger.bytes_up, *ledger.bytes_down])
 
 
 def test_lock_gsd_off_locks_only_the_excision_direction():

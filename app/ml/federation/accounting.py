@@ -1,6 +1,7 @@
 """What a federated procedure costs, counted the same way for every method (issue 11 item 2, "honest accounting").
 
-* **bytes**: everything sent, each way, by item (θ, replayed models, bases, a lock basis, probe scalars), in float32;
+* **bytes**: everything sent, each way, by item (θ, replayed models, bases, a lock basis, probe scalars), in float32
+  (EASE's replayed GSD bases and probe embeddings in float16: ease/method.py ``BASIS_DTYPE``, ``EMBEDDING_BYTES``);
 * **compute**: CPU seconds of every party together (clients one after another, as the simulation runs them);
 * **critical path**: the same work with the parties of each stage in parallel — per stage the slowest party — which is
   what a deployment waits for;
