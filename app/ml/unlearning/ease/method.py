@@ -126,7 +126,7 @@ EMBEDDING_BYTES = 2
 BASIS_DTYPE = torch.float16
 """The replayed GSD bases travel as float16 and the server decomposes the rounded ones, so the figure is what was sent:
 they are orthonormal columns that the server re-orthonormalises anyway (subspace.blockwise_exclusive), and a
-rounding of 2⁻¹¹ moves a principal angle by less than 0.1° against the 65° test (the tuning seeds: 0.01–0.09°). Half
+rounding of 2⁻¹¹ moves a principal angle by less than 0.1° against the 65° test (seeds 2–11: ≤ 0.01°). Half
 the bytes of the largest upload of a class or samples deletion (a class deletion's from ~0.20 to ~0.18 of
 retraining's)."""
 NO_TARGET_REASON = (
@@ -216,16 +216,16 @@ class EaseConfig:
       ``class_repair_rounds``: the protected repair rounds of a class deletion (None: ``repair_rounds``, as before
       the setting existed). More rounds restore more of the retained alignment the excision disturbed — and walk
       more of the deletion back. Measured on the class scenario's tuning seeds 0, 1, 100–105 (none reported;
-      bench/results/item3/; |forget R@1 − retrain| / retained drop / bytes ÷ retrain's), both on the caption-
-      stratified probe split: one round 4.17 / 5.08 / 0.205 (``class_tuning_stratified_probe.json``, float32
-      bases), two rounds with float16 bases 4.98 / 3.97 / 0.225 (``class_tuning_class_repair2_fp16.json``), two
-      rounds of two local epochs 5.09 / 3.30 / 0.226 (``…_fp16_epochs2.json``): the retained drop falls by 1.1–1.8
-      points, the forget gap grows by ~0.8. And on the one class deletion whose membership evidence is informative —
-      the caption-file federation of tests/unit/test_caption_federation_service.py (2 training rounds, 5 audited
-      pairs, that test's fast EASE settings) — the forget pairs' excess (clip_evidence) climbs with the rounds: E′ =
-      0.86, 1.70, 2.55 for one, two, three rounds against doing nothing's 2.86 (a one-off run of that test), and two
-      rounds fail the verdict one passes; on the benchmark's federation the class excess is uninformative (E₀ ≈
-      0.1–0.2) and cannot say. So the default stays one round; more is a setting an operator may trade.
+      bench/results/item3/; |forget R@1 − retrain| / retained drop / bytes ÷ retrain's; one host, float16 bases):
+      one round 4.23 / 5.14 / 0.175 (``class_tuning_stop43_default.json``), two rounds 4.98 / 3.97 / 0.225
+      (``class_tuning_class_repair2_fp16.json``), two rounds of two local epochs 5.09 / 3.30 / 0.226
+      (``…_fp16_epochs2.json``): the retained drop falls by 1.2–1.8 points, the forget gap grows by 0.75–0.86.
+      And on the one class deletion whose membership evidence is informative — the caption-file federation of
+      tests/unit/test_caption_federation_service.py (2 training rounds, 5 audited pairs, that test's fast EASE
+      settings) — the forget pairs' excess (clip_evidence) climbs with the rounds: E′ = 0.86, 1.70, 2.55 for one,
+      two, three rounds against doing nothing's 2.86 (a one-off run of that test), and two rounds fail the verdict
+      one passes; on the benchmark's federation the class excess is uninformative (E₀ ≈ 0.1–0.2) and cannot say.
+      So the default stays one round; more is a setting an operator may trade.
     Memorisation deletions (issue 24 item 3, the membership scenario): a samples deletion *with* matched
     non-members — its pairs are memorised rather than a concept, and the search targets the non-members' level —
     runs BKE for ``memorisation_excision_steps`` at ``memorisation_excision_lr`` and ``memorisation_repair_rounds``
