@@ -126,6 +126,13 @@ def summarise(per_seed: dict[str, dict[str, Any]], cfg: EaseConfig) -> dict[str,
     }
 
 
+def _fits(default: Any, value: Any) -> bool:
+    """A ``--sizes`` value of its field's type (JSON writes a whole float as an int; a bool is not an int here)."""
+    if isinstance(value, bool) or isinstance(default, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    return isinstance(value, type(default)) or (isinstance(default, float) and isinstance(value, int))
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenario", choices=sorted(REGIME), default="class")
@@ -147,8 +154,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unknown = set(resized) - ({f.name for f in dataclasses.fields(sizes)} - unread)
     if unknown:
         ap.error(f"--sizes: {sorted(unknown)} are not Sizes fields the scan reads")
-    wrong = [k for k, v in resized.items() if not isinstance(v, type(getattr(sizes, k))) or isinstance(v, bool)]
-    wrong = [k for k in wrong if not (isinstance(getattr(sizes, k), float) and type(resized[k]) is int)]
+    wrong = [k for k, v in resized.items() if not _fits(getattr(sizes, k), v)]
     if wrong:
         ap.error(f"--sizes: {sorted(wrong)} need the type of their default")
     if resized and not args.tag:
