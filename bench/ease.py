@@ -6,6 +6,7 @@
     .venv/bin/python -m bench.ease --scenarios client --out bench/results/parts/ease_client.json
     .venv/bin/python -m bench.ease --merge bench/results/parts/ease_*.json --out bench/results/ease.json
     .venv/bin/python -m bench.ease --table bench/results/ease.json     # the summary as Markdown
+    .venv/bin/python -m bench.ease --verdict ...  # also the service's verdict on every row, the cost with escalation
 
 Scenarios (app/ml/data/captions.py): ``client`` (the client holding the novel shape leaves), ``class`` (every caption
 with the novel colour) on the concept federation, ``samples`` (one data subject's pairs of a novel shape: half of the
@@ -37,6 +38,13 @@ batch of ``BATCH`` deletions (the shadows replaced once per batch); client round
 part, one after another), without and with the shadows' rounds. The shadows' cost is derived from the measured
 retrain, not run. Summaries: mean over seeds, 95 % interval (Student t), worst seed.
 
+The verdict (``--verdict``): every row is judged as the service judges it — the verification shadows trained as at
+registration (``shadows_for``, cached by the federation's bits), clip_verdict.federated_verdict with the default
+policy on the pairs the worker would audit — and ``<cost>_ratio_with_escalation`` is the deletion as ``auto`` runs
+it: the method, the replaced shadows, and, where its verdict fails, the retraining it escalates to (whose own
+verdict replays the recipe where its forget excess does not decide: one more federated run, counted), against a
+verified retraining's. ``certified_seeds`` counts the seeds whose verdict passed.
+
 Where the forget gap comes from (``target_level``): the level EASE's control aims at (version 1's; for membership
 the non-members' when higher) is measured on the held-out pairs too, and the gap is reported in two parts —
 ``target_floor_pts`` = |target − retrain| (what a control that hit its target exactly would still miss by: the target
@@ -57,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -80,8 +89,16 @@ from app.ml.federation.problem import PROBE_FRACTION, PROBE_SEED, probe_split
 from app.ml.unlearning.base import UnlearningResult, get_method
 from app.ml.unlearning.ease import EaseConfig
 from app.ml.unlearning.ease.method import ProbeJudge
-from app.ml.verification.clip_evidence import split_reference
-from app.ml.verification.clip_shadows import ClipShadowSettings
+from app.ml.verification.clip_evidence import replay_of, split_reference
+from app.ml.verification.clip_shadows import (
+    ClipShadowSet,
+    ClipShadowSettings,
+    clip_shadows_from_bytes,
+    clip_shadows_to_bytes,
+    train_clip_shadows,
+)
+from app.ml.verification.clip_verdict import audited_positions, deletion_retrieval, federated_verdict, probed
+from app.ml.verification.policy import VerdictPolicy
 from app.ml.verification.retrieval import evaluate_retrieval
 from app.ml.verification.shadows import balanced_in_mask
 
@@ -113,6 +130,9 @@ class Sizes:
     samples_subject_share: float = 0.5
     # the forget pairs' share the strength control may measure (the rest are scored): the service's split by default
     probe_fraction: float = PROBE_FRACTION
+    # the service's verdict on every row (``--verdict``): the shadows trained as at registration, every θ′ judged by
+    # clip_verdict.federated_verdict, and the cost with ``auto``'s escalation (a failed verdict retrains)
+    verdict: bool = False
 
 
 FULL = Sizes()
@@ -228,7 +248,107 @@ def add_costs(rows: dict[str, dict[str, Any]], plan: dict[str, Any], rounds: int
         if row.get("client_round_trips") is not None:
             row["client_round_trips_with_verification"] = row["client_round_trips"] + (rounds if n else 0)
             row["client_round_trips_batch"] = batch * row["client_round_trips"] + (rounds if n else 0)
+    add_escalation(rows, verify, rounds if n else 0)
     rows["retrain"]["verification"] = {**plan, **{k: round(v, 3) for k, v in verify.items()}, "batch": BATCH}
+
+
+def shadows_for(demo: DemoFederation, cache_dir: str | None, log: Any = print) -> ClipShadowSet:
+    """The verification shadows of a federation, trained as the service trains them at registration
+    (clip_shadows.train_clip_shadows with ``SHADOWS``: the recipe from θ₀ on balanced halves of the clients' pairs),
+    cached under the cache dir by the trained federation's own bits and the settings."""
+    key = hashlib.sha256(
+        demo.theta.detach().float().numpy().tobytes()
+        + json.dumps([dataclasses.asdict(SHADOWS), dataclasses.asdict(demo.fed_settings)], sort_keys=True).encode()
+    ).hexdigest()[:16]
+    path = Path(cache_dir or Path.home() / ".cache" / "lethe") / "shadows" / f"{key}.bin"
+    if path.exists():
+        return clip_shadows_from_bytes(path.read_bytes())
+    shadows = train_clip_shadows(demo.model, demo.theta_init, demo.data.clients, demo.fed_settings, SHADOWS)
+    log(f"trained {shadows.n_shadows} verification shadows in {sum(shadows.seconds):.1f}s")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(clip_shadows_to_bytes(shadows))
+    tmp.replace(path)
+    return shadows
+
+
+def verdict_of(
+    problem: FederatedProblem,
+    model: ClipLoRA,
+    shadows: ClipShadowSet,
+    nonmembers: CaptionDataset,
+    result: UnlearningResult,
+    exact: bool,
+    before: dict[str, float],
+) -> dict[str, Any]:
+    """The service's verdict on one row's θ′ (clip_verdict.federated_verdict with the default policy, the audited
+    pairs the worker would pick, the verifier's ``nonmembers``; an exact row's replay reruns the recipe), in brief."""
+    ids = [pid for c in problem.clients for pid in c.ids]
+    positions = np.flatnonzero(np.concatenate(problem.forget_masks)).tolist()
+    held, audited = audited_positions(problem, ids, positions, probed(result.info))
+    forget = CaptionDataset.concat(problem.clients).subset(held)
+    started = time.perf_counter()
+    _, verdict, _ = federated_verdict(
+        shadows,
+        model,
+        problem,
+        forget,
+        held,
+        nonmembers,
+        result.theta,
+        exact=exact,
+        scope=problem.scope,
+        policy=VerdictPolicy(),
+        before=before,
+        after=deletion_retrieval(model, problem, result.theta),
+        replay=replay_of(problem) if exact else None,
+    )
+    excess = next((c for c in verdict["checks"] if c["name"] == "forget_excess"), None)
+    return {
+        "verdict": verdict["verdict"],
+        "failed": [c["name"] for c in verdict["checks"] if c.get("passed") is False],
+        "evidence": verdict.get("evidence", []),
+        "excess": None if excess is None else round(float(excess["figure"]), 4),
+        "excess_threshold": None if excess is None else round(float(excess["threshold"]), 4),
+        "excess_informative": None if excess is None else bool(excess.get("informative")),
+        # an exact method's excess did not decide, so the verifier ran the recipe again (a federated retraining)
+        "replayed": any(c["name"] == "replay" for c in verdict["checks"]),
+        "audited": audited,
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+
+
+ESCALATED = (("bytes", "bytes"), ("cpu_seconds", "time"), ("critical_seconds", "critical_path"))
+
+
+def add_escalation(rows: dict[str, dict[str, Any]], verify: dict[str, float], shadow_rounds: int) -> None:
+    """Where the service's verdict was measured (``--verdict``): the cost of a deletion as ``auto`` runs it, against
+    a verified retraining's. A verified deletion pays the method, the replaced shadows and, for an exact method whose
+    forget excess did not decide, the verifier's replay of the recipe (one more federated retraining, counted at
+    retrain's cost); a failed approximate verdict escalates to retraining, which then pays its own verdict (retrain
+    row's). ``<cost>_ratio_with_escalation`` per row and seed; ``certified`` whether the row's own verdict passed."""
+    base = rows["retrain"]
+    if "verdict" not in base:
+        return
+    replay = 1 if base["verdict"]["replayed"] else 0  # the retrain row's verdict: its replay ran or not
+    for row in rows.values():
+        verdict = row.get("verdict")
+        if verdict is None or "cpu_seconds" not in row:
+            continue
+        row["certified"] = verdict["verdict"] == "pass"
+        escalated = not row.get("exact") and not row["certified"]
+        own_replay = 1 if row.get("exact") and verdict["replayed"] else 0
+        for key, out in ESCALATED:
+            if key not in row:
+                continue
+            retrain_verified = base[key] * (1 + replay) + verify[key]
+            cost = row[key] * (1 + own_replay) + verify[key] + (retrain_verified - verify[key] if escalated else 0.0)
+            row[f"{out}_ratio_with_escalation"] = round(cost / retrain_verified, 4)
+        if row.get("client_round_trips") is not None:
+            trips = row["client_round_trips"] * (1 + own_replay) + shadow_rounds
+            if escalated:
+                trips += base["client_round_trips"] * (1 + replay)
+            row["client_round_trips_with_escalation"] = trips
 
 
 def target_level(
@@ -317,7 +437,12 @@ def build(seed: int, sizes: Sizes, regime: str, cache_dir: str | None) -> DemoFe
 
 
 def run_scenario(
-    demo: DemoFederation, scenario: str, sizes: Sizes, ease_settings: dict[str, Any], log: Any
+    demo: DemoFederation,
+    scenario: str,
+    sizes: Sizes,
+    ease_settings: dict[str, Any],
+    log: Any,
+    shadows: ClipShadowSet | None = None,
 ) -> dict[str, Any]:
     problem, gallery = scenario_problem(demo, scenario, sizes.probe_fraction)
     model = problem.get_model()
@@ -392,6 +517,16 @@ def run_scenario(
         for label, extra in ABLATIONS.items():
             record(label, "ease", {**ease_settings, **BKE, **extra})
 
+    if shadows is not None:  # the service's verdict on every row (retraining's other data order is no method)
+        nonmembers = split_reference(demo.data.heldout if demo.data.heldout is not None else demo.data.test)[1]
+        before = deletion_retrieval(model, problem, problem.theta)
+        judged = {"retrain": (rt, True), **{label: (res, False) for label, res in results.items()}}
+        for label, (res, exact) in judged.items():
+            rows[label]["verdict"] = v = verdict_of(problem, model, shadows, nonmembers, res, exact, before)
+            log(
+                f"[{scenario}] verdict {label:20s} {v['verdict']:4s} failed {v['failed']} excess {v['excess']} "
+                f"(threshold {v['excess_threshold']}, informative {v['excess_informative']}) {v['seconds']:.1f}s"
+            )
     add_costs(rows, verification_plan(problem), rounds)
     base = rows["retrain"]
     ease = rows["ease"]
@@ -516,6 +651,10 @@ def summarise(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
     out["forget_r1_gap_worst_pts"] = gaps[worst]
     out["forget_r1_gap_worst_seed"] = worst
     out["in_band_seeds"] = sum(1 for s in seeds if per_seed[s]["summary"].get("in_band"))
+    verdicts = [per_seed[s]["methods"]["retrain"] for s in seeds if "certified" in per_seed[s]["methods"]["retrain"]]
+    if verdicts:  # --verdict: the reference's own verdict (exact: the replay decides where the excess does not)
+        out["retrain_certified_seeds"] = sum(1 for r in verdicts if r["certified"])
+        out["retrain_replayed_seeds"] = sum(1 for r in verdicts if r["verdict"]["replayed"])
     # seeds whose strength was searched at all (a samples deletion without non-members runs at the fixed scale)
     out["searched_seeds"] = sum(1 for s in seeds if per_seed[s]["summary"].get("in_band") is not None)
     out["per_seed"] = {
@@ -546,6 +685,10 @@ ROW_COST_KEYS = (
     "client_round_trips",
     "client_round_trips_with_verification",
     "client_round_trips_batch",
+    "bytes_ratio_with_escalation",
+    "critical_path_ratio_with_escalation",
+    "time_ratio_with_escalation",
+    "client_round_trips_with_escalation",
 )
 
 
@@ -574,6 +717,10 @@ def method_means(per_seed: dict[int, dict[str, Any]]) -> dict[str, dict[str, Any
             values = [m[key] for _, m in rows if m.get(key) is not None]
             if len(values) == n:
                 entry[key] = round(sum(values) / n, 4)
+        certified = [m["certified"] for _, m in rows if "certified" in m]
+        if certified:  # the service's verdict ran (--verdict): on how many seeds it certified this row
+            entry["certified_seeds"] = sum(certified)
+            entry["verdict_seeds"] = len(certified)
         out[label] = entry
     return out
 
@@ -642,6 +789,9 @@ def print_table(report: dict[str, Any]) -> None:
         ("bytes_ratio_with_verification_batch", "batch+v"),
         ("client_round_trips", "trips"),
         ("client_round_trips_with_verification", "trips+v"),
+        ("certified_seeds", "certified"),
+        ("bytes_ratio_with_escalation", "bytes×+esc"),
+        ("time_ratio_with_escalation", "cpu×+esc"),
     ]
     print("\n== summary: mean over seeds (held-out forget pairs) ==")
     for scenario, s in report["summary"].items():
@@ -653,7 +803,9 @@ def print_table(report: dict[str, Any]) -> None:
             f", |EASE − target| {s.get('control_transfer_pts', float('nan')):.2f}"
             f"; retrain probe → held-out {s.get('probe_transfer_pts', float('nan')):.2f}"
             f", oracle-target EASE {s.get('oracle_gap_pts', float('nan')):.2f}"
-            f"; original's retain drop {s.get('original_retain_drop_pts', float('nan')):.2f})"
+            f"; original's retain drop {s.get('original_retain_drop_pts', float('nan')):.2f}"
+            + (f"; retrain certified on {s['retrain_certified_seeds']} seeds" if "retrain_certified_seeds" in s else "")
+            + ")"
         )
         print("   " + " ".join(f"{name:>9s}" for _, name in cols) + "  method")
         for label, row in s.get("methods", {}).items():
@@ -746,12 +898,14 @@ def rows_markdown(report: dict[str, Any]) -> str:
     def num(m: dict[str, Any], key: str, digits: int = 3) -> str:
         return f"{m[key]:.{digits}f}" if m.get(key) is not None else "–"
 
+    verdicts = bool(report.get("sizes", {}).get("verdict"))
     lines = [
         "| scenario | row | seeds | \\|forget R@1 − retrain\\| (held-out) | worst seed | retain drop "
         "| retrain noise: forget / retain | bytes ÷ retrain | critical path ÷ retrain "
         "| with verification, per deletion: bytes / compute | per batch of 10 "
-        "| client round trips (alone / + shadows) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| client round trips (alone / + shadows) |"
+        + (" certified by the verdict | with escalation: bytes / compute / round trips |" if verdicts else ""),
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if verdicts else ""),
     ]
     for scenario, s in report["summary"].items():
         pairs = s.get("n_forget_heldout")
@@ -771,6 +925,12 @@ def rows_markdown(report: dict[str, Any]) -> str:
                 f"| {num(m, 'bytes_ratio_with_verification')} / {num(m, 'time_ratio_with_verification')} "
                 f"| {num(m, 'bytes_ratio_with_verification_batch')} / {num(m, 'time_ratio_with_verification_batch')} "
                 f"| {num(m, 'client_round_trips', 1)} / {num(m, 'client_round_trips_with_verification', 1)} |"
+                + (
+                    f" {m['certified_seeds']} of {m['verdict_seeds']} | {num(m, 'bytes_ratio_with_escalation')} / "
+                    f"{num(m, 'time_ratio_with_escalation')} / {num(m, 'client_round_trips_with_escalation', 1)} |"
+                    if verdicts and m.get("verdict_seeds")
+                    else (" – | – |" if verdicts else "")
+                )
             )
     return "\n".join(lines)
 
@@ -908,6 +1068,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--no-ablations", action="store_true")
     ap.add_argument("--no-relearn", action="store_true")
     ap.add_argument(
+        "--verdict",
+        action="store_true",
+        help="judge every row with the service's verdict (shadows trained as at registration, cached) and report "
+        "the cost with auto's escalation",
+    )
+    ap.add_argument(
         "--probe-fraction", type=float, default=None, help="share of the forget pairs the control measures (0.4)"
     )
     ap.add_argument("--out", type=Path, default=None, help="results JSON (default bench/results/ease[_quick].json)")
@@ -950,6 +1116,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         sizes = dataclasses.replace(sizes, ablations=False)
     if args.no_relearn:
         sizes = dataclasses.replace(sizes, relearn_rounds=0)
+    if args.verdict:
+        sizes = dataclasses.replace(sizes, verdict=True)
     if args.probe_fraction is not None:
         if not 0 < args.probe_fraction < 1:
             ap.error("--probe-fraction must be in (0, 1)")
@@ -998,8 +1166,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 continue
             demo = build(seed, sizes, regime, args.cache_dir)
             log(f"seed {seed}: {regime} federation ready (p = {demo.model.num_params})")
+            shadows = shadows_for(demo, args.cache_dir, log) if sizes.verdict else None
             for scenario in wanted:
-                sc = run_scenario(demo, scenario, sizes, {**ease_settings}, log)
+                sc = run_scenario(demo, scenario, sizes, {**ease_settings}, log, shadows)
                 per_scenario[scenario][seed] = sc
                 report["seeds"][str(seed)][scenario] = sc
         # written after every seed (``partial`` until the last): a run stopped early keeps the seeds it finished

@@ -149,8 +149,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     resized = json.loads(args.sizes)
     if not isinstance(resized, dict):
         ap.error("--sizes takes a JSON object of Sizes fields")
-    # fields the scan never reads (its seeds are --seeds; no baselines, ablations or re-anchoring run here)
-    unread = {"seeds", "baselines", "ablations", "relearn_rounds", "relearn_orders"}
+    # fields the scan never reads (its seeds are --seeds; no baselines, ablations, re-anchoring or verdicts run here)
+    unread = {"seeds", "baselines", "ablations", "relearn_rounds", "relearn_orders", "verdict"}
     unknown = set(resized) - ({f.name for f in dataclasses.fields(sizes)} - unread)
     if unknown:
         ap.error(f"--sizes: {sorted(unknown)} are not Sizes fields the scan reads")

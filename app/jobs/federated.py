@@ -38,25 +38,26 @@ from app.ml.verification.audit import theta_facts
 from app.ml.verification.clip_evidence import clip_evidence, replay_of, split_reference
 from app.ml.verification.clip_shadows import (
     ClipShadowSettings,
-    audit_clip_deletion,
     clip_shadows_from_bytes,
     clip_shadows_to_bytes,
     replace_clip_shadows,
     train_clip_shadows,
 )
+from app.ml.verification.clip_verdict import (
+    audited_positions,
+    deletion_retrieval,
+    federated_verdict,
+    probed,
+    retain_check,
+)
 from app.ml.verification.lira import attack_summary
 from app.ml.verification.plots import plot_data
 from app.ml.verification.policy import VerdictPolicy, decide
-from app.ml.verification.retrieval import evaluate_retrieval
 from app.ml.verification.signals import clip_pair_confidence
 from app.registry import versions as registry
 from app.registry.tables import Model
 from app.requests.tables import DeletionRequest
 from app.storage import get_store
-
-EVAL_RETAIN_PAIRS = 500
-"""Retained pairs (a fixed random sample) on which a deletion's before/after retain R@1 is measured."""
-EVAL_SAMPLE_SEED = 0
 
 
 class FederatedJobError(PermanentJobError):
@@ -309,16 +310,6 @@ def _forget_masks(model: Model, request: DeletionRequest, data, tombstoned: set[
     return masks, forget_client
 
 
-def _retrieval(clip: ClipLoRA, theta: torch.Tensor, sets: dict[str, CaptionDataset], distractors) -> dict:
-    clip.set_theta(theta)
-    out = {}
-    for name, subset in sets.items():
-        if len(subset):
-            scores = evaluate_retrieval(clip, subset, distractors if name == "forget" else None)
-            out[f"{name}_r1"] = round(scores.mean_r1, 3)
-    return out
-
-
 @dataclass
 class FederatedInputs:
     problem: FederatedProblem
@@ -397,16 +388,12 @@ class Deletion:
         result = work.method.unlearn(problem)
         seconds = time.perf_counter() - started
         ctx.progress(0.85, "measuring retrieval before and after")
-        retain = CaptionDataset.concat([problem.retain_data(k) for k in problem.retained_clients()])
-        retain = retain.subset(np.random.default_rng(EVAL_SAMPLE_SEED).permutation(len(retain))[:EVAL_RETAIN_PAIRS])
-        test = problem.gallery  # the methods' half of the test pairs (the verdict's reference is the other)
-        sets = {"forget": problem.forget_data(), "retain": retain, "test": test}
         clip = problem.get_model()
         metrics = {
             "method": name,
             "unlearn_seconds": round(seconds, 3),
-            "before": _retrieval(clip, problem.theta, sets, test),
-            "after": _retrieval(clip, result.theta, sets, test),
+            "before": deletion_retrieval(clip, problem, problem.theta),
+            "after": deletion_retrieval(clip, problem, result.theta),
             "method_info": result.info,
         }
         state_update: dict[str, Any] = {}
@@ -506,20 +493,8 @@ def _refresh_shadows(work: DeletionWork, unlearned: Unlearned, ctx: JobContext) 
 
 
 def _retain_check(unlearned: Unlearned, policy: VerdictPolicy, exact: bool = False) -> dict[str, Any]:
-    """The federated utility check (the model's ``max_retain_r1_drop_points``); exact retraining is the reference, so
-    its drop is reported, not judged (as the tabular policy treats its test accuracy)."""
-    before, after = unlearned.metrics["before"], unlearned.metrics["after"]
-    drop = before.get("retain_r1", 0.0) - after.get("retain_r1", 0.0)
-    limit = policy.max_retain_r1_drop_points
-    return {
-        "name": "retain_r1_drop",
-        "figure": round(drop, 3),
-        "threshold": limit,
-        "passed": None if exact else drop <= limit,
-        "message": f"retain R@1 {before.get('retain_r1')} → {after.get('retain_r1')} (drop {drop:.2f} points, "
-        f"max {limit})"
-        + (" [exact retraining is the reference: its utility is reported, not judged]" if exact else ""),
-    }
+    """clip_verdict.retain_check on a deletion's before/after figures."""
+    return retain_check(unlearned.metrics["before"], unlearned.metrics["after"], policy, exact)
 
 
 def _probe_masks(data: Any, alive: list[np.ndarray], masks: list[np.ndarray]) -> list[np.ndarray] | None:
@@ -532,21 +507,9 @@ def _probe_masks(data: Any, alive: list[np.ndarray], masks: list[np.ndarray]) ->
 
 
 def _audited_positions(problem: FederatedProblem, data: Any, unlearned: Unlearned) -> tuple[list[int], str]:
-    """The forget pairs the verdict scores: all of them, unless the method measured itself on the probe split
-    (EASE's strength probes), then only the others — a verdict on pairs its control never saw (issue 24 item 1)."""
-    positions = sorted(int(p) for p in unlearned.positions)
-    probed = bool(unlearned.metrics.get("method_info", {}).get("strength", {}).get("probes"))
-    if not probed:
-        return positions, f"all {len(positions)} forget pairs (the method measured none of them)"
-    if problem.probe_masks is None:
-        return positions, (
-            f"all {len(positions)} forget pairs, which the method's strength control also measured (fewer than "
-            f"{MIN_PROBE_SPLIT}: no probe split)"
-        )
+    """clip_verdict.audited_positions over the data set's pairs (tombstoned ones included: positions index them)."""
     ids = [pid for c in data.clients for pid in c.ids]
-    probe = set(problem.probe_data().ids)
-    held = [p for p in positions if ids[p] not in probe]
-    return held, f"{len(held)} of {len(positions)} forget pairs: those the method's strength control never measured"
+    return audited_positions(problem, ids, unlearned.positions, probed(unlearned.metrics.get("method_info", {})))
 
 
 def verify_federated(work: DeletionWork, unlearned: Unlearned) -> Verification:
@@ -560,8 +523,6 @@ def verify_federated(work: DeletionWork, unlearned: Unlearned) -> Verification:
     attack is reported, not enforced, and the report says why."""
     problem: FederatedProblem = work.inputs.problem
     policy = VerdictPolicy.from_dict(work.model.spec.get("verification", {}).get("policy"))
-    # the federated utility figure is the retain R@1 drop (its own check), not a test-accuracy loss
-    fed_policy = dataclasses.replace(policy, max_utility_loss_points=None)
     clip, data = problem.get_model(), data_for(work.model)
     entry = work.model.state.get("verification") or {}
     # the verifier's reference half of the held-out pairs: no method and no retrieval figure saw it (split_reference)
@@ -574,17 +535,20 @@ def verify_federated(work: DeletionWork, unlearned: Unlearned) -> Verification:
             shadows = clip_shadows_from_bytes(get_store().get_bytes(entry["shadows"]))
             positions, audited = _audited_positions(problem, data, unlearned)
             forget = CaptionDataset.concat(data.clients).subset(positions)
-            report, scores = audit_clip_deletion(
+            report, verdict, scores = federated_verdict(
                 shadows,
                 clip,
+                problem,
                 forget,
                 positions,
                 nonmembers,
-                problem.theta,
                 unlearned.theta,
-                theta_retrained=unlearned.theta if exact else None,
-                trained_on_forget=True,
+                exact=exact,
+                scope=scope,
                 policy=policy,
+                before=unlearned.metrics["before"],
+                after=unlearned.metrics["after"],
+                replay=replay_of(problem),
             )
         except ValueError as exc:  # e.g. a pair outside the shadow pool: say so instead of failing the job
             reason = f"the shadow audit could not run: {exc}"
@@ -597,18 +561,8 @@ def verify_federated(work: DeletionWork, unlearned: Unlearned) -> Verification:
             report["retrieval"] = {"before": unlearned.metrics["before"], "after": unlearned.metrics["after"]}
             report["audit_seconds"] = round(time.perf_counter() - started, 3)
             report["shadow_train_seconds"] = entry.get("train_seconds")
-            evidence = clip_evidence(
-                scores, problem.theta, unlearned.theta, exact, scope, replay_of(problem), policy.max_residual_ratio
-            )
-            verdict = decide(
-                report,
-                fed_policy,
-                exact=exact,
-                evidence=evidence,
-                extra_checks=[_retain_check(unlearned, policy, exact)],
-                attack_supports=scope != "samples",  # one-sided: a samples deletion is judged two-sided (excess)
-            )
             return Verification(report, verdict, plot_data(scores))
+    fed_policy = dataclasses.replace(policy, max_utility_loss_points=None)  # the retain drop is the utility check
     return _verify_without_shadows(work, unlearned, fed_policy, nonmembers, reason)
 
 

@@ -1,0 +1,139 @@
+"""The verdict on one federated CLIP deletion, as one pure function (the worker and bench.ease both call it).
+
+The worker (app/jobs/federated.py) loads the shadows, the data and the request and stores what this returns; the
+benchmark judges every method's θ′ with the very same steps, so that its certification rate and its cost with
+``auto``'s escalation (a failed verdict retrains) are the service's, not a re-implementation's. The steps:
+the retrieval figures before and after (:func:`deletion_retrieval`), the pairs the audit scores
+(:func:`audited_positions`: those a method's strength control never measured), the offline LiRA audit
+(clip_shadows.audit_clip_deletion), its evidence (clip_evidence.clip_evidence), the retain R@1 drop
+(:func:`retain_check`) and the policy's decision (policy.decide).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from app.ml.clip import ClipLoRA
+from app.ml.data.captions import CaptionDataset
+from app.ml.federation import FederatedProblem
+from app.ml.federation.problem import MIN_PROBE_SPLIT
+from app.ml.verification.audit import AuditScores
+from app.ml.verification.clip_evidence import clip_evidence
+from app.ml.verification.clip_shadows import ClipShadowSet, audit_clip_deletion
+from app.ml.verification.policy import VerdictPolicy, decide
+from app.ml.verification.retrieval import evaluate_retrieval
+
+EVAL_RETAIN_PAIRS = 500
+"""Retained pairs (a fixed random sample) on which a deletion's before/after retain R@1 is measured."""
+EVAL_SAMPLE_SEED = 0
+
+
+def deletion_retrieval(clip: ClipLoRA, problem: FederatedProblem, theta: torch.Tensor) -> dict[str, float]:
+    """Forget / retain / test R@1 of θ as a deletion's report shows them: every forget pair against the methods'
+    gallery (``problem.gallery``: the verdict's reference is the other half), a fixed sample of the retained pairs,
+    and the gallery's own pairs. The retain figure is what :func:`retain_check` judges."""
+    retain = CaptionDataset.concat([problem.retain_data(k) for k in problem.retained_clients()])
+    retain = retain.subset(np.random.default_rng(EVAL_SAMPLE_SEED).permutation(len(retain))[:EVAL_RETAIN_PAIRS])
+    test = problem.gallery
+    sets = {"forget": problem.forget_data(), "retain": retain, "test": test}
+    clip.set_theta(theta)
+    out = {}
+    for name, subset in sets.items():
+        if subset is not None and len(subset):
+            scores = evaluate_retrieval(clip, subset, test if name == "forget" else None)
+            out[f"{name}_r1"] = round(scores.mean_r1, 3)
+    return out
+
+
+def audited_positions(
+    problem: FederatedProblem, ids: Sequence[str], positions: Sequence[int], probed: bool
+) -> tuple[list[int], str]:
+    """The forget pairs the verdict scores (``positions`` index the data set whose pair ids are ``ids``): all of
+    them, unless the method measured itself on the probe split (EASE's strength probes), then only the others — a
+    verdict on pairs its control never saw (issue 24 item 1)."""
+    positions = sorted(int(p) for p in positions)
+    if not probed:
+        return positions, f"all {len(positions)} forget pairs (the method measured none of them)"
+    if problem.probe_masks is None:
+        return positions, (
+            f"all {len(positions)} forget pairs, which the method's strength control also measured (fewer than "
+            f"{MIN_PROBE_SPLIT}: no probe split)"
+        )
+    probe = set(problem.probe_data().ids)
+    held = [p for p in positions if ids[p] not in probe]
+    return held, f"{len(held)} of {len(positions)} forget pairs: those the method's strength control never measured"
+
+
+def probed(method_info: dict[str, Any]) -> bool:
+    """Whether a method's run measured forget pairs (EASE's strength search records its probes)."""
+    return bool(method_info.get("strength", {}).get("probes"))
+
+
+def retain_check(
+    before: dict[str, float], after: dict[str, float], policy: VerdictPolicy, exact: bool = False
+) -> dict[str, Any]:
+    """The federated utility check (the model's ``max_retain_r1_drop_points``); exact retraining is the reference, so
+    its drop is reported, not judged (as the tabular policy treats its test accuracy)."""
+    drop = before.get("retain_r1", 0.0) - after.get("retain_r1", 0.0)
+    limit = policy.max_retain_r1_drop_points
+    return {
+        "name": "retain_r1_drop",
+        "figure": round(drop, 3),
+        "threshold": limit,
+        "passed": None if exact else drop <= limit,
+        "message": f"retain R@1 {before.get('retain_r1')} → {after.get('retain_r1')} (drop {drop:.2f} points, "
+        f"max {limit})"
+        + (" [exact retraining is the reference: its utility is reported, not judged]" if exact else ""),
+    }
+
+
+def federated_verdict(
+    shadows: ClipShadowSet,
+    clip: ClipLoRA,
+    problem: FederatedProblem,
+    forget: CaptionDataset,
+    positions: Sequence[int],
+    nonmembers: CaptionDataset,
+    theta_new: torch.Tensor,
+    *,
+    exact: bool,
+    scope: str,
+    policy: VerdictPolicy,
+    before: dict[str, float],
+    after: dict[str, float],
+    replay: Callable[[], torch.Tensor] | None,
+) -> tuple[dict[str, Any], dict[str, Any], AuditScores]:
+    """(report, verdict, scores) of one deletion: offline LiRA with the shadows on the audited ``forget`` pairs (at
+    data-set ``positions``) against the verifier's ``nonmembers``, for the parent ``problem.theta`` and θ′; the
+    evidence of clip_evidence.py (the forget excess; for an exact method whose excess does not decide, ``replay``);
+    the retain R@1 drop; the policy's decision (an approximate method without informative evidence is not
+    certified). Raises ValueError where the audit cannot run (a pair outside the shadow pool)."""
+    # the federated utility figure is the retain R@1 drop (its own check), not a test-accuracy loss
+    fed_policy = dataclasses.replace(policy, max_utility_loss_points=None)
+    report, scores = audit_clip_deletion(
+        shadows,
+        clip,
+        forget,
+        positions,
+        nonmembers,
+        problem.theta,
+        theta_new,
+        theta_retrained=theta_new if exact else None,
+        trained_on_forget=True,
+        policy=policy,
+    )
+    evidence = clip_evidence(scores, problem.theta, theta_new, exact, scope, replay, policy.max_residual_ratio)
+    verdict = decide(
+        report,
+        fed_policy,
+        exact=exact,
+        evidence=evidence,
+        extra_checks=[retain_check(before, after, policy, exact)],
+        attack_supports=scope != "samples",  # one-sided: a samples deletion is judged two-sided (excess)
+    )
+    return report, verdict, scores
