@@ -304,13 +304,22 @@ def verdict_of(
         replay=replay_of(problem) if exact else None,
     )
     excess = next((c for c in verdict["checks"] if c["name"] == "forget_excess"), None)
+    kept = next((c for c in verdict["checks"] if c["name"] == "forget_retrieval"), None)
+    failed = [c["name"] for c in verdict["checks"] if c.get("passed") is False]
     return {
         "verdict": verdict["verdict"],
-        "failed": [c["name"] for c in verdict["checks"] if c.get("passed") is False],
+        "failed": failed,
         "evidence": verdict.get("evidence", []),
         "excess": None if excess is None else round(float(excess["figure"]), 4),
         "excess_threshold": None if excess is None else round(float(excess["threshold"]), 4),
         "excess_informative": None if excess is None else bool(excess.get("informative")),
+        # class scope: the forget pairs' R@1 against version 1's (clip_evidence.forget_retrieval), and whether it
+        # alone failed a verdict that other evidence (the one-sided attack) would have certified
+        "retrieval_r1": None if kept is None else round(float(kept["figure"]), 2),
+        "retrieval_threshold": None if kept is None else round(float(kept["threshold"]), 2),
+        "retrieval_informative": None if kept is None else bool(kept.get("informative")),
+        "kept_share": None if kept is None else kept["detail"]["kept_share"],
+        "failed_only_on_retrieval": failed == ["forget_retrieval"] and bool(set(verdict.get("evidence", []))),
         # an exact method's excess did not decide, so the verifier ran the recipe again (a federated retraining)
         "replayed": any(c["name"] == "replay" for c in verdict["checks"]),
         "audited": audited,
@@ -525,7 +534,8 @@ def run_scenario(
             rows[label]["verdict"] = v = verdict_of(problem, model, shadows, nonmembers, res, exact, before)
             log(
                 f"[{scenario}] verdict {label:20s} {v['verdict']:4s} failed {v['failed']} excess {v['excess']} "
-                f"(threshold {v['excess_threshold']}, informative {v['excess_informative']}) {v['seconds']:.1f}s"
+                f"(threshold {v['excess_threshold']}, informative {v['excess_informative']}) retrieval "
+                f"{v['retrieval_r1']} (threshold {v['retrieval_threshold']}) {v['seconds']:.1f}s"
             )
     add_costs(rows, verification_plan(problem), rounds)
     base = rows["retrain"]

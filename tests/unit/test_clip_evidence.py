@@ -10,6 +10,7 @@ so removing the check turns the test red (the LiRA attack alone is not always in
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -122,3 +123,51 @@ def test_every_clip_impostor_fails_on_its_evidence(world, name):
     # and whatever else decides, it is evidence: an evidence class that failed, or the informative-evidence rule
     on_evidence = [c["name"] for c in verdict["checks"] if c["passed"] is False and c["name"] != "parameters_changed"]
     assert set(on_evidence) & ({c["name"] for c in verdict["checks"] if c.get("evidence")} | {"informative_evidence"})
+
+
+def _levels(unlearned: float, original: float = 90.0, version_1: float = 20.0, n: int = 108) -> dict:
+    from app.ml.verification.retrieval import RetrievalScores
+
+    def level(r1: float) -> RetrievalScores:
+        return RetrievalScores(r1 / 100, 1.0, r1 / 100, 1.0, n_queries=n, gallery_size=n + 150)
+
+    return {"unlearned": level(unlearned), "original": level(original), "version_1": level(version_1)}
+
+
+def test_a_class_kept_above_what_a_model_that_never_saw_it_retrieves_fails():
+    """forget_retrieval (class scope): the forget pairs' R@1 against version 1's, with CONCEPT_ALLOWANCE of doing
+    nothing's gain and the sampling spread as margin. Gradient ascent's class deletion on bench.ease seed 2 (version
+    1 19.9, original 94.4, ascent 65.3, retrain 30.1; 108 pairs) passed the verdict before this check existed."""
+    from app.ml.verification.clip_evidence import CONCEPT_ALLOWANCE, forget_retrieval
+
+    ascent = forget_retrieval(_levels(65.3, 94.4, 19.9), exact=False)
+    assert ascent["informative"] and ascent["passed"] is False and "kept 0.61" in ascent["message"]
+    retrained = forget_retrieval(_levels(30.1, 94.4, 19.9), exact=False)
+    assert retrained["passed"] is True
+    assert forget_retrieval(_levels(2.0, 94.4, 40.0), exact=False)["passed"] is True  # below version 1: one-sided
+    doing_nothing = forget_retrieval(_levels(94.4, 94.4, 19.9), exact=False)
+    assert doing_nothing["passed"] is False
+    gain, se = 94.4 - 19.9, retrained["detail"]["se"]
+    assert retrained["threshold"] == pytest.approx(19.9 + CONCEPT_ALLOWANCE * gain + Z_NULL * se)
+    # a class the original barely learned (or five audited pairs) is no evidence either way
+    weak = forget_retrieval(_levels(30.0, 35.0, 20.0), exact=False)
+    assert weak["informative"] is False and weak["passed"] is None and "uninformative" in weak["message"]
+    few = forget_retrieval(_levels(90.0, 90.0, 20.0, n=5), exact=False)
+    assert few["informative"] is False
+    # five pairs all retrieved by every model: no margin, no gain, no evidence — and a certificate can carry it
+    flat = forget_retrieval(_levels(100.0, 100.0, 100.0, n=5), exact=False)
+    assert flat["informative"] is False and math.isfinite(flat["power"]) and flat["detail"]["se"] > 0
+
+
+def test_the_class_retrieval_check_applies_to_class_deletions_only_and_an_exact_miss_is_replayed():
+    levels = _levels(65.3, 94.4, 19.9)
+    theta = np.zeros(3)
+    names = [c["name"] for c in clip_evidence(None, theta, theta, False, "class", levels=levels)]
+    assert names == ["forget_retrieval"]
+    for scope in ("client", "samples"):  # not a concept only the forget set teaches: version 1 predicts nothing
+        assert clip_evidence(None, theta, theta, False, scope, levels=levels) == []
+    replayed = clip_evidence(None, theta, theta, True, "class", replay=lambda: theta, levels=levels)
+    assert [c["name"] for c in replayed] == ["forget_retrieval", "replay"]
+    assert replayed[0]["passed"] is None and "replay below decides" in replayed[0]["message"]
+    decided = clip_evidence(None, theta, theta, True, "class", replay=lambda: 1 / 0, levels=_levels(30.1, 94.4, 19.9))
+    assert [c["name"] for c in decided] == ["forget_retrieval"] and decided[0]["passed"] is True

@@ -21,6 +21,22 @@ rounds), so its evidence is what the audit's own data can show, each judged agai
     pairs below the non-members (the shadows that calibrate z learned the concept from the very pairs deleted), so
     only the excess above is judged there.
 
+``forget_retrieval`` (class scope)
+    The excess cannot see a concept kept: the shadows that calibrate z learned the class from the very pairs deleted,
+    so the class pairs score like non-members whether or not the model still knows the class (measured on bench.ease's
+    class federation: E₀ ≈ 0.1–0.2, uninformative), and the forget-set attack is one-sided — gradient ascent pushes
+    each pair's statistic down while the class stays retrievable, and was certified so at a held-out forget R@1 of
+    65.3 against retraining's 30.1 and the original's 94.4 (stop 44, seed 2). A class deletion removes every pair
+    that carries the word, so a model that never saw them is one that never learned the class: version 1 (the LoRA
+    at θ₀) is its floor, and what retraining keeps above it is what it generalises from the other pairs. Figure: the
+    audited forget pairs' R@1 (both directions) against the verifier's non-member pairs as distractors, r(θ′);
+    do-nothing r(θ); floor r(θ₀);
+    pass iff r(θ′) ≤ r(θ₀) + CONCEPT_ALLOWANCE · (r(θ) − r(θ₀)) + Z_NULL · SE (SE: the binomial standard error of
+    r(θ′), at least that of r(θ₀)); informative iff doing nothing sits MIN_POWER × that margin above the floor.
+    One-sided: a model below version 1 knows the class less than one that never saw it. Not for client scope (a
+    client's pairs are not a concept only it holds in general: retraining keeps most of an ordinary client's
+    retrieval) nor samples (version 1 does not predict retraining there: ease/method.py, step 4).
+
 ``replay`` (exact methods, when the excess does not decide: uninformative — a random one-pair forget set nearly
 always is — or failed) — FedAvg from the model's θ₀ with its recorded schedule on the pairs the verifier determined as
 retained, run again: federated retraining is deterministic (seeded client sampling and batches; measured bitwise
@@ -48,6 +64,7 @@ from app.ml.verification.evidence import (
     _check,
     replay_check,
 )
+from app.ml.verification.retrieval import RetrievalScores
 
 REFERENCE_SEED = 20
 """Seeds the fixed split of the held-out pairs into the methods' half and the verifier's reference half."""
@@ -58,6 +75,14 @@ is failed by chance ≤ 5 % of the time (two-sided; one-sided 2.3 %) — the att
 pass. Informative then needs E₀ ≥ MIN_POWER·2 = 4 SE. Measured on the 300-pair panel federation: federated
 retraining at −2.9 to +1.9 SE on 6 random 50-pair sets."""
 TWO_SIDED_SCOPES = frozenset({"samples"})
+CONCEPT_SCOPES = frozenset({"class"})
+"""Scopes whose forget set is a concept no retained pair teaches (``forget_retrieval``)."""
+CONCEPT_ALLOWANCE = 0.25
+"""[INFERENCE] the share of the class's retrieval gain over version 1 a correct deletion may keep (what retraining
+generalises from the other pairs). Set from bench.ease's class scenario on its tuning seeds 0, 1, 100–105 only
+(bench/results/item3/class_tuning_stop43_default.json: retraining kept −0.09 to 0.18 of the gain, EASE −0.16 to
+0.17), with room above the largest. Gradient ascent, which the verdict certified without this check, kept 0.63–0.96
+of it on stop 43's run of the reported seeds 2–11."""
 
 
 def split_reference(pairs: CaptionDataset) -> tuple[CaptionDataset, CaptionDataset]:
@@ -127,6 +152,52 @@ def forget_excess(
     return _check("forget_excess", figure, threshold, passed, informative, power, message, detail)
 
 
+def binomial_se(scores: RetrievalScores) -> float:
+    """Standard error (points) of a mean R@1 over both directions, the two taken as independent (an upper bound); a
+    recall of 0 or 1 counts as half a query off it (a handful of pairs all retrieved is not a certain level)."""
+    n = max(scores.n_queries, 1)
+    rates = [min(max(r, 0.5 / n), 1 - 0.5 / n) for r in (scores.i2t_r1, scores.t2i_r1)]
+    return 50.0 * math.sqrt(sum(r * (1 - r) for r in rates) / n)
+
+
+def forget_retrieval(levels: dict[str, RetrievalScores], exact: bool) -> dict[str, Any]:
+    """The ``forget_retrieval`` check of the module docstring; ``levels`` holds the audited forget pairs' retrieval
+    under "unlearned", "original" and "version_1" (θ₀), each against the verifier's non-members."""
+    r1, r_orig, r_v1 = (levels[k].mean_r1 for k in ("unlearned", "original", "version_1"))
+    gain = max(r_orig - r_v1, 0.0)
+    se = max(binomial_se(levels["unlearned"]), binomial_se(levels["version_1"]))
+    margin = CONCEPT_ALLOWANCE * gain + Z_NULL * se
+    threshold = r_v1 + margin
+    power = gain / margin if margin > 0 else 0.0  # no margin: no gain either, nothing to show
+    informative = power >= MIN_POWER
+    passed = (r1 <= threshold) if informative else None
+    kept = None if gain <= 0 else (r1 - r_v1) / gain
+    message = (
+        f"forget pairs' R@1 against the verifier's non-members: {r1:.1f} {'≤' if passed else '>'} {threshold:.1f} "
+        f"(version 1's {r_v1:.1f} + {CONCEPT_ALLOWANCE:g} of doing nothing's gain {gain:.1f} + {Z_NULL:g}·SE "
+        f"{se:.1f}); doing nothing: {r_orig:.1f}"
+        + ("" if kept is None else f"; the deletion kept {kept:.2f} of the class's gain")
+    )
+    if not informative:
+        message = (
+            f"uninformative: the original retrieves the {levels['unlearned'].n_queries} forget pairs at {r_orig:.1f}, "
+            f"within {MIN_POWER:g}× of the margin {margin:.1f} above version 1's {r_v1:.1f} (SE {se:.1f}): the "
+            "class's retrieval is not measurably learned"
+        )
+    detail = {
+        "r1": r1,
+        "r1_do_nothing": r_orig,
+        "r1_version_1": r_v1,
+        "se": se,
+        "allowance": CONCEPT_ALLOWANCE,
+        "z_null": Z_NULL,
+        "kept_share": kept,
+        "n_forget": levels["unlearned"].n_queries,
+        "exact": exact,
+    }
+    return _check("forget_retrieval", r1, threshold, passed, informative, power, message, detail)
+
+
 def replay_of(problem: FederatedProblem) -> Callable[[], torch.Tensor]:
     """The exact recipe run again by the verifier (``replay``): FedAvg from θ₀ with the model's recorded schedule on
     the retained pairs the problem holds (the job's own determination, at load), as fed_retrain trains them."""
@@ -145,16 +216,21 @@ def clip_evidence(
     replay: Callable[[], torch.Tensor] | None = None,
     max_ratio: float = DEFAULT_MAX_RESIDUAL_RATIO,
     retained: str = "the retained pairs",
+    levels: dict[str, RetrievalScores] | None = None,
 ) -> list[dict[str, Any]]:
-    """The evidence of one federated deletion: the forget excess (when shadows audited it), and for an exact method
-    whose excess did not decide, the replay (``replay``: runs the recipe on the retained pairs; called only then)."""
-    checks: list[dict[str, Any]] = []
+    """The evidence of one federated deletion: the forget excess (when shadows audited it), the forget pairs'
+    retrieval against version 1's (``levels``, class scope), and for an exact method unless an informative check
+    passed and none failed, the replay (``replay``: runs the recipe on the retained pairs; called only then)."""
+    found: list[dict[str, Any]] = []
     if scores is not None:
-        check = forget_excess(scores, exact, scope in TWO_SIDED_SCOPES, max_ratio)
-        if not exact or (check["informative"] and check["passed"]):
-            return [check]
-        note = " [not decisive for an exact method: the replay below decides]"
-        checks.append({**check, "passed": None, "informative": False, "message": check["message"] + note})
+        found.append(forget_excess(scores, exact, scope in TWO_SIDED_SCOPES, max_ratio))
+    if levels is not None and scope in CONCEPT_SCOPES:
+        found.append(forget_retrieval(levels, exact))
+    informative = [c for c in found if c["informative"]]
+    if not exact or (informative and all(c["passed"] for c in informative)):
+        return found
+    note = " [not decisive for an exact method: the replay below decides]"
+    checks = [{**c, "passed": None, "informative": False, "message": c["message"] + note} for c in found]
     if exact and replay is not None:
         checks.append(replay_check(theta_parent, theta_new, replay(), retained))
     return checks

@@ -5,7 +5,8 @@ benchmark judges every method's θ′ with the very same steps, so that its cert
 ``auto``'s escalation (a failed verdict retrains) are the service's, not a re-implementation's. The steps:
 the retrieval figures before and after (:func:`deletion_retrieval`), the pairs the audit scores
 (:func:`audited_positions`: those a method's strength control never measured), the offline LiRA audit
-(clip_shadows.audit_clip_deletion), its evidence (clip_evidence.clip_evidence), the retain R@1 drop
+(clip_shadows.audit_clip_deletion), its evidence (clip_evidence.clip_evidence: the forget excess and, for a class,
+the forget pairs' retrieval against version 1's), the retain R@1 drop
 (:func:`retain_check`) and the policy's decision (policy.decide).
 """
 
@@ -23,10 +24,10 @@ from app.ml.data.captions import CaptionDataset
 from app.ml.federation import FederatedProblem
 from app.ml.federation.problem import MIN_PROBE_SPLIT
 from app.ml.verification.audit import AuditScores
-from app.ml.verification.clip_evidence import clip_evidence
+from app.ml.verification.clip_evidence import CONCEPT_SCOPES, clip_evidence
 from app.ml.verification.clip_shadows import ClipShadowSet, audit_clip_deletion
 from app.ml.verification.policy import VerdictPolicy, decide
-from app.ml.verification.retrieval import evaluate_retrieval
+from app.ml.verification.retrieval import RetrievalScores, evaluate_retrieval
 
 EVAL_RETAIN_PAIRS = 500
 """Retained pairs (a fixed random sample) on which a deletion's before/after retain R@1 is measured."""
@@ -92,6 +93,14 @@ def retain_check(
     }
 
 
+def retrieval_of(
+    clip: ClipLoRA, theta: torch.Tensor, pairs: CaptionDataset, distractors: CaptionDataset
+) -> RetrievalScores:
+    """R@1 of ``pairs`` under θ, ranked against themselves and ``distractors``."""
+    clip.set_theta(theta)
+    return evaluate_retrieval(clip, pairs, distractors)
+
+
 def federated_verdict(
     shadows: ClipShadowSet,
     clip: ClipLoRA,
@@ -127,7 +136,13 @@ def federated_verdict(
         trained_on_forget=True,
         policy=policy,
     )
-    evidence = clip_evidence(scores, problem.theta, theta_new, exact, scope, replay, policy.max_residual_ratio)
+    levels = None
+    if scope in CONCEPT_SCOPES:  # the class's retrieval against version 1's (clip_evidence, forget_retrieval)
+        thetas = {"unlearned": theta_new, "original": problem.theta, "version_1": problem.theta_init}
+        levels = {name: retrieval_of(clip, theta, forget, nonmembers) for name, theta in thetas.items()}
+    evidence = clip_evidence(
+        scores, problem.theta, theta_new, exact, scope, replay, policy.max_residual_ratio, levels=levels
+    )
     verdict = decide(
         report,
         fed_policy,
