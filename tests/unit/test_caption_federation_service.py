@@ -195,6 +195,11 @@ def test_a_caption_file_federation_runs_client_class_and_samples_deletions(servi
     assert done["status"] == "certified", done["error"]
     info = client.get(f"/v1/models/{model_id}/versions").json()[-1]["metrics"]["method_info"]
     assert info["scope"] == "class" and {"target_r1", "scale", "probes"} <= set(info["strength"])
+    # the class's retrieval against version 1's is judged too (clip_evidence.forget_retrieval; a handful of pairs
+    # on two training rounds: reported, not informative here)
+    report = client.get("/v1/reports", params={"request_id": done["id"]}).json()["items"][-1]
+    kept = next(c for c in report["checks"] if c["name"] == "forget_retrieval")
+    assert kept["figure"] is not None and kept["threshold"] is not None and kept["power"] is not None
     assert clients.round(FED["rounds"])["status"] == "succeeded"  # the clients drop the deleted pairs first
     assert not any("purple" in c for d in clients.fed.clients for c in d.captions)
 
