@@ -80,7 +80,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from app.ml.clip import ClipLoRA, LoraSettings, checkpoint_sha256, pretrain_tiny_clip
+from app.ml.clip import ClipLoRA, LoraSettings, checkpoint_sha256, default_cache_dir, pretrain_tiny_clip
 from app.ml.data.captions import CaptionDataset
 from app.ml.federation import DemoFederation, FederatedProblem, FedSettings, make_demo_federation
 from app.ml.federation.accounting import Ledger
@@ -257,10 +257,10 @@ def shadows_for(demo: DemoFederation, cache_dir: str | None, log: Any = print) -
     (clip_shadows.train_clip_shadows with ``SHADOWS``: the recipe from θ₀ on balanced halves of the clients' pairs),
     cached under the cache dir by the trained federation's own bits and the settings."""
     key = hashlib.sha256(
-        demo.theta.detach().float().numpy().tobytes()
+        demo.theta.detach().float().cpu().numpy().tobytes()
         + json.dumps([dataclasses.asdict(SHADOWS), dataclasses.asdict(demo.fed_settings)], sort_keys=True).encode()
     ).hexdigest()[:16]
-    path = Path(cache_dir or Path.home() / ".cache" / "lethe") / "shadows" / f"{key}.bin"
+    path = Path(cache_dir or default_cache_dir()) / "shadows" / f"{key}.bin"
     if path.exists():
         return clip_shadows_from_bytes(path.read_bytes())
     shadows = train_clip_shadows(demo.model, demo.theta_init, demo.data.clients, demo.fed_settings, SHADOWS)

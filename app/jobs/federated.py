@@ -44,6 +44,7 @@ from app.ml.verification.clip_shadows import (
     train_clip_shadows,
 )
 from app.ml.verification.clip_verdict import (
+    AuditUnavailable,
     audited_positions,
     deletion_retrieval,
     federated_verdict,
@@ -532,7 +533,10 @@ def verify_federated(work: DeletionWork, unlearned: Unlearned) -> Verification:
     if entry.get("shadows"):
         started = time.perf_counter()
         try:
-            shadows = clip_shadows_from_bytes(get_store().get_bytes(entry["shadows"]))
+            try:
+                shadows = clip_shadows_from_bytes(get_store().get_bytes(entry["shadows"]))
+            except ValueError as exc:
+                raise AuditUnavailable(f"the stored shadow runs could not be read: {exc}") from exc
             positions, audited = _audited_positions(problem, data, unlearned)
             forget = CaptionDataset.concat(data.clients).subset(positions)
             report, verdict, scores = federated_verdict(
@@ -550,7 +554,7 @@ def verify_federated(work: DeletionWork, unlearned: Unlearned) -> Verification:
                 after=unlearned.metrics["after"],
                 replay=replay_of(problem),
             )
-        except ValueError as exc:  # e.g. a pair outside the shadow pool: say so instead of failing the job
+        except AuditUnavailable as exc:  # e.g. a pair outside the shadow pool: say so instead of failing the job
             reason = f"the shadow audit could not run: {exc}"
         else:
             report["attack"]["shadow_rounds"] = entry.get("rounds")

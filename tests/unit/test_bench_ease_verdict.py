@@ -74,7 +74,13 @@ def test_the_verdict_of_a_row_is_the_services(monkeypatch, tmp_path):
     problem, _ = bench.scenario_problem(demo, "client")
     monkeypatch.setattr(bench, "SHADOWS", ClipShadowSettings(n_shadows=4))
     shadows = bench.shadows_for(demo, str(tmp_path), log=lambda *_: None)
-    assert bench.shadows_for(demo, str(tmp_path)).thetas.equal(shadows.thetas)  # cached by the federation's bits
+    assert len(list((tmp_path / "shadows").glob("*.bin"))) == 1
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the cached shadows were trained again")
+
+    monkeypatch.setattr(bench, "train_clip_shadows", no_training)  # cached by the federation's bits
+    assert bench.shadows_for(demo, str(tmp_path)).thetas.equal(shadows.thetas)
     nonmembers = split_reference(demo.data.test)[1]
     model = problem.get_model()
     before = bench.deletion_retrieval(model, problem, problem.theta)

@@ -169,5 +169,18 @@ def test_the_class_retrieval_check_applies_to_class_deletions_only_and_an_exact_
     replayed = clip_evidence(None, theta, theta, True, "class", replay=lambda: theta, levels=levels)
     assert [c["name"] for c in replayed] == ["forget_retrieval", "replay"]
     assert replayed[0]["passed"] is None and "replay below decides" in replayed[0]["message"]
-    decided = clip_evidence(None, theta, theta, True, "class", replay=lambda: 1 / 0, levels=_levels(30.1, 94.4, 19.9))
-    assert [c["name"] for c in decided] == ["forget_retrieval"] and decided[0]["passed"] is True
+    # a passing retrieval check does not spare an exact method the replay (it is loose: an allowance)
+    passing = clip_evidence(None, theta, theta, True, "class", replay=lambda: theta, levels=_levels(30.1, 94.4, 19.9))
+    assert [c["name"] for c in passing] == ["forget_retrieval", "replay"]
+
+
+def test_whether_the_class_check_sees_anything_does_not_depend_on_the_model_judged():
+    """Its power comes from the original's and version 1's levels: a θ′ near 50 % (the largest binomial spread) must
+    not make the check uninformative and so escape it (original 18, version 1 5, 400 pairs: a gain the original's
+    and version 1's spread resolve, θ′'s at 50 % would not)."""
+    from app.ml.verification.clip_evidence import forget_retrieval
+
+    for r1, passed in ((2.0, True), (10.0, True), (18.0, False), (50.0, False)):
+        check = forget_retrieval(_levels(r1, 18.0, 5.0, n=400), exact=False)
+        assert check["informative"] is True and check["passed"] is passed, (r1, check["message"])
+        assert check["power"] == forget_retrieval(_levels(2.0, 18.0, 5.0, n=400), exact=False)["power"]

@@ -153,8 +153,10 @@ def forget_excess(
 
 
 def binomial_se(scores: RetrievalScores) -> float:
-    """Standard error (points) of a mean R@1 over both directions, the two taken as independent (an upper bound); a
-    recall of 0 or 1 counts as half a query off it (a handful of pairs all retrieved is not a certain level)."""
+    """Standard error (points) of a mean R@1 over both directions, the two taken as independent — they are positively
+    correlated on the same pairs, so this may understate it by up to √2 (the allowance, set on measured retrains,
+    absorbs it); a recall of 0 or 1 counts as half a query off it (a handful of pairs all retrieved is not a certain
+    level)."""
     n = max(scores.n_queries, 1)
     rates = [min(max(r, 0.5 / n), 1 - 0.5 / n) for r in (scores.i2t_r1, scores.t2i_r1)]
     return 50.0 * math.sqrt(sum(r * (1 - r) for r in rates) / n)
@@ -168,7 +170,11 @@ def forget_retrieval(levels: dict[str, RetrievalScores], exact: bool) -> dict[st
     se = max(binomial_se(levels["unlearned"]), binomial_se(levels["version_1"]))
     margin = CONCEPT_ALLOWANCE * gain + Z_NULL * se
     threshold = r_v1 + margin
-    power = gain / margin if margin > 0 else 0.0  # no margin: no gain either, nothing to show
+    # whether the check can see anything is a fact of the deletion, not of the model judged: its power uses the
+    # spread of the original's and version 1's levels only (θ′'s own SE would let a θ′ near 50 % escape the check)
+    se_null = max(binomial_se(levels["original"]), binomial_se(levels["version_1"]))
+    margin_null = CONCEPT_ALLOWANCE * gain + Z_NULL * se_null
+    power = gain / margin_null if margin_null > 0 else 0.0  # no margin: no gain either, nothing to show
     informative = power >= MIN_POWER
     passed = (r1 <= threshold) if informative else None
     kept = None if gain <= 0 else (r1 - r_v1) / gain
@@ -181,7 +187,8 @@ def forget_retrieval(levels: dict[str, RetrievalScores], exact: bool) -> dict[st
     if not informative:
         message = (
             f"uninformative: the original retrieves the {levels['unlearned'].n_queries} forget pairs at {r_orig:.1f}, "
-            f"within {MIN_POWER:g}× of the margin {margin:.1f} above version 1's {r_v1:.1f} (SE {se:.1f}): the "
+            f"within {MIN_POWER:g}× of the margin {margin_null:.1f} above version 1's {r_v1:.1f} (SE {se_null:.1f}): "
+            "the "
             "class's retrieval is not measurably learned"
         )
     detail = {
@@ -219,15 +226,18 @@ def clip_evidence(
     levels: dict[str, RetrievalScores] | None = None,
 ) -> list[dict[str, Any]]:
     """The evidence of one federated deletion: the forget excess (when shadows audited it), the forget pairs'
-    retrieval against version 1's (``levels``, class scope), and for an exact method unless an informative check
-    passed and none failed, the replay (``replay``: runs the recipe on the retained pairs; called only then)."""
+    retrieval against version 1's (``levels``, class scope), and for an exact method, unless its forget excess is
+    informative and passed and no informative check failed, the replay (``replay``: runs the recipe on the retained
+    pairs; called only then). The retrieval check never spares an exact method the replay: it is one-sided and loose
+    (an allowance), where a retrain that kept some forget pairs or dropped retained ones must be caught."""
     found: list[dict[str, Any]] = []
     if scores is not None:
         found.append(forget_excess(scores, exact, scope in TWO_SIDED_SCOPES, max_ratio))
     if levels is not None and scope in CONCEPT_SCOPES:
         found.append(forget_retrieval(levels, exact))
     informative = [c for c in found if c["informative"]]
-    if not exact or (informative and all(c["passed"] for c in informative)):
+    excess_decides = any(c["name"] == "forget_excess" and c["informative"] and c["passed"] for c in found)
+    if not exact or (excess_decides and all(c["passed"] for c in informative)):
         return found
     note = " [not decisive for an exact method: the replay below decides]"
     checks = [{**c, "passed": None, "informative": False, "message": c["message"] + note} for c in found]

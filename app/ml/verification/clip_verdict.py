@@ -34,6 +34,11 @@ EVAL_RETAIN_PAIRS = 500
 EVAL_SAMPLE_SEED = 0
 
 
+class AuditUnavailable(ValueError):
+    """The shadow audit cannot run on this deletion (e.g. a pair outside the shadow pool): the worker says so and
+    judges without shadows; any other error of the verdict fails the job."""
+
+
 def deletion_retrieval(clip: ClipLoRA, problem: FederatedProblem, theta: torch.Tensor) -> dict[str, float]:
     """Forget / retain / test R@1 of θ as a deletion's report shows them: every forget pair against the methods'
     gallery (``problem.gallery``: the verdict's reference is the other half), a fixed sample of the retained pairs,
@@ -121,21 +126,24 @@ def federated_verdict(
     data-set ``positions``) against the verifier's ``nonmembers``, for the parent ``problem.theta`` and θ′; the
     evidence of clip_evidence.py (the forget excess; for an exact method whose excess does not decide, ``replay``);
     the retain R@1 drop; the policy's decision (an approximate method without informative evidence is not
-    certified). Raises ValueError where the audit cannot run (a pair outside the shadow pool)."""
+    certified). Raises AuditUnavailable where the audit cannot run (a pair outside the shadow pool)."""
     # the federated utility figure is the retain R@1 drop (its own check), not a test-accuracy loss
     fed_policy = dataclasses.replace(policy, max_utility_loss_points=None)
-    report, scores = audit_clip_deletion(
-        shadows,
-        clip,
-        forget,
-        positions,
-        nonmembers,
-        problem.theta,
-        theta_new,
-        theta_retrained=theta_new if exact else None,
-        trained_on_forget=True,
-        policy=policy,
-    )
+    try:
+        report, scores = audit_clip_deletion(
+            shadows,
+            clip,
+            forget,
+            positions,
+            nonmembers,
+            problem.theta,
+            theta_new,
+            theta_retrained=theta_new if exact else None,
+            trained_on_forget=True,
+            policy=policy,
+        )
+    except ValueError as exc:  # only the audit's own refusals; anything later is a bug and fails the job
+        raise AuditUnavailable(str(exc)) from exc
     levels = None
     if scope in CONCEPT_SCOPES:  # the class's retrieval against version 1's (clip_evidence, forget_retrieval)
         thetas = {"unlearned": theta_new, "original": problem.theta, "version_1": problem.theta_init}
