@@ -32,7 +32,9 @@ rounds), so its evidence is what the audit's own data can show, each judged agai
     audited forget pairs' R@1 (both directions) against the verifier's non-member pairs as distractors, r(θ′);
     do-nothing r(θ); floor r(θ₀);
     pass iff r(θ′) ≤ r(θ₀) + CONCEPT_ALLOWANCE · (r(θ) − r(θ₀)) + Z_NULL · SE (SE: the binomial standard error of
-    r(θ′), at least that of r(θ₀)); informative iff doing nothing sits MIN_POWER × that margin above the floor.
+    r(θ′), at least that of r(θ₀)); informative iff doing nothing sits MIN_POWER × the margin above the floor, that
+    margin's SE taken from r(θ) and r(θ₀) only (whether the check can see is not for the judged θ′ to decide).
+    An exact method is replayed whatever this check says (it is loose: an allowance).
     One-sided: a model below version 1 knows the class less than one that never saw it. Not for client scope (a
     client's pairs are not a concept only it holds in general: retraining keeps most of an ordinary client's
     retrieval) nor samples (version 1 does not predict retraining there: ease/method.py, step 4).
@@ -188,14 +190,14 @@ def forget_retrieval(levels: dict[str, RetrievalScores], exact: bool) -> dict[st
         message = (
             f"uninformative: the original retrieves the {levels['unlearned'].n_queries} forget pairs at {r_orig:.1f}, "
             f"within {MIN_POWER:g}× of the margin {margin_null:.1f} above version 1's {r_v1:.1f} (SE {se_null:.1f}): "
-            "the "
-            "class's retrieval is not measurably learned"
+            "the class's retrieval is not measurably learned"
         )
     detail = {
         "r1": r1,
         "r1_do_nothing": r_orig,
         "r1_version_1": r_v1,
         "se": se,
+        "se_power": se_null,
         "allowance": CONCEPT_ALLOWANCE,
         "z_null": Z_NULL,
         "kept_share": kept,

@@ -124,7 +124,8 @@ def federated_verdict(
 ) -> tuple[dict[str, Any], dict[str, Any], AuditScores]:
     """(report, verdict, scores) of one deletion: offline LiRA with the shadows on the audited ``forget`` pairs (at
     data-set ``positions``) against the verifier's ``nonmembers``, for the parent ``problem.theta`` and θ′; the
-    evidence of clip_evidence.py (the forget excess; for an exact method whose excess does not decide, ``replay``);
+    evidence of clip_evidence.py (the forget excess; for a class, the forget pairs' retrieval against version 1's;
+    for an exact method whose excess does not decide, ``replay``);
     the retain R@1 drop; the policy's decision (an approximate method without informative evidence is not
     certified). Raises AuditUnavailable where the audit cannot run (a pair outside the shadow pool)."""
     # the federated utility figure is the retain R@1 drop (its own check), not a test-accuracy loss
