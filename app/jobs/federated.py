@@ -37,10 +37,11 @@ from app.ml.federation.problem import MIN_PROBE_SPLIT, PROBE_FRACTION, PROBE_SEE
 from app.ml.verification.audit import theta_facts
 from app.ml.verification.clip_evidence import clip_evidence, replay_of, split_reference
 from app.ml.verification.clip_shadows import (
+    ClipShadowSet,
     ClipShadowSettings,
     clip_shadows_from_bytes,
     clip_shadows_to_bytes,
-    replace_clip_shadows,
+    shadows_without,
     train_clip_shadows,
 )
 from app.ml.verification.clip_verdict import (
@@ -316,6 +317,9 @@ class FederatedInputs:
     problem: FederatedProblem
     positions: list[int]
     """Data-set rows (pairs) this request deletes: they become tombstones."""
+    reference: tuple[ClipShadowSet, dict[str, Any]] | None = None
+    """The shadows without this request's pairs (clip_shadows.shadows_without) and the replacement's counts: trained
+    once, before the first verdict (its audit reference), stored by the erasure; an escalation reuses them."""
 
 
 class Deletion:
@@ -419,12 +423,13 @@ class Deletion:
         )
 
     def verify(self, work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> dict[str, Verification]:
-        return {work.request.id: verify_federated(work, unlearned)}
+        return {work.request.id: verify_federated(work, unlearned, ctx)}
 
     def upkeep(self, model_id: str, ctx: JobContext) -> dict[str, Any]:
-        """After the certificate: the erase step replaced the shadow LoRA runs that saw the pairs; this worker's
-        decoded copy of the clients' data (``_federation_data``, the erased pairs' images and captions among them)
-        is dropped, so the pairs leave its memory with the certificate (the next job decodes the files again)."""
+        """After the certificate: the erase step stored the shadow runs without the pairs (trained for the verdict);
+        this worker's decoded copy of the clients' data (``_federation_data``, the erased pairs' images and captions
+        among them) is dropped, so the pairs leave its memory with the certificate (the next job decodes the files
+        again)."""
         _federation_data.cache_clear()
         return {"federation_cache": "dropped"}
 
@@ -434,7 +439,7 @@ class Deletion:
         their holders' updates and cannot be separated: the manifest says so."""
         problem: FederatedProblem = work.inputs.problem
         rounds = work.model.state.get("rounds", [])
-        shadows = _refresh_shadows(work, unlearned, ctx)
+        shadows = _refresh_shadows(work, ctx)
         refreshed = {"verification": shadows} if shadows else {}
         if problem.forget_client is None:
             return ErasurePlan(
@@ -467,29 +472,38 @@ def _pair_phi(clip: ClipLoRA, theta: torch.Tensor, pairs: CaptionDataset, galler
     return clip_pair_confidence(img, txt, scale, g_img, g_txt, pairs.captions, gallery.captions)["mean"]
 
 
-def _refresh_shadows(work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> dict[str, Any] | None:
-    """Shadow runs that trained on an erased pair are copies of it: drop them and train as many on what remains."""
-    entry = work.model.state.get("verification") or {}
-    if not entry.get("shadows"):
+def _reference_shadows(work: DeletionWork, ctx: JobContext) -> ClipShadowSet | None:
+    """The shadows without this request's pairs (clip_shadows.shadows_without: the runs that trained on one replaced
+    by runs on what remains), trained once per request: the verdict's audit reference, then the erasure's new set —
+    shadow runs that trained on an erased pair are copies of it. None for a model without shadows."""
+    inputs: FederatedInputs = work.inputs
+    if inputs.reference is None:
+        entry = work.model.state.get("verification") or {}
+        if not entry.get("shadows"):
+            return None
+        shadows = clip_shadows_from_bytes(get_store().get_bytes(entry["shadows"]))
+        ctx.progress(0.91, "replacing the verification shadow runs that saw the pairs (the audit's reference)")
+        inputs.reference = shadows_without(
+            shadows,
+            inputs.positions,
+            inputs.problem.get_model(),
+            weights(work.model.state["theta_init"]),
+            data_for(work.model).clients,
+        )
+    return inputs.reference[0]
+
+
+def _refresh_shadows(work: DeletionWork, ctx: JobContext) -> dict[str, Any] | None:
+    """The model's shadow entry after the erasure: the reference set the verdict used (:func:`_reference_shadows`)."""
+    new = _reference_shadows(work, ctx)
+    if new is None:
         return None
-    shadows = clip_shadows_from_bytes(get_store().get_bytes(entry["shadows"]))
-    data = data_for(work.model)
-    gone = {int(p) for p in unlearned.positions}
-    remaining = {int(p) for p in shadows.row_ids} - gone
-    clients, offset = [], 0
-    for client in data.clients:
-        clients.append(client.subset([i for i in range(len(client)) if offset + i in remaining]))
-        offset += len(client)
-    ctx.progress(0.91, "replacing verification shadow runs that saw the erased pairs")
-    new, counts = replace_clip_shadows(
-        shadows, sorted(gone), work.inputs.problem.get_model(), weights(work.model.state["theta_init"]), clients
-    )
     return {
-        **entry,
+        **work.model.state["verification"],
         "shadows": get_store().put_bytes(clip_shadows_to_bytes(new)),
         "n_shadows": new.n_shadows,
         "generation": new.generation,
-        "last_replacement": counts,
+        "last_replacement": work.inputs.reference[1],
     }
 
 
@@ -513,15 +527,15 @@ def _audited_positions(problem: FederatedProblem, data: Any, unlearned: Unlearne
     return audited_positions(problem, ids, unlearned.positions, probed(unlearned.metrics.get("method_info", {})))
 
 
-def verify_federated(work: DeletionWork, unlearned: Unlearned) -> Verification:
-    """Offline LiRA with the model's shadow LoRA runs on the forget pairs against matched non-member pairs (the
-    verifier's half of the federation's held-out split, else of its test pairs: clip_evidence.split_reference), over
-    one fixed caption gallery, for the original and the new
-    model; the evidence of clip_evidence.py (the forget pairs' excess over the non-members against doing nothing's;
-    for exact retraining, when that does not decide, an independent replay of the recipe); the retain R@1 drop;
-    changed parameters. The verdict policy decides as for tabular models (policy.decide): an approximate method
-    without informative evidence is not certified. Without shadows (a model registered before them) the population
-    attack is reported, not enforced, and the report says why."""
+def verify_federated(work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> Verification:
+    """Offline LiRA with the shadow LoRA runs without this request's pairs (:func:`_reference_shadows`: no run saw a
+    forget pair) on the forget pairs against matched non-member pairs (the verifier's half of the federation's
+    held-out split, else of its test pairs: clip_evidence.split_reference), over one fixed caption gallery, for the
+    original and the new model; the evidence of clip_evidence.py (the forget pairs' excess over the non-members
+    against doing nothing's; for exact retraining, when that does not decide, an independent replay of the recipe);
+    the retain R@1 drop; changed parameters. The verdict policy decides as for tabular models (policy.decide): an
+    approximate method without informative evidence is not certified. Without shadows (a model registered before
+    them) the population attack is reported, not enforced, and the report says why."""
     problem: FederatedProblem = work.inputs.problem
     policy = VerdictPolicy.from_dict(work.model.spec.get("verification", {}).get("policy"))
     clip, data = problem.get_model(), data_for(work.model)
@@ -534,9 +548,9 @@ def verify_federated(work: DeletionWork, unlearned: Unlearned) -> Verification:
         started = time.perf_counter()
         try:
             try:
-                shadows = clip_shadows_from_bytes(get_store().get_bytes(entry["shadows"]))
-            except ValueError as exc:
-                raise AuditUnavailable(f"the stored shadow runs could not be read: {exc}") from exc
+                shadows = _reference_shadows(work, ctx)
+            except ValueError as exc:  # unreadable, or a forget pair outside their pool: the erasure says so again
+                raise AuditUnavailable(f"the shadow runs without the pairs could not be made: {exc}") from exc
             positions, audited = _audited_positions(problem, data, unlearned)
             forget = CaptionDataset.concat(data.clients).subset(positions)
             report, verdict, scores = federated_verdict(
@@ -565,6 +579,11 @@ def verify_federated(work: DeletionWork, unlearned: Unlearned) -> Verification:
             report["retrieval"] = {"before": unlearned.metrics["before"], "after": unlearned.metrics["after"]}
             report["audit_seconds"] = round(time.perf_counter() - started, 3)
             report["shadow_train_seconds"] = entry.get("train_seconds")
+            # what the OUT statistics were fitted on: runs none of which saw a forget pair (shadows_without)
+            report["shadow_reference"] = {
+                "what": "the model's shadow runs without this request's pairs (those that saw one retrained first)",
+                **work.inputs.reference[1],
+            }
             return Verification(report, verdict, plot_data(scores))
     fed_policy = dataclasses.replace(policy, max_utility_loss_points=None)  # the retain drop is the utility check
     return _verify_without_shadows(work, unlearned, fed_policy, nonmembers, reason)

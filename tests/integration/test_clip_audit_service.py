@@ -1,6 +1,7 @@
 """The federated membership audit through the service (PostgreSQL + Celery, tiny CLIP): shadow LoRA runs trained at
 registration, offline LiRA in the verify step of a deletion, the verdict and certificate carrying its figures, and
-the shadows that saw the erased pairs replaced (the old set queued for shredding) at erasure."""
+the shadows that saw the erased pairs replaced before the verdict (its reference) and stored at erasure (the old set
+queued for shredding)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,10 @@ def test_a_federated_deletion_is_audited_with_shadow_lora_runs(stack):
         and report["n_nonmembers"] == DATA["n_test"] - DATA["n_test"] // 2
     )  # the reference half
     assert {"original", "unlearned", "retrained"} <= set(report["models"])
+    # audited against the shadow runs without the pairs (clip_shadows.shadows_without: those that saw one retrained
+    # before the verdict), so every forget pair is OUT for all four runs; the erasure stores that very set
+    assert attack["min_out_shadows"] == 4 and report["shadow_generation"] == 1, attack
+    assert report["shadow_reference"]["trained"] >= 1 and report["shadow_reference"]["saw_erased_pairs"] >= 1
     checks = {c["name"]: c for c in report["checks"]}
     assert {"parameters_changed", "forget_attack", "retain_r1_drop"} <= set(checks)
     # the attack check counts only when the audit had power on the original model (policy.decide's rule)

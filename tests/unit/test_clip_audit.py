@@ -21,6 +21,7 @@ from app.ml.verification.clip_shadows import (
     clip_shadows_from_bytes,
     clip_shadows_to_bytes,
     replace_clip_shadows,
+    shadows_without,
     train_clip_shadows,
 )
 from app.ml.verification.plots import plot_data
@@ -67,6 +68,29 @@ def test_shadows_that_saw_an_erased_pair_are_replaced_and_the_pair_leaves_the_po
     assert ((~new.in_mask).sum(axis=0) >= 2).all()
     with pytest.raises(ValueError):
         replace_clip_shadows(shadows, erased, model, model.theta_init, data.clients)  # the pool must shrink
+
+
+def test_the_audit_reference_is_the_shadows_without_the_deletions_pairs():
+    """clip_shadows.shadows_without: every run that trained on a forget pair is replaced by one on what remains (the
+    erasure's own replacement), so against it each forget pair is OUT for every shadow — a model that never saw the
+    set, whatever group it forms — where the registration set has each pair IN half of the runs. A pool holding some
+    forget pairs and not others is neither, and refused."""
+    model, data = _cheap_world()
+    shadows = train_clip_shadows(model, model.theta_init, data.clients, CHEAP, ClipShadowSettings(n_shadows=4))
+    original = Federation(model, data.clients, CHEAP).train(model.theta_init, record_history=False).theta
+    erased = [0, 1, 2, 3, 4, 5]  # half of client 0
+    reference, counts = shadows_without(shadows, erased, model, model.theta_init, data.clients)
+    assert counts["trained"] == 4 and reference.generation == 1  # every run held one of six pairs
+    assert not set(erased) & set(reference.row_ids.tolist()) and reference.client_sizes == [6, 12]
+    forget = data.clients[0].subset(erased)
+    args = (model, forget, erased, data.heldout, original, original.clone())
+    _, against_reference = audit_clip_deletion(reference, *args)
+    _, at_registration = audit_clip_deletion(shadows, *args)
+    k = len(erased)
+    assert (against_reference.fit.n_in[:k] == 0).all() and (against_reference.fit.n_out[:k] == 4).all()
+    assert (at_registration.fit.n_in[:k] == 2).all() and (at_registration.fit.n_out[:k] == 2).all()
+    with pytest.raises(ValueError, match="some forget pairs and not others"):
+        audit_clip_deletion(reference, model, data.clients[0].subset([5, 6]), [5, 6], data.heldout, original, original)
 
 
 def test_memorised_pairs_are_flagged_above_chance_and_a_model_that_never_saw_them_is_not():

@@ -2,12 +2,12 @@
 
 The worker (app/jobs/federated.py) loads the shadows, the data and the request and stores what this returns; the
 benchmark judges every method's θ′ with the very same steps, so that its certification rate and its cost with
-``auto``'s escalation (a failed verdict retrains) are the service's, not a re-implementation's. The steps:
-the retrieval figures before and after (:func:`deletion_retrieval`), the pairs the audit scores
+``auto``'s escalation (a failed verdict retrains) are the service's, not a re-implementation's. The steps: the
+retrieval figures before and after (:func:`deletion_retrieval`), the pairs the audit scores
 (:func:`audited_positions`: those a method's strength control never measured), the offline LiRA audit
-(clip_shadows.audit_clip_deletion), its evidence (clip_evidence.clip_evidence: the forget excess and, for a class,
-the forget pairs' retrieval against version 1's), the retain R@1 drop
-(:func:`retain_check`) and the policy's decision (policy.decide).
+(clip_shadows.audit_clip_deletion, against the shadows without the deletion's pairs), its evidence
+(clip_evidence.clip_evidence: the forget excess and, for a class, the forget pairs' retrieval against version 1's),
+the retain R@1 drop (:func:`retain_check`) and the policy's decision (policy.decide).
 """
 
 from __future__ import annotations
@@ -122,8 +122,10 @@ def federated_verdict(
     after: dict[str, float],
     replay: Callable[[], torch.Tensor] | None,
 ) -> tuple[dict[str, Any], dict[str, Any], AuditScores]:
-    """(report, verdict, scores) of one deletion: offline LiRA with the shadows on the audited ``forget`` pairs (at
-    data-set ``positions``) against the verifier's ``nonmembers``, for the parent ``problem.theta`` and θ′; the
+    """(report, verdict, scores) of one deletion: offline LiRA with the ``shadows`` on the audited ``forget`` pairs
+    (at data-set ``positions``) against the verifier's ``nonmembers``, for the parent ``problem.theta`` and θ′ — the
+    service passes the deletion's reference set (clip_shadows.shadows_without: no run saw a forget pair, so a model
+    that never saw them scores them at the shadows' level whatever group they form); the
     evidence of clip_evidence.py (the forget excess; for a class, the forget pairs' retrieval against version 1's;
     for an exact method whose excess does not decide, ``replay``);
     the retain R@1 drop; the policy's decision (an approximate method without informative evidence is not
