@@ -1,6 +1,7 @@
 """bench.ease --verdict: every row is judged by the service's own verdict (clip_verdict.federated_verdict), and the
 cost of a deletion as ``auto`` runs it counts the verifier's replay and a failed verdict's escalation to retraining."""
 
+import numpy as np
 import pytest
 
 from app.ml.unlearning.base import UnlearningResult, get_method
@@ -91,3 +92,28 @@ def test_the_verdict_of_a_row_is_the_services(monkeypatch, tmp_path):
     bad = bench.verdict_of(problem, model, shadows, nonmembers, nothing, False, before)
     assert bad["verdict"] == "fail" and "parameters_changed" in bad["failed"]
     assert bad["audited"].startswith("all")  # no probes ran: every forget pair is audited
+
+
+def test_the_bench_judges_against_the_shadows_without_the_pairs_as_the_worker_does(monkeypatch, tmp_path):
+    """bench.ease.reference_for: the deletion's reference set (clip_shadows.shadows_without), whose pool holds none of
+    the forget pairs, cached by the federation's bits and the pairs; retraining is certified against it."""
+    demo = tiny_demo()
+    problem, _ = bench.scenario_problem(demo, "client")
+    monkeypatch.setattr(bench, "SHADOWS", ClipShadowSettings(n_shadows=4))
+    shadows = bench.shadows_for(demo, str(tmp_path), log=lambda *_: None)
+    reference = bench.reference_for(demo, problem, shadows, str(tmp_path), log=lambda *_: None)
+    positions = np.flatnonzero(np.concatenate(problem.forget_masks)).tolist()
+    assert positions and not set(positions) & set(reference.row_ids.tolist())
+    assert set(reference.row_ids.tolist()) == set(shadows.row_ids.tolist()) - set(positions)
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the cached reference was trained again")
+
+    monkeypatch.setattr(bench, "shadows_without", no_training)
+    assert bench.reference_for(demo, problem, shadows, str(tmp_path)).thetas.equal(reference.thetas)
+    nonmembers = split_reference(demo.data.test)[1]
+    model = problem.get_model()
+    before = bench.deletion_retrieval(model, problem, problem.theta)
+    retrained = get_method("fed_retrain").build({}).unlearn(problem)
+    ok = bench.verdict_of(problem, model, reference, nonmembers, retrained, True, before)
+    assert ok["verdict"] == "pass" and not ok["failed"]
