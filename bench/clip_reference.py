@@ -96,9 +96,9 @@ def run_scenario(demo: Any, scenario: str, registration: ClipShadowSet, cache_di
     before = deletion_retrieval(model, problem, problem.theta)
     judged = [(label, results[label], exact) for label, _, exact in ROWS]
     judged.append(("retrain_as_approximate", results["retrain"], False))
+    rows["retrain_as_approximate"] = dict(rows["retrain"])  # the same θ′ and figures, judged without the replay
     for label, res, exact in judged:
-        v = ease.verdict_of(problem, model, reference, nonmembers, res, exact, before)
-        rows.setdefault(label, dict(rows["retrain"]) if label == "retrain_as_approximate" else {})["verdict"] = v
+        rows[label]["verdict"] = v = ease.verdict_of(problem, model, reference, nonmembers, res, exact, before)
         log(
             f"[{scenario}] {label:22s} R@1 {rows[label]['forget_r1']:5.1f}  E registration "
             f"{rows[label]['excess_registration'][0]:+.2f}  reference {rows[label]['excess_reference'][0]:+.2f}"
