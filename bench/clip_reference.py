@@ -1,20 +1,22 @@
-"""The federated verdict's reference: the registration shadows against the shadows without the deletion's pairs.
+"""The federated verdict's reference: the registration shadows against the deletion's own reference.
 
     .venv/bin/python -m bench.clip_reference            # seeds 2–11 × {client, class, samples}
     .venv/bin/python -m bench.clip_reference --quick    # seed 2, client: the same code in a few minutes
+    .venv/bin/python -m bench.clip_reference --seeds 0,1 --out bench/results/clip_reference_tuning.json
 
-bench.ease's federations and methods, the same seeds (2–11; the reference was chosen on tuning seeds 0 and 1 —
-README "Stop 45" — and nothing here is tuned). For every deletion the forget excess of each method's θ′
+bench.ease's federations and methods, the same seeds (2–11; the reference and its null were chosen on tuning seeds
+0 and 1 — README "Stop 46" — and nothing here is tuned). For every deletion the forget excess of each method's θ′
 (clip_evidence.excess: the audited forget pairs' shadow-standardised LiRA statistic minus the verifier's non-members')
-is measured against two OUT references: the model's registration shadows, in which each forget pair's OUT runs
-trained on about half of its own client, class or subject, and the shadows without the deletion's pairs
-(clip_shadows.shadows_without: the runs that saw one retrained on what remains, which the erasure pays for anyway and
-the worker now trains before the verdict). A reference is calibrated when exact retraining — and retraining with
-another data order, judged as an approximate method, i.e. what a perfect approximate method would hand in — lands
-near 0, and informative when doing nothing lands far above. Then the service's verdict
-(clip_verdict.federated_verdict via bench.ease.verdict_of, default policy) against the new reference, for every row;
-the registration reference's verdicts on the same rows are bench/results/ease.json's (stop 44's run, same seeds,
-same code for the methods: the forget R@1 of every row is compared to check the θ′ are the same).
+is measured against two OUT references: the model's registration shadows (random halves: each forget pair's OUT runs
+trained on about half of its own client, class or subject), and the deletion's reference that the worker trains
+before its verdict (clip_shadows.shadows_without: the recipe retrained on what remains, one run per shadow, each with
+another data order), with that reference's own leave-one-out draws of E (clip_evidence.null_excess: the verdict's
+null). A reference is calibrated when exact retraining — and retraining with another data order, judged as an
+approximate method, i.e. what a perfect approximate method would hand in — lands within the null, and informative
+when doing nothing lands far above. Then the service's verdict (clip_verdict.federated_verdict via
+bench.ease.verdict_of, default policy) against the deletion's reference, for every row; the registration reference's
+verdicts on the same rows are bench/results/ease.json's (stop 44's run, same seeds, same code for the methods: the
+forget R@1 of every row is compared to check the θ′ are the same).
 
 Rows: version 1 (θ₀) and the original (E only), ``retrain`` (exact: the verifier replays the recipe where the excess
 does not decide), ``retrain_as_approximate`` (the same θ′ judged as an approximate method: no replay),
@@ -58,17 +60,19 @@ ROWS = (
 def signed_excess(
     model: Any, shadows: ClipShadowSet, forget: CaptionDataset, held: list[int], nonmembers: CaptionDataset, thetas
 ) -> dict[str, list[float]]:
-    """[E, SE] of each θ against one OUT reference, on the same audited pairs (the shadows' φ computed once)."""
+    """[E, SE] of each θ against one OUT reference, on the same audited pairs (the shadows' φ computed once), and the
+    reference's own leave-one-out draws of E (clip_evidence.null_excess; None for the registration set)."""
     audited = CaptionDataset.concat([forget, nonmembers])
     shadow_phi = np.stack([pair_phi(model, th, audited) for th in shadows.thetas])
-    out = {}
+    out, null = {}, None
     for name, theta in thetas.items():
         _, scores = audit_clip_deletion(
             shadows, model, forget, held, nonmembers, thetas["original"], theta, shadow_phi=shadow_phi
         )
         e, se = excess(scores, "unlearned")
         out[name] = [round(e, 3), round(se, 3)]
-    return out
+        null = scores.null_excess
+    return out, None if null is None else [round(float(v), 3) for v in null]
 
 
 def run_scenario(demo: Any, scenario: str, registration: ClipShadowSet, cache_dir: str | None, log) -> dict:
@@ -90,8 +94,11 @@ def run_scenario(demo: Any, scenario: str, registration: ClipShadowSet, cache_di
         name: {"forget_r1": ease.evaluate(model, theta, problem, gallery)["forget_r1"]}
         for name, theta in thetas.items()
     }
+    null_draws = None
     for ref_name, shadows in (("registration", registration), ("reference", reference)):
-        for name, value in signed_excess(model, shadows, forget, held, nonmembers, thetas).items():
+        excesses, draws = signed_excess(model, shadows, forget, held, nonmembers, thetas)
+        null_draws = draws if ref_name == "reference" else null_draws
+        for name, value in excesses.items():
             rows[name][f"excess_{ref_name}"] = value
     before = deletion_retrieval(model, problem, problem.theta)
     judged = [(label, results[label], exact) for label, _, exact in ROWS]
@@ -109,7 +116,15 @@ def run_scenario(demo: Any, scenario: str, registration: ClipShadowSet, cache_di
             f"[{scenario}] {name:22s} R@1 {rows[name]['forget_r1']:5.1f}  E registration "
             f"{rows[name]['excess_registration'][0]:+.2f}  reference {rows[name]['excess_reference'][0]:+.2f}"
         )
-    return {"rows": rows, "n_audited": len(held), "n_nonmembers": len(nonmembers)}
+    spread = None if not null_draws else round(float(np.sqrt(np.mean(np.square(null_draws)))), 3)
+    log(f"[{scenario}] the reference runs' own draws of E {null_draws} (root mean square {spread})")
+    return {
+        "rows": rows,
+        "n_audited": len(held),
+        "n_nonmembers": len(nonmembers),
+        "null_draws": null_draws,
+        "null_spread": spread,
+    }
 
 
 def summarise(per_seed: dict[str, dict[str, Any]], scenarios: list[str]) -> dict[str, Any]:
@@ -142,6 +157,9 @@ def summarise(per_seed: dict[str, dict[str, Any]], scenarios: list[str]) -> dict
                         failed[check] = failed.get(check, 0) + 1
                 entry["failed_checks"] = failed
             table[name] = entry
+        spreads = [per_seed[s][scenario].get("null_spread") for s in seeds]
+        if all(v is not None for v in spreads):
+            table["null_spread"] = {"mean": round(float(np.mean(spreads)), 3), "range": [min(spreads), max(spreads)]}
         out[scenario] = table
     return out
 
@@ -170,6 +188,9 @@ def print_table(summary: dict[str, Any]) -> None:
     for scenario, table in summary.items():
         print(f"\n{scenario}: mean forget excess E (registration → reference), |R@1 − retrain|, certified (reference)")
         for name, e in table.items():
+            if name == "null_spread":
+                print(f"  the reference runs' own spread of E: mean {e['mean']:.2f}, range {e['range']}")
+                continue
             cert = f"{e['certified_seeds']}/{e['seeds']}" if "certified_seeds" in e else "—"
             print(
                 f"  {name:22s} E {e['excess_registration_mean']:+6.2f} → {e['excess_reference_mean']:+6.2f}"

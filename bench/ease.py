@@ -32,11 +32,11 @@ Seeds: EASE's defaults were tuned on seeds 0, 1 and 100–105 (method.py says wh
 are 2–11; 12–21 were used once, for the client scenario.
 
 Costs, every method alike (issue 24 item 4): bytes, total compute and critical path against retrain's; the same with
-the verification — the service's shadow federations whose subsets held an erased pair are retrained (4 by default,
-each a full federated run on keep_fraction of the data: retrain's bytes, half its compute) —, per deletion and per
-batch of ``BATCH`` deletions (the shadows replaced once per batch); client round trips (stages in which clients take
-part, one after another), without and with the shadows' rounds. The shadows' cost is derived from the measured
-retrain, not run. Summaries: mean over seeds, 95 % interval (Student t), worst seed.
+the verification — the deletion's audit reference, as many runs of the recipe on every remaining pair as the
+service has shadows (4 by default, each another data order: clip_shadows.shadows_without; each a retraining's bytes
+and compute) —, per deletion and per batch of ``BATCH`` deletions (one reference per batch); client round trips
+(stages in which clients take part, one after another), without and with the reference's rounds. The reference's
+cost is derived from the measured retrain, not run. Summaries: mean over seeds, 95 % interval (Student t), worst seed.
 
 The verdict (``--verdict``): every row is judged as the service judges it — the verification shadows trained as at
 registration (``shadows_for``, cached by the federation's bits), clip_verdict.federated_verdict with the default
@@ -101,7 +101,6 @@ from app.ml.verification.clip_shadows import (
 from app.ml.verification.clip_verdict import audited_positions, deletion_retrieval, federated_verdict, probed
 from app.ml.verification.policy import VerdictPolicy
 from app.ml.verification.retrieval import evaluate_retrieval
-from app.ml.verification.shadows import balanced_in_mask
 
 RESULTS = Path(__file__).parent / "results"
 SCENARIOS = ("client", "class", "samples", "membership")
@@ -142,11 +141,12 @@ QUICK = Sizes(
 )
 
 BATCH = 10
-"""Deletions per batch in the batch cost: each unlearned by the method, the shadows replaced once for the batch."""
+"""Deletions per batch in the batch cost: each unlearned by the method, the audit's reference trained once for the
+batch."""
 SHADOWS = ClipShadowSettings()
-"""The verification shadows the service trains at registration (clip_shadows.py, 4 by default): every shadow whose
-subset held an erased pair is retrained on what remains — a full federated training run at keep_fraction of the
-data, needing the clients' data."""
+"""The verification shadows the service trains at registration (clip_shadows.py, 4 by default). Each deletion's audit
+reference is as many runs of the recipe on every remaining pair (clip_shadows.shadows_without) — full federated
+trainings, needing the clients' data."""
 
 ABLATIONS: dict[str, dict[str, Any]] = {
     "ease_gsd_whole": {"gsd": "whole", "replay_gsd": "whole"},
@@ -205,15 +205,10 @@ def scenario_problem(
     return demo.problem(scenario, **overrides), eval_gallery
 
 
-def verification_plan(problem: FederatedProblem) -> dict[str, Any]:
-    """How many of the service's verification shadows this deletion forces to be retrained (those whose subset held
-    an erased pair: clip_shadows.replace_clip_shadows), drawn as the service draws them (balanced halves)."""
-    sizes = [len(c) for c in problem.clients]
-    rng = np.random.default_rng([int(SHADOWS.seed), 0])
-    mask = balanced_in_mask(SHADOWS.n_shadows, sum(sizes), SHADOWS.keep_fraction, rng)
-    positions = np.flatnonzero(np.concatenate(problem.forget_masks))
-    replaced = int(mask[:, positions].any(axis=1).sum()) if len(positions) else 0
-    return {"n_shadows": SHADOWS.n_shadows, "replaced": replaced, "keep_fraction": SHADOWS.keep_fraction}
+def verification_plan(n_shadows: int = SHADOWS.n_shadows) -> dict[str, Any]:
+    """The runs the service trains to verify one deletion (or one batch): its audit reference,
+    clip_shadows.shadows_without — ``n_shadows`` runs of the recipe on every remaining pair, whatever was deleted."""
+    return {"n_shadows": int(n_shadows), "trained": int(n_shadows), "data_fraction": 1.0}
 
 
 def add_costs(rows: dict[str, dict[str, Any]], plan: dict[str, Any], rounds: int) -> None:
@@ -223,9 +218,9 @@ def add_costs(rows: dict[str, dict[str, Any]], plan: dict[str, Any], rounds: int
     shadows replaced once; exact retraining covers a batch with one run); and client round trips, without and with
     the shadows' (their rounds run side by side). Recomputed at ``--merge`` from the stored raw figures."""
     base = rows["retrain"]
-    n, keep = plan["replaced"], plan["keep_fraction"]
-    # a shadow is a full federated run of the recipe: retrain's bytes (same rounds, same clients); keep_fraction of
-    # its compute (half the pairs); each client trains its shadows one after another (critical path adds up)
+    n, keep = plan["trained"], plan["data_fraction"]
+    # a reference run is a federated run of the recipe: retrain's bytes (same rounds, same clients); data_fraction of
+    # its compute; each client trains the runs one after another (critical path adds up)
     verify = {
         "bytes": n * base["bytes"],
         "cpu_seconds": n * keep * base["cpu_seconds"],
@@ -288,20 +283,21 @@ def reference_for(
     demo: DemoFederation, problem: FederatedProblem, shadows: ClipShadowSet, cache_dir: str | None, log: Any = print
 ) -> ClipShadowSet:
     """The deletion's audit reference as the worker makes it before its verdict (clip_shadows.shadows_without: the
-    shadows that trained on a forget pair replaced by runs on what remains), cached by the federation's bits and the
-    forget pairs. Its cost is the replaced shadows' that ``add_costs`` already counts."""
+    recipe on what remains, one run per shadow, each with another data order), cached by the federation's bits and
+    the forget pairs (``retrained-``: stop 45's ``ref-`` files held random-half runs). Its cost is what ``add_costs``
+    counts as the verification."""
     positions = np.flatnonzero(np.concatenate(problem.forget_masks)).tolist()
     key = hashlib.sha256(f"{_shadow_key(demo)}:{positions}".encode()).hexdigest()[:16]
 
     def train() -> ClipShadowSet:
         new, counts = shadows_without(shadows, positions, demo.model, demo.theta_init, demo.data.clients)
         log(
-            f"[{problem.scope}] reference shadows: {counts['trained']} retrained without the pairs "
+            f"[{problem.scope}] audit reference: {counts['trained']} runs of the recipe without the pairs "
             f"in {counts['seconds']}s"
         )
         return new
 
-    return _cached_shadows(Path(cache_dir or default_cache_dir()) / "shadows" / f"ref-{key}.bin", train)
+    return _cached_shadows(Path(cache_dir or default_cache_dir()) / "shadows" / f"retrained-{key}.bin", train)
 
 
 def verdict_of(
@@ -575,7 +571,7 @@ def run_scenario(
                 f"(threshold {v['excess_threshold']}, informative {v['excess_informative']}) retrieval "
                 f"{v['retrieval_r1']} (threshold {v['retrieval_threshold']}) {v['seconds']:.1f}s"
             )
-    add_costs(rows, verification_plan(problem), rounds)
+    add_costs(rows, verification_plan(), rounds)
     base = rows["retrain"]
     ease = rows["ease"]
     target = target_level(demo, problem, scenario, model, gallery)
@@ -1027,9 +1023,8 @@ def recompute_costs(result: dict[str, Any]) -> None:
         return
     for label, row in rows.items():
         row.setdefault("exact", label.startswith("retrain"))
-    add_costs(
-        rows, {k: plan[k] for k in ("n_shadows", "replaced", "keep_fraction")}, rows["retrain"]["client_round_trips"]
-    )
+    # this code's verification (a plan stored by older code, random-half shadows replaced, is restated)
+    add_costs(rows, verification_plan(plan["n_shadows"]), rows["retrain"]["client_round_trips"])
     summary = result.get("summary", {})
     for key in ("bytes_ratio", "critical_path_ratio", "time_ratio", "pair_grads_ratio"):
         if key in summary and key in rows.get("ease", {}):

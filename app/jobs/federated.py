@@ -318,8 +318,9 @@ class FederatedInputs:
     positions: list[int]
     """Data-set rows (pairs) this request deletes: they become tombstones."""
     reference: tuple[ClipShadowSet, dict[str, Any]] | None = None
-    """The shadows without this request's pairs (clip_shadows.shadows_without) and the replacement's counts: trained
-    once, before the first verdict (its audit reference), stored by the erasure; an escalation reuses them."""
+    """The runs without this request's pairs (clip_shadows.shadows_without: the recipe on what remains, other data
+    orders) and their counts: trained once, before the first verdict (its audit reference), stored by the erasure;
+    an escalation reuses them."""
 
 
 class Deletion:
@@ -473,16 +474,17 @@ def _pair_phi(clip: ClipLoRA, theta: torch.Tensor, pairs: CaptionDataset, galler
 
 
 def _reference_shadows(work: DeletionWork, ctx: JobContext) -> ClipShadowSet | None:
-    """The shadows without this request's pairs (clip_shadows.shadows_without: the runs that trained on one replaced
-    by runs on what remains), trained once per request: the verdict's audit reference, then the erasure's new set —
-    shadow runs that trained on an erased pair are copies of it. None for a model without shadows."""
+    """The runs without this request's pairs (clip_shadows.shadows_without: the model's recipe on what remains, each
+    with another data order, as many as the model's shadows), trained once per request: the verdict's audit
+    reference, then the erasure's new set — stored runs that trained on an erased pair are copies of it. None for a
+    model without shadows."""
     inputs: FederatedInputs = work.inputs
     if inputs.reference is None:
         entry = work.model.state.get("verification") or {}
         if not entry.get("shadows"):
             return None
         shadows = clip_shadows_from_bytes(get_store().get_bytes(entry["shadows"]))
-        ctx.progress(0.91, "replacing the verification shadow runs that saw the pairs (the audit's reference)")
+        ctx.progress(0.91, "training the audit's reference: the recipe without the pairs, other data orders")
         inputs.reference = shadows_without(
             shadows,
             inputs.positions,
@@ -528,14 +530,15 @@ def _audited_positions(problem: FederatedProblem, data: Any, unlearned: Unlearne
 
 
 def verify_federated(work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> Verification:
-    """Offline LiRA with the shadow LoRA runs without this request's pairs (:func:`_reference_shadows`: no run saw a
-    forget pair) on the forget pairs against matched non-member pairs (the verifier's half of the federation's
-    held-out split, else of its test pairs: clip_evidence.split_reference), over one fixed caption gallery, for the
-    original and the new model; the evidence of clip_evidence.py (the forget pairs' excess over the non-members
-    against doing nothing's; for exact retraining, when that does not decide, an independent replay of the recipe);
-    the retain R@1 drop; changed parameters. The verdict policy decides as for tabular models (policy.decide): an
-    approximate method without informative evidence is not certified. Without shadows (a model registered before
-    them) the population attack is reported, not enforced, and the report says why."""
+    """Offline LiRA with the runs without this request's pairs (:func:`_reference_shadows`: no run saw a forget pair,
+    each is what exact retraining would give with another data order) on the forget pairs against matched non-member
+    pairs (the verifier's half of the federation's held-out split, else of its test pairs:
+    clip_evidence.split_reference), over one fixed caption gallery, for the original and the new model; the evidence
+    of clip_evidence.py (the forget pairs' excess over the non-members against doing nothing's, judged against the
+    runs' own leave-one-out spread; for exact retraining, when that does not decide, an independent replay of the
+    recipe); the retain R@1 drop; changed parameters. The verdict policy decides as for tabular models
+    (policy.decide): an approximate method without informative evidence is not certified. Without shadows (a model
+    registered before them) the population attack is reported, not enforced, and the report says why."""
     problem: FederatedProblem = work.inputs.problem
     policy = VerdictPolicy.from_dict(work.model.spec.get("verification", {}).get("policy"))
     clip, data = problem.get_model(), data_for(work.model)
@@ -581,7 +584,7 @@ def verify_federated(work: DeletionWork, unlearned: Unlearned, ctx: JobContext) 
             report["shadow_train_seconds"] = entry.get("train_seconds")
             # what the OUT statistics were fitted on: runs none of which saw a forget pair (shadows_without)
             report["shadow_reference"] = {
-                "what": "the model's shadow runs without this request's pairs (those that saw one retrained first)",
+                "what": "the model's recipe retrained without this request's pairs, each run with another data order",
                 **work.inputs.reference[1],
             }
             return Verification(report, verdict, plot_data(scores))

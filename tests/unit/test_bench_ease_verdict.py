@@ -33,7 +33,7 @@ def _rows(retrain_replayed: bool, ease_pass: bool) -> dict:
 
 
 def test_a_failed_verdict_pays_for_the_retraining_it_escalates_to():
-    plan = {"n_shadows": 4, "replaced": 2, "keep_fraction": 0.5}
+    plan = {"n_shadows": 4, "trained": 2, "data_fraction": 0.5}
     rows = _rows(retrain_replayed=True, ease_pass=False)
     bench.add_costs(rows, plan, 20)
     # verified retraining: retrain, its replay (the excess did not decide) and 2 shadows at retrain's bytes
@@ -49,7 +49,7 @@ def test_a_failed_verdict_pays_for_the_retraining_it_escalates_to():
 
 def test_a_certified_row_pays_only_its_verification():
     rows = _rows(retrain_replayed=False, ease_pass=True)
-    bench.add_costs(rows, {"n_shadows": 4, "replaced": 2, "keep_fraction": 0.5}, 20)
+    bench.add_costs(rows, {"n_shadows": 4, "trained": 2, "data_fraction": 0.5}, 20)
     assert rows["ease"]["bytes_ratio_with_escalation"] == near((10 + 200) / (100 + 200))
     assert rows["ease"]["client_round_trips_with_escalation"] == 2 + 20
     assert rows["ease"]["certified"] is True
@@ -61,7 +61,7 @@ def test_the_means_count_the_seeds_the_verdict_certified():
         rows = _rows(retrain_replayed=False, ease_pass=ok)
         rows["retrain"] |= {"forget_r1": 40.0, "retain_r1": 80.0}
         rows["ease"] |= {"forget_r1": 42.0, "retain_r1": 79.0}
-        bench.add_costs(rows, {"n_shadows": 4, "replaced": 2, "keep_fraction": 0.5}, 20)
+        bench.add_costs(rows, {"n_shadows": 4, "trained": 2, "data_fraction": 0.5}, 20)
         per_seed[seed] = {"methods": {k: v for k, v in rows.items() if k != "unjudged"}}
     means = bench.method_means(per_seed)["ease"]
     assert means["certified_seeds"] == 1 and means["verdict_seeds"] == 3

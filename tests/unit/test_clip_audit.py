@@ -9,6 +9,8 @@ clearly above chance, and a model that never saw them is at chance within the ve
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -16,17 +18,18 @@ import torch
 from app.ml.data.captions import make_membership_federation
 from app.ml.federation import Federation, FedSettings
 from app.ml.verification.clip_shadows import (
+    REFERENCE_SEED_STRIDE,
     ClipShadowSettings,
     audit_clip_deletion,
     clip_shadows_from_bytes,
     clip_shadows_to_bytes,
-    replace_clip_shadows,
     shadows_without,
     train_clip_shadows,
 )
 from app.ml.verification.plots import plot_data
 from app.ml.verification.policy import decide
 from app.reports.plots import render
+from bench.ease import verification_plan
 
 from .clip_helpers import MEMO_HELDOUT, MEMO_PAIRS, memorising_world, tiny_model
 
@@ -51,37 +54,27 @@ def test_shadow_runs_leave_every_pair_out_of_half_of_them_and_round_trip():
         ClipShadowSettings(n_shadows=3)  # one OUT run per pair cannot fit a Gaussian
 
 
-def test_shadows_that_saw_an_erased_pair_are_replaced_and_the_pair_leaves_the_pool():
-    model, data = _cheap_world()
-    shadows = train_clip_shadows(model, model.theta_init, data.clients, CHEAP, ClipShadowSettings(n_shadows=4))
-    erased = [3]  # client 0's fourth pair
-    saw = set(np.flatnonzero(shadows.in_mask[:, 3]).tolist())
-    remaining = [data.clients[0].subset([i for i in range(12) if i != 3]), data.clients[1]]
-    new, counts = replace_clip_shadows(shadows, erased, model, model.theta_init, remaining)
-    assert counts["saw_erased_pairs"] == len(saw) == 2 and counts["trained"] >= 2
-    assert 3 not in new.row_ids.tolist() and new.in_mask.shape == (4, 23) and new.generation == 1
-    kept = [i for i in range(4) if i not in saw]
-    if counts["kept"]:  # the runs that never saw the pair survive unchanged
-        assert all(any(torch.equal(shadows.thetas[i], t) for t in new.thetas) for i in kept)
-    for i in saw:
-        assert not any(torch.equal(shadows.thetas[i], t) for t in new.thetas)
-    assert ((~new.in_mask).sum(axis=0) >= 2).all()
-    with pytest.raises(ValueError):
-        replace_clip_shadows(shadows, erased, model, model.theta_init, data.clients)  # the pool must shrink
-
-
-def test_the_audit_reference_is_the_shadows_without_the_deletions_pairs():
-    """clip_shadows.shadows_without: every run that trained on a forget pair is replaced by one on what remains (the
-    erasure's own replacement), so against it each forget pair is OUT for every shadow — a model that never saw the
-    set, whatever group it forms — where the registration set has each pair IN half of the runs. A pool holding some
-    forget pairs and not others is neither, and refused."""
+def test_the_audit_reference_is_the_recipe_retrained_without_the_deletions_pairs():
+    """clip_shadows.shadows_without: as many runs as the model has shadows, each the recipe on every remaining pair
+    with its own data order — exact retraining is one more draw of the same process — so every forget pair is OUT of
+    every run and every remaining pair IN, where the registration set has each pair IN half of the runs. Against it
+    the audit carries the runs' own leave-one-out draws of the forget excess (the verdict's null); a pool holding
+    some forget pairs and not others is neither set, and refused."""
     model, data = _cheap_world()
     shadows = train_clip_shadows(model, model.theta_init, data.clients, CHEAP, ClipShadowSettings(n_shadows=4))
     original = Federation(model, data.clients, CHEAP).train(model.theta_init, record_history=False).theta
     erased = [0, 1, 2, 3, 4, 5]  # half of client 0
     reference, counts = shadows_without(shadows, erased, model, model.theta_init, data.clients)
-    assert counts["trained"] == 4 and reference.generation == 1  # every run held one of six pairs
+    assert counts["trained"] == 4 and counts["kept"] == 0 and reference.generation == 1
+    assert counts["trained"] == verification_plan(4)["trained"]  # bench.ease prices what the service trains
     assert not set(erased) & set(reference.row_ids.tolist()) and reference.client_sizes == [6, 12]
+    assert reference.in_mask.all() and reference.in_mask.shape == (4, 18)
+    remaining = [data.clients[0].subset(range(6, 12)), data.clients[1]]
+    for j in (0, 3):  # run j: the recipe on what remains with data-order seed + (j + 1)·stride, nothing else
+        other_order = dataclasses.replace(CHEAP, seed=CHEAP.seed + REFERENCE_SEED_STRIDE * (j + 1))
+        rerun = Federation(model, remaining, other_order).train(model.theta_init, record_history=False).theta
+        assert torch.equal(reference.thetas[j], rerun)
+    assert all(not torch.equal(reference.thetas[0], t) for t in reference.thetas[1:])  # other data orders
     forget = data.clients[0].subset(erased)
     args = (model, forget, erased, data.heldout, original, original.clone())
     _, against_reference = audit_clip_deletion(reference, *args)
@@ -89,6 +82,8 @@ def test_the_audit_reference_is_the_shadows_without_the_deletions_pairs():
     k = len(erased)
     assert (against_reference.fit.n_in[:k] == 0).all() and (against_reference.fit.n_out[:k] == 4).all()
     assert (at_registration.fit.n_in[:k] == 2).all() and (at_registration.fit.n_out[:k] == 2).all()
+    assert against_reference.null_excess is not None and len(against_reference.null_excess) == 4
+    assert at_registration.null_excess is None  # random halves: no run is a draw of "never saw the set"
     with pytest.raises(ValueError, match="some forget pairs and not others"):
         audit_clip_deletion(reference, model, data.clients[0].subset([5, 6]), [5, 6], data.heldout, original, original)
 

@@ -17,8 +17,8 @@ import pytest
 
 from app.ml.federation import FederatedProblem
 from app.ml.unlearning.baselines.fed_retrain import FedRetrain
-from app.ml.verification.audit import AuditScores
-from app.ml.verification.clip_evidence import Z_NULL, clip_evidence, forget_excess, replay_of
+from app.ml.verification.audit import AuditScores, scores_from_phi
+from app.ml.verification.clip_evidence import Z_NULL, clip_evidence, forget_excess, null_excess, replay_of
 from app.ml.verification.clip_impostors import CLIP_EXACT_IMPOSTORS, CLIP_IMPOSTORS, ClipImpostorCase
 from app.ml.verification.clip_shadows import audit_clip_deletion
 from app.ml.verification.lira import GaussianFit
@@ -59,6 +59,40 @@ def test_the_forget_excess_is_judged_against_doing_nothing_and_the_null_spread()
     assert weak["informative"] is False and weak["passed"] is None and "uninformative" in weak["message"]
     # exact methods are held to the null spread (1 % of doing nothing's excess is far below it here)
     assert check(never, exact=True)["threshold"] == pytest.approx(Z_NULL * good["detail"]["se"])
+
+
+def test_a_group_that_moves_together_from_run_to_run_is_judged_against_the_runs_own_spread():
+    """clip_evidence.null_excess: a subject's (or a client's, a class's) pairs shift together from one data order to
+    the next, which the non-members' SE — pairs taken as independent — cannot see. Reference runs with such a common
+    shift give leave-one-out draws of E as wide as the shift; another run of the same process (exact retraining, or
+    a perfect approximate method) then passes against them, where the SE alone fails it; doing nothing still fails."""
+    rng = np.random.default_rng(1)
+    k, m, n = 60, 150, 4
+    difficulty = 2.0 * rng.standard_normal(k + m)
+
+    def run(shift: float) -> np.ndarray:  # one run of the recipe without the pairs: pair noise + the group's shift
+        phi = difficulty + 0.3 * rng.standard_normal(k + m)
+        phi[:k] += shift
+        return phi
+
+    reference = np.stack([run(s) for s in (0.3, -0.3, 0.15, -0.45)])  # the group's run-to-run spread: 0.3
+    thetas = {"original": run(0.0) + np.r_[np.full(k, 3.0), np.zeros(m)], "unlearned": run(0.45)}
+    scores = scores_from_phi(reference, np.zeros_like(reference, bool), thetas, k, "offline", "auto", "mean", True)
+    scores.null_excess = null_excess(reference, k)
+    assert len(scores.null_excess) == n and np.sqrt(np.mean(scores.null_excess**2)) > 0.5
+    retrained = forget_excess(scores, exact=False, two_sided=True)
+    assert retrained["informative"] and retrained["passed"] is True, retrained["message"]
+    assert retrained["figure"] > Z_NULL * retrained["detail"]["se"]  # the SE alone would have failed it
+    assert retrained["detail"]["null_spread"] > 0 and "reference runs" in retrained["message"]
+    scores.null_excess = None  # the same audit without the runs' draws: a correct deletion fails by noise
+    assert forget_excess(scores, exact=False, two_sided=True)["passed"] is False
+    scores.null_excess = null_excess(reference, k)
+    nothing = {"original": thetas["original"], "unlearned": thetas["original"]}
+    kept = scores_from_phi(reference, np.zeros_like(reference, bool), nothing, k, "offline", "auto", "mean", True)
+    kept.null_excess = scores.null_excess
+    assert forget_excess(kept, exact=False, two_sided=True)["passed"] is False
+    with pytest.raises(ValueError, match="three reference runs"):
+        null_excess(reference[:2], k)
 
 
 @pytest.fixture(scope="module")

@@ -47,6 +47,10 @@ class AuditScores:
     nonmember_scores: dict[str, np.ndarray] = field(default_factory=dict)
     fit: lira.GaussianFit | None = None
     """Shadow Gaussians for the forget rows followed by the non-member rows."""
+    null_excess: np.ndarray | None = None
+    """A CLIP deletion's reference runs (none saw a forget pair): each run's own forget excess against the others
+    (clip_evidence.null_excess), the null draws of the forget excess; None elsewhere (a subset of the forget rows
+    would have other draws, so ``forget_subset`` drops it)."""
 
     def forget_subset(self, index: np.ndarray) -> AuditScores:
         """The same audit restricted to some of its forget rows (``index`` into them), non-members unchanged: one

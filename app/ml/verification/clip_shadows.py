@@ -12,16 +12,18 @@ The statistic is LiRA's φ over a fixed caption gallery (signals.clip_pair_confi
 the gallery is the audited pairs themselves (forget ∪ non-members), the same for every model compared (shadows,
 original, unlearned). With fewer than 64 shadows the OUT variance is global (lira.fit_gaussians "auto").
 
-Shadows are copies of the pairs they trained on: ``replace_clip_shadows`` drops every shadow whose subset held an
-erased pair and trains as many replacements on what remains (shadows.replacement_plan, shared with tabular). The set
-after that replacement is the deletion's audit reference (``shadows_without``: no run of it saw any forget pair, so
-it stands for "never trained on the set" for a client, a class or a subject alike — the registration set does not:
-each pair's OUT runs trained on half of its group). The worker trains it before the verdict, the erasure stores it.
+A deletion is audited against its own reference (``shadows_without``): as many runs of the recipe on every pair that
+remains, each with another data order — what exact retraining is one draw of — so that no run saw a forget pair (for
+a client, a class or a subject alike; the registration set's OUT runs of a pair trained on half of its group) and
+the forget excess of a correct deletion falls within the runs' own leave-one-out spread (clip_evidence). The worker
+trains it before the verdict, the erasure stores it in place of the registration set (whose runs are copies of the
+pairs they trained on); the registration set still defines the pool and the audit's settings.
 Everything here is pure: the worker (app/jobs/federated.py) loads the data and stores the set.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -35,8 +37,9 @@ from app.ml.clip import ClipLoRA
 from app.ml.data.captions import CaptionDataset
 from app.ml.federation import Federation, FedSettings
 from app.ml.verification.audit import AuditScores, report_from_scores, scores_from_phi, theta_facts
+from app.ml.verification.clip_evidence import null_excess
 from app.ml.verification.policy import VerdictPolicy
-from app.ml.verification.shadows import balanced_in_mask, pack_shadows, replacement_plan, unpack_shadows
+from app.ml.verification.shadows import balanced_in_mask, pack_shadows, unpack_shadows
 from app.ml.verification.signals import clip_pair_confidence
 
 DEFAULT_N_CLIP_SHADOWS = 4
@@ -45,6 +48,9 @@ samples); each shadow is a full federated training run, so this is the audit's c
 erasure. Raise it where CPU allows: LiRA's power grows with the count up to ~64 (Carlini et al. 2022, Fig. 9)."""
 MIN_OUT_SHADOWS = 2
 """Offline LiRA fits each pair's OUT mean from the shadows that did not train on it: at least two per pair."""
+REFERENCE_SEED_STRIDE = 104729
+"""Data-order seed of reference run j: the recipe's seed + (j + 1) × this (a prime): never the recipe's own (exact
+retraining's) nor bench.ease's other-order retrain (+1000)."""
 CLIP_SHADOW_FORMAT = "lethe-clip-shadows/1"
 STATISTIC = "phi = mean over i2t and t2i of (tau*cos(true) - logsumexp_{others} tau*cos) over the audited pairs"
 
@@ -128,16 +134,18 @@ def _train_runs(
     theta_init: torch.Tensor,
     clients: Sequence[CaptionDataset],
     mask: np.ndarray,
-    fed: FedSettings,
+    fed: FedSettings | Sequence[FedSettings],
     rounds: int,
     progress: ProgressFn | None,
 ) -> tuple[torch.Tensor, list[float]]:
+    """One federated run per row of ``mask`` (its pairs), each with ``fed`` (or its own entry of a list)."""
     thetas, seconds = [], []
     for i, row in enumerate(mask):
         if not row.any():
             raise ValueError("a shadow subset is empty: the pool is too small for this keep_fraction")
         started = time.perf_counter()
-        result = Federation(model, _split(row, clients), fed).train(theta_init, rounds, record_history=False)
+        run = fed if isinstance(fed, FedSettings) else fed[i]
+        result = Federation(model, _split(row, clients), run).train(theta_init, rounds, record_history=False)
         thetas.append(result.theta.detach().float().clone())
         seconds.append(time.perf_counter() - started)
         if progress is not None:
@@ -172,63 +180,6 @@ def train_clip_shadows(
     return ClipShadowSet(thetas, mask, ids, sizes, settings, asdict(fed_settings), 0, seconds)
 
 
-def replace_clip_shadows(
-    shadows: ClipShadowSet,
-    erased_positions: Sequence[int] | np.ndarray,
-    model: ClipLoRA,
-    theta_init: torch.Tensor,
-    clients_remaining: Sequence[CaptionDataset],
-    progress: ProgressFn | None = None,
-) -> tuple[ClipShadowSet, dict[str, Any]]:
-    """Drop every shadow that trained on an erased pair (data-set positions) and train as many on what remains.
-
-    ``clients_remaining``: each client's pairs without the erased ones, in the pool's order (the pool columns minus
-    the erased ones, client by client). Returns the new set and {"dropped", "kept", "trained", "seconds"}.
-    """
-    erased = np.flatnonzero(np.isin(shadows.row_ids, np.asarray(erased_positions, dtype=np.int64)))
-    sizes = [len(c) for c in clients_remaining]
-    if len(sizes) != len(shadows.client_sizes):
-        raise ValueError("clients_remaining must list every client of the pool")
-    plan = replacement_plan(shadows.in_mask, erased, shadows.settings, shadows.generation, sum(sizes))
-    old_client = np.repeat(np.arange(len(shadows.client_sizes)), shadows.client_sizes)[plan.keep_cols]
-    if np.bincount(old_client, minlength=len(sizes)).tolist() != sizes:
-        raise ValueError("clients_remaining does not match the pool without the erased pairs")
-    kept, repl_mask = plan.kept, plan.replacement_mask
-    merged = np.concatenate([shadows.in_mask[kept][:, plan.keep_cols], repl_mask], axis=0)
-    if plan.dropped.size and kept.size and (~merged).sum(axis=0).min() < MIN_OUT_SHADOWS:
-        # a partial replacement's fresh draw can leave a pair IN almost everywhere: redraw the whole set instead
-        kept = np.zeros(0, dtype=np.int64)
-        rng = np.random.default_rng([int(shadows.settings.seed), plan.generation, 1])
-        repl_mask = balanced_in_mask(shadows.n_shadows, sum(sizes), shadows.settings.keep_fraction, rng)
-    mask = shadows.in_mask[kept][:, plan.keep_cols]
-    thetas = shadows.thetas[torch.as_tensor(kept, dtype=torch.long)]
-    seconds: list[float] = []
-    if len(repl_mask):
-        fed = FedSettings(**shadows.fed_settings)
-        rounds = int(shadows.settings.rounds or fed.rounds)
-        new, seconds = _train_runs(model, theta_init, clients_remaining, repl_mask, fed, rounds, progress)
-        mask = np.concatenate([mask, repl_mask], axis=0)
-        thetas = torch.cat([thetas, new], dim=0)
-    result = ClipShadowSet(
-        thetas,
-        mask,
-        shadows.row_ids[plan.keep_cols],
-        sizes,
-        shadows.settings,
-        shadows.fed_settings,
-        plan.generation,
-        seconds,
-    )
-    counts = {
-        "dropped": int(shadows.n_shadows - kept.size),
-        "saw_erased_pairs": int(plan.dropped.size),
-        "kept": int(kept.size),
-        "trained": int(len(repl_mask)),
-        "seconds": round(sum(seconds), 3),
-    }
-    return result, counts
-
-
 def remaining_clients(
     shadows: ClipShadowSet, clients: Sequence[CaptionDataset], gone: set[int]
 ) -> list[CaptionDataset]:
@@ -250,16 +201,44 @@ def shadows_without(
     clients: Sequence[CaptionDataset],
     progress: ProgressFn | None = None,
 ) -> tuple[ClipShadowSet, dict[str, Any]]:
-    """The deletion's reference set: the registration shadows with every run that trained on an erased pair replaced
-    by one trained on what remains (:func:`replace_clip_shadows`) — the erasure must replace them anyway. No shadow
-    of it saw any erased pair, so it is the audit's OUT reference for the whole forget set at once: a model that
-    never saw the set. The registration shadows are not: each OUT run of a pair trained on about half of the pair's
-    own group (its client, its class, its data subject), so an exact retrain of a group deletion scores the group
-    far below their OUT mean (measured on bench.ease's tuning seeds: forget excess −1.46 to −4.06 for retraining with
-    the registration set, −0.36 to +0.10 with this one; README "Stop 45")."""
+    """The deletion's reference set: ``shadows.n_shadows`` runs of the model's recipe from θ₀ on every pair that
+    remains, each with its own data order (:data:`REFERENCE_SEED_STRIDE`) — exact retraining is one more draw of the
+    same process, so a θ′ that never saw the pairs is exchangeable with the runs and its forget excess is drawn from
+    the runs' own leave-one-out spread (clip_evidence.null_excess). Every erased pair is OUT of every run, whatever
+    group it forms; every remaining pair IN. It replaces the stored set at erasure (each registration run that saw an
+    erased pair is a copy of it).
+
+    Why not the registration runs (random halves) with those that saw a pair retrained: their OUT runs of a pair
+    trained on half of the pair's own client, class or subject (an exact retrain of the group scored far below them,
+    E −1.46 to −4.06, stop 45), and even without the pairs, half-data runs vary so much from run to run (their
+    subsets differ) that the null spread of E, measured, left the samples check uninformative (leave-one-out spread
+    0.70 against doing nothing's 3.45 on tuning seed 0), and a full-data θ′ is not one of them (README "Stop 46")."""
     gone = {int(p) for p in erased_positions}
     remaining = remaining_clients(shadows, clients, gone)
-    return replace_clip_shadows(shadows, sorted(gone), model, theta_init, remaining, progress)
+    keep = ~np.isin(shadows.row_ids, np.asarray(sorted(gone), dtype=np.int64))
+    sizes = [len(c) for c in remaining]
+    if sum(sizes) != int(keep.sum()) or sum(sizes) == 0:
+        raise ValueError("the clients do not hold the pool's remaining pairs")
+    fed = FedSettings(**shadows.fed_settings)
+    rounds = int(shadows.settings.rounds or fed.rounds)
+    n = shadows.n_shadows
+    runs = [dataclasses.replace(fed, seed=fed.seed + REFERENCE_SEED_STRIDE * (j + 1)) for j in range(n)]
+    mask = np.ones((n, sum(sizes)), dtype=bool)
+    thetas, seconds = _train_runs(model, theta_init, remaining, mask, runs, rounds, progress)
+    erased_cols = np.flatnonzero(~keep)
+    generation = shadows.generation + 1
+    result = ClipShadowSet(
+        thetas, mask, shadows.row_ids[keep], sizes, shadows.settings, shadows.fed_settings, generation, seconds
+    )
+    counts = {
+        "dropped": n,
+        "saw_erased_pairs": int(shadows.in_mask[:, erased_cols].any(axis=1).sum()),
+        "kept": 0,
+        "trained": n,
+        "pairs": int(sum(sizes)),
+        "seconds": round(sum(seconds), 3),
+    }
+    return result, counts
 
 
 def clip_shadows_to_bytes(shadows: ClipShadowSet) -> bytes:
@@ -344,6 +323,8 @@ def audit_clip_deletion(
         thetas["retrained"] = theta_retrained
     phis = {name: pair_phi(model, th, audited) for name, th in thetas.items()}
     scores = scores_from_phi(shadow_phi, mask, phis, k, "offline", variance, center, predictive=True)
+    if not pooled.any() and shadows.n_shadows >= 3:  # a reference set: its runs' own null draws of the excess
+        scores.null_excess = null_excess(shadow_phi, k, variance, center)
     report = report_from_scores(
         scores,
         k,
