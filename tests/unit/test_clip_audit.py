@@ -77,8 +77,11 @@ def test_the_audit_reference_is_the_recipe_retrained_without_the_deletions_pairs
     assert all(not torch.equal(reference.thetas[0], t) for t in reference.thetas[1:])  # other data orders
     forget = data.clients[0].subset(erased)
     args = (model, forget, erased, data.heldout, original, original.clone())
-    _, against_reference = audit_clip_deletion(reference, *args)
-    _, at_registration = audit_clip_deletion(shadows, *args)
+    report, against_reference = audit_clip_deletion(reference, *args)
+    registration_report, at_registration = audit_clip_deletion(shadows, *args)
+    # the attack counts the pairs net of the shift the runs allow (clip_evidence.net_of_group_shift): not raw
+    shift = report["attack"]["group_shift"]["unlearned"]
+    assert 0 <= shift["removed"] <= shift["allowance"] and "group_shift" not in registration_report["attack"]
     k = len(erased)
     assert (against_reference.fit.n_in[:k] == 0).all() and (against_reference.fit.n_out[:k] == 4).all()
     assert (at_registration.fit.n_in[:k] == 2).all() and (at_registration.fit.n_out[:k] == 2).all()

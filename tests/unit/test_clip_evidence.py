@@ -17,8 +17,15 @@ import pytest
 
 from app.ml.federation import FederatedProblem
 from app.ml.unlearning.baselines.fed_retrain import FedRetrain
-from app.ml.verification.audit import AuditScores, scores_from_phi
-from app.ml.verification.clip_evidence import Z_NULL, clip_evidence, forget_excess, null_excess, replay_of
+from app.ml.verification.audit import AuditScores, report_from_scores, scores_from_phi
+from app.ml.verification.clip_evidence import (
+    Z_NULL,
+    clip_evidence,
+    forget_excess,
+    net_of_group_shift,
+    null_excess,
+    replay_of,
+)
 from app.ml.verification.clip_impostors import CLIP_EXACT_IMPOSTORS, CLIP_IMPOSTORS, ClipImpostorCase
 from app.ml.verification.clip_shadows import audit_clip_deletion
 from app.ml.verification.lira import GaussianFit
@@ -61,38 +68,67 @@ def test_the_forget_excess_is_judged_against_doing_nothing_and_the_null_spread()
     assert check(never, exact=True)["threshold"] == pytest.approx(Z_NULL * good["detail"]["se"])
 
 
+def _group_audit(shift: float) -> tuple[np.ndarray, AuditScores, int]:
+    """Four reference runs whose forget pairs (a group of 60) share a run-to-run shift of spread 0.3 in φ (pair
+    noise 0.3, difficulty 2), the original 3.0 above on the group, and θ′ = one more run with group shift ``shift``."""
+    rng = np.random.default_rng(1)
+    k, m = 60, 150
+    difficulty = 2.0 * rng.standard_normal(k + m)
+
+    def run(group: float) -> np.ndarray:  # one run of the recipe without the pairs: pair noise + the group's shift
+        phi = difficulty + 0.3 * rng.standard_normal(k + m)
+        phi[:k] += group
+        return phi
+
+    reference = np.stack([run(s) for s in (0.3, -0.3, 0.15, -0.45)])
+    thetas = {"original": run(0.0) + np.r_[np.full(k, 3.0), np.zeros(m)], "unlearned": run(shift)}
+    scores = scores_from_phi(reference, np.zeros_like(reference, bool), thetas, k, "offline", "auto", "mean", True)
+    scores.null_excess = null_excess(reference, k)
+    return reference, scores, k
+
+
 def test_a_group_that_moves_together_from_run_to_run_is_judged_against_the_runs_own_spread():
     """clip_evidence.null_excess: a subject's (or a client's, a class's) pairs shift together from one data order to
     the next, which the non-members' SE — pairs taken as independent — cannot see. Reference runs with such a common
     shift give leave-one-out draws of E as wide as the shift; another run of the same process (exact retraining, or
     a perfect approximate method) then passes against them, where the SE alone fails it; doing nothing still fails."""
-    rng = np.random.default_rng(1)
-    k, m, n = 60, 150, 4
-    difficulty = 2.0 * rng.standard_normal(k + m)
-
-    def run(shift: float) -> np.ndarray:  # one run of the recipe without the pairs: pair noise + the group's shift
-        phi = difficulty + 0.3 * rng.standard_normal(k + m)
-        phi[:k] += shift
-        return phi
-
-    reference = np.stack([run(s) for s in (0.3, -0.3, 0.15, -0.45)])  # the group's run-to-run spread: 0.3
-    thetas = {"original": run(0.0) + np.r_[np.full(k, 3.0), np.zeros(m)], "unlearned": run(0.45)}
-    scores = scores_from_phi(reference, np.zeros_like(reference, bool), thetas, k, "offline", "auto", "mean", True)
-    scores.null_excess = null_excess(reference, k)
-    assert len(scores.null_excess) == n and np.sqrt(np.mean(scores.null_excess**2)) > 0.5
+    reference, scores, k = _group_audit(0.45)
+    assert len(scores.null_excess) == 4 and np.sqrt(np.mean(scores.null_excess**2)) > 0.5
     retrained = forget_excess(scores, exact=False, two_sided=True)
     assert retrained["informative"] and retrained["passed"] is True, retrained["message"]
     assert retrained["figure"] > Z_NULL * retrained["detail"]["se"]  # the SE alone would have failed it
     assert retrained["detail"]["null_spread"] > 0 and "reference runs" in retrained["message"]
-    scores.null_excess = None  # the same audit without the runs' draws: a correct deletion fails by noise
+    draws, scores.null_excess = scores.null_excess, None  # the same audit without the runs' draws: fails by noise
     assert forget_excess(scores, exact=False, two_sided=True)["passed"] is False
-    scores.null_excess = null_excess(reference, k)
-    nothing = {"original": thetas["original"], "unlearned": thetas["original"]}
-    kept = scores_from_phi(reference, np.zeros_like(reference, bool), nothing, k, "offline", "auto", "mean", True)
-    kept.null_excess = scores.null_excess
-    assert forget_excess(kept, exact=False, two_sided=True)["passed"] is False
+    scores.null_excess = draws
+    nothing = dataclasses.replace(scores, forget_scores={**scores.forget_scores})
+    for table in ("forget_phi", "nonmember_phi", "forget_scores", "nonmember_scores"):
+        getattr(nothing, table)["unlearned"] = getattr(scores, table)["original"]
+    assert forget_excess(nothing, exact=False, two_sided=True)["passed"] is False
     with pytest.raises(ValueError, match="three reference runs"):
         null_excess(reference[:2], k)
+
+
+def test_the_forget_set_attack_counts_pairs_net_of_the_shift_the_reference_runs_allow():
+    """clip_evidence.net_of_group_shift: the attack's chance bound takes the forget pairs as exchangeable with the
+    non-members; a correct deletion's group shifted as a whole within the null is flagged above it on raw scores,
+    and passes net of that shift. A θ′ that keeps the pairs (the original) is still flagged: its shift is beyond the
+    allowance, and the forget excess fails it too."""
+    _, scores, k = _group_audit(0.45)
+    raw = report_from_scores(scores, k, 150)
+    net_scores, removed = net_of_group_shift(scores)
+    net = report_from_scores(net_scores, k, 150)
+    attack = lambda report: next(c for c in decide(report)["checks"] if c["name"] == "forget_attack")  # noqa: E731
+    assert raw["informative"] and attack(raw)["passed"] is False  # raw: the group's shift alone is flagged
+    assert attack(net)["passed"] is True, attack(net)["message"]
+    assert 0 < removed["unlearned"]["removed"] <= removed["unlearned"]["allowance"] and "original" not in removed
+    assert np.array_equal(net_scores.forget_scores["original"], scores.forget_scores["original"])
+    kept = dataclasses.replace(scores, forget_scores={**scores.forget_scores})
+    for table in ("forget_phi", "nonmember_phi", "forget_scores", "nonmember_scores"):
+        getattr(kept, table)["unlearned"] = getattr(scores, table)["original"]
+    kept_net, kept_removed = net_of_group_shift(kept)
+    assert kept_removed["unlearned"]["removed"] == kept_removed["unlearned"]["allowance"]  # clipped at the null
+    assert attack(report_from_scores(kept_net, k, 150))["passed"] is False
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ from app.ml.clip import ClipLoRA
 from app.ml.data.captions import CaptionDataset
 from app.ml.federation import Federation, FedSettings
 from app.ml.verification.audit import AuditScores, report_from_scores, scores_from_phi, theta_facts
-from app.ml.verification.clip_evidence import null_excess
+from app.ml.verification.clip_evidence import net_of_group_shift, null_excess
 from app.ml.verification.policy import VerdictPolicy
 from app.ml.verification.shadows import balanced_in_mask, pack_shadows, unpack_shadows
 from app.ml.verification.signals import clip_pair_confidence
@@ -323,10 +323,12 @@ def audit_clip_deletion(
         thetas["retrained"] = theta_retrained
     phis = {name: pair_phi(model, th, audited) for name, th in thetas.items()}
     scores = scores_from_phi(shadow_phi, mask, phis, k, "offline", variance, center, predictive=True)
+    attack_scores, group_shift = scores, {}
     if not pooled.any() and shadows.n_shadows >= 3:  # a reference set: its runs' own null draws of the excess
         scores.null_excess = null_excess(shadow_phi, k, variance, center)
+        attack_scores, group_shift = net_of_group_shift(scores)
     report = report_from_scores(
-        scores,
+        attack_scores,
         k,
         len(nonmembers),
         policy,
@@ -334,6 +336,12 @@ def audit_clip_deletion(
         theta=theta_facts(theta_original, theta_unlearned, trained_on_forget),
         statistic=STATISTIC,
     )
+    if group_shift:
+        report["attack"]["group_shift"] = {
+            **group_shift,
+            "what": "the forget-set attack counts each model's forget pairs net of their common shift, up to what "
+            "the reference runs allow (clip_evidence.net_of_group_shift); the forget excess judges the shift",
+        }
     report["gallery_size"] = len(audited)
     report["shadow_generation"] = int(shadows.generation)
     return report, scores
