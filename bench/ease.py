@@ -38,10 +38,12 @@ and compute) —, per deletion and per batch of ``BATCH`` deletions (one referen
 (stages in which clients take part, one after another), without and with the reference's rounds. The reference's
 cost is derived from the measured retrain, not run. Summaries: mean over seeds, 95 % interval (Student t), worst seed.
 
-The verdict (``--verdict``): every row is judged as the service judges it — the verification shadows trained as at
-registration (``shadows_for``, cached by the federation's bits), clip_verdict.federated_verdict with the default
-policy on the pairs the worker would audit — and ``<cost>_ratio_with_escalation`` is the deletion as ``auto`` runs
-it: the method, the replaced shadows, and, where its verdict fails, the retraining it escalates to (whose own
+The verdict (``--verdict``): every row is judged as the service judges it — against the deletion's reference
+(``reference_for``: the recipe retrained on what remains, one run per registration shadow, other data orders, cached
+by the federation's bits and the pairs), clip_verdict.federated_verdict with the default policy on the pairs the
+worker would audit; ``retrain`` is also judged as an approximate method (``verdict_as_approximate``: the
+calibration) — and ``<cost>_ratio_with_escalation`` is the deletion as ``auto`` runs it: the method, the reference's
+runs, and, where its verdict fails, the retraining it escalates to (whose own
 verdict replays the recipe where its forget excess does not decide: one more federated run, counted), against a
 verified retraining's. ``certified_seeds`` counts the seeds whose verdict passed.
 
@@ -316,7 +318,7 @@ def verdict_of(
     held, audited = audited_positions(problem, ids, positions, probed(result.info))
     forget = CaptionDataset.concat(problem.clients).subset(held)
     started = time.perf_counter()
-    _, verdict, _ = federated_verdict(
+    report, verdict, _ = federated_verdict(
         shadows,
         model,
         problem,
@@ -341,6 +343,9 @@ def verdict_of(
         "excess": None if excess is None else round(float(excess["figure"]), 4),
         "excess_threshold": None if excess is None else round(float(excess["threshold"]), 4),
         "excess_informative": None if excess is None else bool(excess.get("informative")),
+        # the reference runs' own spread of E (clip_evidence.null_excess) and the group shift the attack was net of
+        "null_spread": None if excess is None else excess["detail"].get("null_spread"),
+        "attack_shift_removed": report["attack"].get("group_shift", {}).get("unlearned", {}).get("removed"),
         # class scope: the forget pairs' R@1 against version 1's (clip_evidence.forget_retrieval), and whether it
         # alone failed a verdict that other evidence (the one-sided attack) would have certified
         "retrieval_r1": None if kept is None else round(float(kept["figure"]), 2),

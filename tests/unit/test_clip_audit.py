@@ -86,6 +86,9 @@ def test_the_audit_reference_is_the_recipe_retrained_without_the_deletions_pairs
     assert (against_reference.fit.n_in[:k] == 0).all() and (against_reference.fit.n_out[:k] == 4).all()
     assert (at_registration.fit.n_in[:k] == 2).all() and (at_registration.fit.n_out[:k] == 2).all()
     assert against_reference.null_excess is not None and len(against_reference.null_excess) == 4
+    # each population its own run-to-run σ (clip_evidence.forget_groups): one for the forget pairs, one for the others
+    sigma = against_reference.fit.std_out
+    assert np.unique(sigma[:k]).size == 1 and np.unique(sigma[k:]).size == 1 and sigma[0] != sigma[-1]
     assert at_registration.null_excess is None  # random halves: no run is a draw of "never saw the set"
     with pytest.raises(ValueError, match="some forget pairs and not others"):
         audit_clip_deletion(reference, model, data.clients[0].subset([5, 6]), [5, 6], data.heldout, original, original)

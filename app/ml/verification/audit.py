@@ -133,15 +133,17 @@ def scores_from_phi(
     variance: str = "auto",
     center: str = "mean",
     predictive: bool = False,
+    groups: np.ndarray | None = None,
 ) -> AuditScores:
     """LiRA scores from statistics already computed, for any model family (tabular rows, CLIP pairs).
 
     Columns are the audited rows, the ``n_forget`` forget rows first and the non-members after them:
     ``shadow_phi_rows`` [N, n] and ``in_mask_rows`` [N, n] from the shadows, ``model_phis`` {name: [n]} from each
     audited model. ``mode`` "auto" is online LiRA when every audited row has ≥ 2 IN and ≥ 2 OUT shadows, offline
-    otherwise; ``predictive``: see lira.offline_scores (for rows with unequal OUT counts).
+    otherwise; ``predictive``: see lira.offline_scores (for rows with unequal OUT counts); ``groups``: see
+    lira.fit_gaussians.
     """
-    fit = lira.fit_gaussians(shadow_phi_rows, in_mask_rows, variance, center)
+    fit = lira.fit_gaussians(shadow_phi_rows, in_mask_rows, variance, center, groups)
     if mode == "auto":
         online_ok = fit.n_in.min() >= MIN_SHADOWS_PER_SIDE and fit.n_out.min() >= MIN_SHADOWS_PER_SIDE
         mode = "online" if online_ok else "offline"

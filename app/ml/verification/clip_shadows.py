@@ -37,7 +37,7 @@ from app.ml.clip import ClipLoRA
 from app.ml.data.captions import CaptionDataset
 from app.ml.federation import Federation, FedSettings
 from app.ml.verification.audit import AuditScores, report_from_scores, scores_from_phi, theta_facts
-from app.ml.verification.clip_evidence import net_of_group_shift, null_excess
+from app.ml.verification.clip_evidence import forget_groups, net_of_group_shift, null_excess
 from app.ml.verification.policy import VerdictPolicy
 from app.ml.verification.shadows import balanced_in_mask, pack_shadows, unpack_shadows
 from app.ml.verification.signals import clip_pair_confidence
@@ -322,9 +322,11 @@ def audit_clip_deletion(
     if theta_retrained is not None:
         thetas["retrained"] = theta_retrained
     phis = {name: pair_phi(model, th, audited) for name, th in thetas.items()}
-    scores = scores_from_phi(shadow_phi, mask, phis, k, "offline", variance, center, predictive=True)
+    reference = not pooled.any()  # a deletion's reference: forget pairs and non-members each get their own σ
+    groups = forget_groups(len(audited), k) if reference else None
+    scores = scores_from_phi(shadow_phi, mask, phis, k, "offline", variance, center, predictive=True, groups=groups)
     attack_scores, group_shift = scores, {}
-    if not pooled.any() and shadows.n_shadows >= 3:  # a reference set: its runs' own null draws of the excess
+    if reference and shadows.n_shadows >= 3:  # its runs' own null draws of the excess
         scores.null_excess = null_excess(shadow_phi, k, variance, center)
         attack_scores, group_shift = net_of_group_shift(scores)
     report = report_from_scores(

@@ -71,29 +71,40 @@ def _masked_center(values: np.ndarray, mask: np.ndarray, center: str) -> np.ndar
     return out
 
 
-def _side(values: np.ndarray, mask: np.ndarray, center: str, variance: str) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and σ of the masked entries of each column ([N, n] -> [n], [n]); NaN where a column has < 2 entries."""
+def _side(
+    values: np.ndarray, mask: np.ndarray, center: str, variance: str, groups: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and σ of the masked entries of each column ([N, n] -> [n], [n]); NaN where a column has < 2 entries.
+    A global σ is pooled within each of ``groups`` (column labels; one group by default)."""
     count = mask.sum(axis=0)
     mu = _masked_center(values, mask, center)
     resid2 = np.where(mask, (values - np.nan_to_num(mu)[None, :]) ** 2, 0.0)
     usable = count >= 2
     std = np.full(values.shape[1], np.nan)
     if variance == "global":
-        dof = int((count[usable] - 1).sum())
-        if dof > 0:
-            std[usable] = np.sqrt(resid2[:, usable].sum() / dof)
+        labels = np.zeros(values.shape[1], dtype=np.int64) if groups is None else np.asarray(groups)
+        for label in np.unique(labels):
+            cols = usable & (labels == label)
+            dof = int((count[cols] - 1).sum())
+            if dof > 0:
+                std[cols] = np.sqrt(resid2[:, cols].sum() / dof)
     else:
         std[usable] = np.sqrt(resid2[:, usable].sum(axis=0) / (count[usable] - 1))
     return mu, np.maximum(std, MIN_STD)
 
 
 def fit_gaussians(
-    shadow_phi: np.ndarray, in_mask: np.ndarray, variance: str = "auto", center: str = "mean"
+    shadow_phi: np.ndarray,
+    in_mask: np.ndarray,
+    variance: str = "auto",
+    center: str = "mean",
+    groups: np.ndarray | None = None,
 ) -> GaussianFit:
     """Fit 𝒩(μ_in, σ²_in) and 𝒩(μ_out, σ²_out) per row from shadows' φ [N, n] and membership [N, n] (Alg. 1 l. 6–9).
 
     ``center`` "mean" follows the paper; "median" is what the released plot.py uses (notes §2.1 [CODE]).
-    A row with fewer than two IN (OUT) shadows gets NaN for that side.
+    A row with fewer than two IN (OUT) shadows gets NaN for that side. ``groups``: row labels within which a global
+    variance is pooled (a CLIP deletion's forget pairs vary more from run to run than its non-members: clip_shadows).
     """
     phi = np.asarray(shadow_phi, dtype=np.float64)
     mask = np.asarray(in_mask, dtype=bool)
@@ -102,8 +113,8 @@ def fit_gaussians(
     if center not in CENTERS:
         raise ValueError(f"unknown center {center!r}; expected one of {CENTERS}")
     var = _resolve_variance(variance, phi.shape[0])
-    mu_in, std_in = _side(phi, mask, center, var)
-    mu_out, std_out = _side(phi, ~mask, center, var)
+    mu_in, std_in = _side(phi, mask, center, var, groups)
+    mu_out, std_out = _side(phi, ~mask, center, var, groups)
     return GaussianFit(mu_in, std_in, mu_out, std_out, mask.sum(0), (~mask).sum(0), var)
 
 
