@@ -190,11 +190,22 @@ def test_a_caption_file_federation_runs_client_class_and_samples_deletions(servi
     live = client.get(f"/v1/models/{model_id}/pairs").json()["clients"]
     assert image_pair not in live["hospital-c"] and len(live["hospital-c"]) == 9
 
-    # class: a caption word held by two clients
-    done = _delete(client, model_id, {"kind": "class", "label": "purple"})
+    # class: a caption word held by two clients, as ``auto``. Five pairs on two training rounds: against the
+    # deletion's reference (the recipe retrained four times without them, clip_shadows.shadows_without) EASE's
+    # evidence may be uninformative at this size (measured: E₀ 10.7 against a threshold of 7.26), and then ``auto``
+    # retrains; either way the class is gone and the request certified
+    done = _delete(client, model_id, {"kind": "class", "label": "purple"}, method="auto")
     assert done["status"] == "certified", done["error"]
-    info = client.get(f"/v1/models/{model_id}/versions").json()[-1]["metrics"]["method_info"]
-    assert info["scope"] == "class" and {"target_r1", "scale", "probes"} <= set(info["strength"])
+    reports = client.get("/v1/reports", params={"request_id": done["id"]}).json()["items"]
+    outcome = [(r["method"], r["verdict"]) for r in reports]
+    assert outcome in ([("ease", "pass")], [("ease", "fail"), ("fed_retrain", "pass")]), outcome
+    class_lock = outcome == [("ease", "pass")]  # EASE publishes a forget lock; a retraining has none to publish
+    if class_lock:
+        info = client.get(f"/v1/models/{model_id}/versions").json()[-1]["metrics"]["method_info"]
+        assert info["scope"] == "class" and {"target_r1", "scale", "probes"} <= set(info["strength"])
+    else:  # EASE failed for want of evidence, not on evidence against it
+        failed = {c["name"] for c in reports[0]["checks"] if c["passed"] is False}
+        assert failed == {"informative_evidence"}, reports[0]["checks"]
     # the class's retrieval against version 1's is judged too (clip_evidence.forget_retrieval; a handful of pairs
     # on two training rounds: reported, not informative here)
     report = client.get("/v1/reports", params={"request_id": done["id"]}).json()["items"][-1]
@@ -222,13 +233,14 @@ def test_a_caption_file_federation_runs_client_class_and_samples_deletions(servi
     wait_for(lambda: not any(get_store().exists(d) for d in rounds["before"]), timeout=30, what="old rounds shredded")
     assert all(get_store().exists(d) for d in rounds["after"])
     model = client.get(f"/v1/models/{model_id}").json()
-    # the class deletion's forget lock stays published
-    assert model["federation"]["removed_clients"] == ["hospital-a"] and model["federation"]["forget_lock_active"]
+    # the class deletion's forget lock (where EASE certified it) stays published
+    assert model["federation"]["removed_clients"] == ["hospital-a"]
+    assert model["federation"]["forget_lock_active"] is class_lock
     assert client.get(f"/v1/models/{model_id}/pairs").json()["clients"]["hospital-a"] == []
     job = clients.round(FED["rounds"] + 1)
     assert job["status"] == "succeeded"
     latest = client.get(f"/v1/models/{model_id}/versions").json()[-1]
-    assert latest["method"] == "fedavg+forget-lock"
+    assert latest["method"] == ("fedavg+forget-lock" if class_lock else "fedavg")
 
     # unknown ids are refused at the door
     response = client.post(
