@@ -6,7 +6,7 @@ import torch
 
 from app.ml.unlearning.base import InvalidMethodSettingsError, available_methods, get_method
 from app.ml.unlearning.ease import EaseConfig, ForgetLock
-from app.ml.unlearning.ease.excision import bilateral_excision, excision_loss
+from app.ml.unlearning.ease.excision import bilateral_excision, concept_words, excision_loss, without_words
 
 from .clip_helpers import tiny_demo
 
@@ -370,3 +370,34 @@ def test_the_replayed_share_is_the_stored_updates_minus_the_counterfactual_witho
     client = bke.unlearn(tiny_demo().problem("client")).info
     assert client["holder_excision"] is None and client["bke"][0]["pair_grads"] > 0
     assert not any("replayed share" in item for item in client["bytes_by_item"]["down"])
+
+
+def test_the_concept_of_a_class_deletion_is_the_word_in_every_forget_caption_and_no_retained_one():
+    forget = ["a large purple circle", "a small Purple square at the top"]
+    retained = ["a large red circle", "a small square"]
+    assert concept_words(forget, retained) == ["purple"]
+    assert without_words(forget, ["purple"]) == ["a large circle", "a small square at the top"]
+    assert concept_words([], retained) == [] and without_words(forget, []) == forget
+
+
+def test_the_concept_masked_reference_reads_the_forget_captions_without_the_classs_word():
+    demo = tiny_demo()
+    problem = demo.problem("class")
+    k = problem.holders()[0]
+    forget, retain = problem.forget_data(k), problem.retain_data(k)
+    word = concept_words(forget.captions, retain.captions)
+    assert word, "the class deletion's forget captions share a word no retained caption has"
+    settings = {"steps": 3, "batch_size": 16, "objective": "reference", "reference_theta": demo.theta, "lr": 0.05,
+                "retain": retain, "margin": -0.01}  # fmt: skip
+    # the model as its own reference bounds nothing; reading the captions without the word, it does
+    same, _ = bilateral_excision(demo.model, demo.theta, forget, **settings)
+    masked, _ = bilateral_excision(
+        demo.model, demo.theta, forget, reference_captions=without_words(forget.captions, word), **settings
+    )
+    assert torch.equal(same, demo.theta)
+    assert not torch.equal(masked, demo.theta)
+    # EASE's setting: every holder reads its own concept; the default keeps version 1
+    for reference, expected in (("concept_masked", word), ("version_1", [])):
+        info = get_method("ease").build({**FAST, "excision_reference": reference}).unlearn(problem).info
+        assert [b["masked"] for b in info["bke"]] == [expected] * len(problem.holders())
+        assert {b["reference"] for b in info["bke"]} == {"concept_masked" if expected else "version_1"}

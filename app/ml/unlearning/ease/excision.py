@@ -18,6 +18,13 @@ that excision cannot explode the way plain gradient ascent does (§7):
   feel almost no push; pairs that only the federation taught are pushed back to the backbone's level — a
   per-pair, calibrated bound rather than "as unmatched as possible" [INFERENCE].
 
+The reference of ``"reference"`` is version 1 by default (θ_ref = the LoRA initialisation). For a class deletion
+``EaseConfig.excision_reference="concept_masked"`` takes the projected model itself with the class's word taken out of
+the forget captions (``reference_captions``, :func:`concept_words`): the bound is then "no better matched than by this
+model when it cannot read the concept" — retraining keeps the shapes, sizes and places the federation taught and
+loses only the word, where version 1 knows none of them, so pushing a class pair to version 1's level takes the
+generic alignment with it (issue 24 item 3, the class scenario's retained drop) [INFERENCE].
+
 Optional terms (settings of :class:`~app.ml.unlearning.ease.method.EaseConfig`): where the holder also has retained
 pairs (class/samples scope), they join each batch as negatives (``retain_negatives``) and anchor the retained
 alignment (the CLIP loss on them, weight ``anchor_weight``); and a restriction of the total
@@ -27,6 +34,8 @@ to span(U)), applied after every step (projected optimisation).
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,6 +46,28 @@ from app.ml.clip import ClipLoRA, caption_labels, clip_loss
 from app.ml.data.captions import CaptionDataset
 from app.ml.unlearning.clip_objectives import uce_loss
 from app.ml.unlearning.ease.subspace import project_onto, project_out
+
+
+def _words(caption: str) -> set[str]:
+    return set(re.findall(r"\w+", caption.lower()))
+
+
+def concept_words(forget: Sequence[str], retained: Sequence[str]) -> list[str]:
+    """The words in every forget caption and in no retained caption: the concept a class deletion removes (the
+    service's class selector is one such word: CaptionDataset.has_word). A holder computes them from its own pairs."""
+    if not forget:
+        return []
+    common = set.intersection(*(_words(c) for c in forget))
+    seen = set().union(*(_words(c) for c in retained)) if retained else set()
+    return sorted(common - seen)
+
+
+def without_words(captions: Sequence[str], words: Sequence[str]) -> list[str]:
+    """``captions`` with every whole-word occurrence of ``words`` taken out (spaces collapsed)."""
+    if not words:
+        return list(captions)
+    pattern = re.compile(r"\b(" + "|".join(re.escape(w) for w in words) + r")\b", re.IGNORECASE)
+    return [" ".join(pattern.sub(" ", c).split()) for c in captions]
 
 
 def _log_p_match(logits: torch.Tensor, same: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,10 +141,13 @@ def bilateral_excision(
     optimizer: str = "sgd",
     retain_negatives: bool = True,
     seed: int = 0,
+    reference_captions: Sequence[str] | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """Run BKE from θ on the forget pairs; returns the excised θ and facts for the report.
 
-    ``reference_theta``: the model of the ``"reference"`` objective (default: none; required by that objective).
+    ``reference_theta``: the model of the ``"reference"`` objective (default: none; required by that objective);
+    ``reference_captions``: the forget pairs' captions as that model reads them (default: their own; the positives
+    are still the pairs' own captions).
     """
     if len(forget) == 0 or steps <= 0:
         return theta.clone(), {"steps": 0}
@@ -125,7 +159,8 @@ def bilateral_excision(
         if reference_theta is None:
             raise ValueError("the reference objective needs reference_theta")
         model.set_theta(reference_theta)
-        ref_emb = model.embed(forget)
+        read = forget if reference_captions is None else dataclasses.replace(forget, captions=list(reference_captions))
+        ref_emb = model.embed(read)
         if use_negatives:
             ref_retain = model.embed(retain)
         ref_scale = model.model.logit_scale.exp().detach()

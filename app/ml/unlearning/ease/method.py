@@ -107,7 +107,7 @@ from app.ml.federation.accounting import Ledger, cpu_timer
 from app.ml.federation.lock import ForgetLock, merge_locks
 from app.ml.unlearning.base import UnlearningResult
 from app.ml.unlearning.clip_objectives import data_gradient
-from app.ml.unlearning.ease.excision import bilateral_excision
+from app.ml.unlearning.ease.excision import bilateral_excision, concept_words, without_words
 from app.ml.unlearning.ease.share import replayed_share
 from app.ml.unlearning.ease.strength import search_scale
 from app.ml.unlearning.ease.subspace import (
@@ -167,6 +167,8 @@ class EaseConfig:
       ``excision_optimizer`` ``"sgd"`` (momentum 0.9; steps proportional to the gradient) or ``"adam"``;
       ``excision_objective``: ``"reference"`` (no forget pair matched better than by the backbone with LoRA at
       its initialisation θ₀), ``"uce"`` or ``"hinge"`` (excision.py); ``excision_margin``: their margin;
+      ``excision_reference``: the reference model of ``"reference"``: ``"version_1"`` (θ₀) or, for a class
+      deletion, ``"concept_masked"`` (θ_p reading the forget captions without the class's word: excision.py);
       ``excision_towers``: ``["image", "text"]`` (bilateral, EASE) or one of them (ablation);
       ``excision_subspace``: ``"none"`` (free), ``"exclusive"`` (displacement kept inside span U_μ) or
       ``"off_retain"`` (kept orthogonal to the retain support Q_r);
@@ -286,6 +288,7 @@ class EaseConfig:
     excision_objective: str = "reference"
     excision_optimizer: str = "sgd"
     excision_margin: float = -0.75
+    excision_reference: str = "version_1"
     excision_towers: list[str] = field(default_factory=lambda: ["image", "text"])
     excision_subspace: str = "none"
     anchor_weight: float = 1.0
@@ -334,6 +337,8 @@ class EaseConfig:
             raise ValueError("theta_ref must be forget_contribution, init or zero")
         if self.excision_objective not in ("uce", "hinge", "reference"):
             raise ValueError("excision_objective must be uce, hinge or reference")
+        if self.excision_reference not in ("version_1", "concept_masked"):
+            raise ValueError("excision_reference must be version_1 or concept_masked")
         if self.excision_optimizer not in ("sgd", "adam"):
             raise ValueError("excision_optimizer must be sgd or adam")
         if self.excision_subspace not in ("none", "exclusive", "off_retain"):
@@ -578,11 +583,17 @@ def excise(problem: FederatedProblem, cfg: EaseConfig, model: ClipLoRA, theta_p:
     holders = problem.holders()
     for i, k in enumerate(holders):
         retain = problem.retain_data(k) if problem.scope != "client" else None
+        forget = problem.forget_data(k)
+        reference, read, masked = problem.theta_init, None, []
+        if cfg.excision_reference == "concept_masked" and problem.scope == "class" and retain is not None:
+            masked = concept_words(forget.captions, retain.captions)  # the holder's own pairs name the concept
+            if masked:  # θ_p, not reading the class's word (excision.py); no such word: version 1, as by default
+                reference, read = theta_p, without_words(forget.captions, masked)
         with cpu_timer() as t:
             theta_k, info_k = bilateral_excision(
                 model,
                 theta_p,
-                problem.forget_data(k),
+                forget,
                 steps=cfg.excision_steps,
                 lr=cfg.excision_lr,
                 batch_size=cfg.excision_batch,
@@ -593,15 +604,16 @@ def excise(problem: FederatedProblem, cfg: EaseConfig, model: ClipLoRA, theta_p:
                 anchor_weight=cfg.anchor_weight,
                 basis=basis,
                 mode=mode,
-                reference_theta=problem.theta_init,
+                reference_theta=reference,
                 optimizer=cfg.excision_optimizer,
                 retain_negatives=cfg.retain_negatives,
                 seed=cfg.seed + k,
+                reference_captions=read,
             )
         party[f"client {k}"] = t[0]
         displacements.append(theta_k - theta_p)
         weights.append(float(problem.forget_masks[k].sum()))
-        info.append({"client": k, **info_k})
+        info.append({"client": k, **info_k, "reference": "concept_masked" if read else "version_1", "masked": masked})
         ledger.down("BKE: θ_p to holders", bytes_of(p) + (basis.shape[1] * bytes_of(p) if basis is not None else 0))
         ledger.up("BKE: displacements from holders", bytes_of(p))
         problem.progress(0.3 + 0.3 * (i + 1) / max(len(holders), 1), f"BKE at client {k}")
