@@ -4,19 +4,20 @@
     .venv/bin/python -m bench.clip_reference --quick    # seed 2, client: the same code in a few minutes
     .venv/bin/python -m bench.clip_reference --seeds 0,1 --out bench/results/clip_reference_tuning.json
 
-bench.ease's federations and methods, the same seeds (2–11; the reference and its null were chosen on tuning seeds
-0 and 1 — README "Stop 46" — and nothing here is tuned). For every deletion the forget excess of each method's θ′
+bench.ease's federations and methods, the same seeds (2–11; the reference and its null were chosen on tuning seeds 0 and
+1 — README "Stop 46" — and nothing here is tuned). For every deletion the forget excess of each method's θ′
 (clip_evidence.excess: the audited forget pairs' shadow-standardised LiRA statistic minus the verifier's non-members')
 is measured against two OUT references: the model's registration shadows (random halves: each forget pair's OUT runs
-trained on about half of its own client, class or subject), and the deletion's reference that the worker trains
-before its verdict (clip_shadows.shadows_without: the recipe retrained on what remains, one run per shadow, each with
-another data order), with that reference's own leave-one-out draws of E (clip_evidence.null_excess: the verdict's
-null). A reference is calibrated when exact retraining — and retraining with another data order, judged as an
-approximate method, i.e. what a perfect approximate method would hand in — lands within the null, and informative
-when doing nothing lands far above. Then the service's verdict (clip_verdict.federated_verdict via
-bench.ease.verdict_of, default policy) against the deletion's reference, for every row; the registration reference's
-verdicts on the same rows are bench/results/ease.json's (stop 44's run, same seeds, same code for the methods: the
-forget R@1 of every row is compared to check the θ′ are the same).
+trained on about half of its own client, class or subject), and the deletion's reference that the worker trains before
+its verdict (clip_shadows.shadows_without: the recipe retrained on what remains, one run per shadow, each with its own
+data order — since stop 47 run 0 in the recipe's, exact retraining itself, so that ``retrain`` and
+``retrain_as_approximate`` are in its sample and retraining with another order is the calibration —), with that
+reference's own leave-one-out draws of E (clip_evidence.null_excess: the verdict's null). A reference is calibrated when
+exact retraining — and retraining with another data order, judged as an approximate method, i.e. what a perfect
+approximate method would hand in — lands within the null, and informative when doing nothing lands far above. Then the
+service's verdict (clip_verdict.federated_verdict via bench.ease.verdict_of, default policy) against the deletion's
+reference, for every row; the registration reference's verdicts on the same rows are bench/results/ease.json's (stop
+44's run, same seeds, same code for the methods: the forget R@1 of every row is compared to check the θ′ are the same).
 
 Rows: version 1 (θ₀) and the original (E only), ``retrain`` (exact: the verifier replays the recipe where the excess
 does not decide), ``retrain_as_approximate`` (the same θ′ judged as an approximate method: no replay),

@@ -39,13 +39,15 @@ and compute) —, per deletion and per batch of ``BATCH`` deletions (one referen
 cost is derived from the measured retrain, not run. Summaries: mean over seeds, 95 % interval (Student t), worst seed.
 
 The verdict (``--verdict``): every row is judged as the service judges it — against the deletion's reference
-(``reference_for``: the recipe retrained on what remains, one run per registration shadow, other data orders, cached
-by the federation's bits and the pairs), clip_verdict.federated_verdict with the default policy on the pairs the
-worker would audit; ``retrain`` is also judged as an approximate method (``verdict_as_approximate``: the
-calibration) — and ``<cost>_ratio_with_escalation`` is the deletion as ``auto`` runs it: the method, the reference's
-runs, and, where its verdict fails, the retraining it escalates to (whose own
-verdict replays the recipe where its forget excess does not decide: one more federated run, counted), against a
-verified retraining's. ``certified_seeds`` counts the seeds whose verdict passed.
+(``reference_for``: the recipe retrained on what remains, one run per registration shadow, run 0 in the recipe's own
+data order — exact retraining itself —, the others in other orders; cached by the federation's bits and the pairs),
+clip_verdict.federated_verdict with the default policy on the pairs the worker would audit; ``retrain_other_order``
+is judged as an approximate method (the calibration: retraining that is no run of the reference; until stop 47
+``retrain`` was, as ``verdict_as_approximate``) — and ``<cost>_ratio_with_escalation`` is the deletion as ``auto``
+runs it: the method, the reference's runs, and, where its verdict fails, the retraining it escalates to (whose own
+verdict replays the recipe where its forget excess does not decide: the reference's run 0 since stop 47, free; one
+more federated run before, counted: ``paid_replay``), against a verified retraining's. ``certified_seeds`` counts the
+seeds whose verdict passed.
 
 Where the forget gap comes from (``target_level``): the level EASE's control aims at (version 1's; for membership
 the non-members' when higher) is measured on the held-out pairs too, and the gap is reported in two parts —
@@ -91,12 +93,14 @@ from app.ml.federation.problem import PROBE_FRACTION, PROBE_SEED, probe_split
 from app.ml.unlearning.base import UnlearningResult, get_method
 from app.ml.unlearning.ease import EaseConfig
 from app.ml.unlearning.ease.method import ProbeJudge
-from app.ml.verification.clip_evidence import replay_of, split_reference
+from app.ml.verification.clip_evidence import split_reference
 from app.ml.verification.clip_shadows import (
+    REPLAY_SOURCES,
     ClipShadowSet,
     ClipShadowSettings,
     clip_shadows_from_bytes,
     clip_shadows_to_bytes,
+    reference_replay,
     shadows_without,
     train_clip_shadows,
 )
@@ -299,7 +303,7 @@ def reference_for(
         )
         return new
 
-    return _cached_shadows(Path(cache_dir or default_cache_dir()) / "shadows" / f"retrained-{key}.bin", train)
+    return _cached_shadows(Path(cache_dir or default_cache_dir()) / "shadows" / f"recipe0-{key}.bin", train)
 
 
 def verdict_of(
@@ -316,6 +320,7 @@ def verdict_of(
     ids = [pid for c in problem.clients for pid in c.ids]
     positions = np.flatnonzero(np.concatenate(problem.forget_masks)).tolist()
     held, audited = audited_positions(problem, ids, positions, probed(result.info))
+    replay, source = reference_replay(shadows, problem) if exact else (None, None)
     forget = CaptionDataset.concat(problem.clients).subset(held)
     started = time.perf_counter()
     report, verdict, _ = federated_verdict(
@@ -331,7 +336,7 @@ def verdict_of(
         policy=VerdictPolicy(),
         before=before,
         after=deletion_retrieval(model, problem, result.theta),
-        replay=replay_of(problem) if exact else None,
+        replay=replay,
     )
     excess = next((c for c in verdict["checks"] if c["name"] == "forget_excess"), None)
     kept = next((c for c in verdict["checks"] if c["name"] == "forget_retrieval"), None)
@@ -355,12 +360,20 @@ def verdict_of(
         "failed_only_on_retrieval": failed == ["forget_retrieval"] and bool(set(verdict.get("evidence", []))),
         # an exact method's excess did not decide, so the verifier ran the recipe again (a federated retraining)
         "replayed": any(c["name"] == "replay" for c in verdict["checks"]),
+        # where the replay came from: the reference's run 0 (no further retraining: clip_shadows.reference_replay)
+        "replay_from_reference": source == REPLAY_SOURCES[True],
         "audited": audited,
         "seconds": round(time.perf_counter() - started, 2),
     }
 
 
 ESCALATED = (("bytes", "bytes"), ("cpu_seconds", "time"), ("critical_seconds", "critical_path"))
+
+
+def paid_replay(verdict: dict[str, Any]) -> int:
+    """1 where the verdict replayed the recipe as a retraining of its own, 0 where no replay ran or it was the audit
+    reference's run 0 (stop 47: clip_shadows.reference_replay; results before it have no ``replay_from_reference``)."""
+    return int(bool(verdict["replayed"]) and not verdict.get("replay_from_reference", False))
 
 
 def add_escalation(rows: dict[str, dict[str, Any]], verify: dict[str, float], shadow_rounds: int) -> None:
@@ -372,14 +385,14 @@ def add_escalation(rows: dict[str, dict[str, Any]], verify: dict[str, float], sh
     base = rows["retrain"]
     if "verdict" not in base:
         return
-    replay = 1 if base["verdict"]["replayed"] else 0  # the retrain row's verdict: its replay ran or not
+    replay = paid_replay(base["verdict"])  # the retrain row's verdict: a replay ran that cost a retraining, or not
     for row in rows.values():
         verdict = row.get("verdict")
         if verdict is None or "cpu_seconds" not in row:
             continue
         row["certified"] = verdict["verdict"] == "pass"
         escalated = not row.get("exact") and not row["certified"]
-        own_replay = 1 if row.get("exact") and verdict["replayed"] else 0
+        own_replay = paid_replay(verdict) if row.get("exact") else 0
         for key, out in ESCALATED:
             if key not in row:
                 continue
@@ -509,7 +522,7 @@ def run_scenario(
     # retraining's own level on the probe split, as EASE's control measures a model there (the oracle row's target)
     rt_probe = ProbeJudge(problem, model, Ledger()).level(rt.theta)
     # retraining against retraining: the same recipe with another data order (the noise floor of every gap)
-    retrain("retrain_other_order", other_order(problem))
+    rt_b = retrain("retrain_other_order", other_order(problem))
     gap = rows["original"]["forget_r1"] - rows["retrain"]["forget_r1"]
     noise_f = abs(rows["retrain_other_order"]["forget_r1"] - rows["retrain"]["forget_r1"])
     noise_r = abs(rows["retrain_other_order"]["retain_r1"] - rows["retrain"]["retain_r1"])
@@ -564,11 +577,11 @@ def run_scenario(
         reference = reference_for(demo, problem, shadows, cache_dir, log)
         nonmembers = split_reference(demo.data.heldout if demo.data.heldout is not None else demo.data.test)[1]
         before = deletion_retrieval(model, problem, problem.theta)
-        judged = {"retrain": (rt, True), **{label: (res, False) for label, res in results.items()}}
-        # the verdict's calibration: retraining's θ′ judged as an approximate method's would be (no replay) — what a
-        # perfect approximate method scores; a verdict that fails it fails correct deletions
-        calibration = verdict_of(problem, model, reference, nonmembers, rt, False, before)
-        rows["retrain"]["verdict_as_approximate"] = calibration
+        # the verdict's calibration: retraining in another data order (no run of the reference) judged as an
+        # approximate method's θ′ would be (no replay) — what a perfect approximate method scores; a verdict that fails
+        # it fails correct deletions. Exact retraining itself is the reference's run 0 (clip_shadows.shadows_without).
+        judged = {"retrain": (rt, True), "retrain_other_order": (rt_b, False)}
+        judged |= {label: (res, False) for label, res in results.items()}
         for label, (res, exact) in judged.items():
             rows[label]["verdict"] = v = verdict_of(problem, model, reference, nonmembers, res, exact, before)
             log(
@@ -709,6 +722,11 @@ def summarise(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
         ]
         if calibrated:  # retraining's θ′ judged as an approximate method's: what the verdict makes of a perfect one
             out["retrain_certified_as_approximate_seeds"] = sum(calibrated)
+        # since stop 47 exact retraining is the reference's run 0, so the calibration is retraining in another data
+        # order judged as an approximate method (its own row's verdict)
+        others = [per_seed[s]["methods"]["retrain_other_order"].get("verdict") for s in seeds]
+        if any(others):
+            out["other_order_certified_as_approximate_seeds"] = sum(1 for v in others if v and v["verdict"] == "pass")
     # seeds whose strength was searched at all (a samples deletion without non-members runs at the fixed scale)
     out["searched_seeds"] = sum(1 for s in seeds if per_seed[s]["summary"].get("in_band") is not None)
     out["per_seed"] = {

@@ -41,6 +41,7 @@ from app.ml.verification.clip_shadows import (
     ClipShadowSettings,
     clip_shadows_from_bytes,
     clip_shadows_to_bytes,
+    reference_replay,
     shadows_without,
     train_clip_shadows,
 )
@@ -318,9 +319,9 @@ class FederatedInputs:
     positions: list[int]
     """Data-set rows (pairs) this request deletes: they become tombstones."""
     reference: tuple[ClipShadowSet, dict[str, Any]] | None = None
-    """The runs without this request's pairs (clip_shadows.shadows_without: the recipe on what remains, other data
-    orders) and their counts: trained once, before the first verdict (its audit reference), stored by the erasure;
-    an escalation reuses them."""
+    """The runs without this request's pairs (clip_shadows.shadows_without: the recipe on what remains, run 0 in its
+    own data order, the others in other orders) and their counts: trained once, before the first verdict (its audit
+    reference; run 0 an exact method's replay), stored by the erasure; an escalation reuses them."""
 
 
 class Deletion:
@@ -475,16 +476,16 @@ def _pair_phi(clip: ClipLoRA, theta: torch.Tensor, pairs: CaptionDataset, galler
 
 def _reference_shadows(work: DeletionWork, ctx: JobContext) -> ClipShadowSet | None:
     """The runs without this request's pairs (clip_shadows.shadows_without: the model's recipe on what remains, each
-    with another data order, as many as the model's shadows), trained once per request: the verdict's audit
-    reference, then the erasure's new set — stored runs that trained on an erased pair are copies of it. None for a
-    model without shadows."""
+    with its own data order — run 0 the recipe's —, as many as the model's shadows), trained once per request: the
+    verdict's audit reference, then the erasure's new set — stored runs that trained on an erased pair are copies of
+    it. None for a model without shadows."""
     inputs: FederatedInputs = work.inputs
     if inputs.reference is None:
         entry = work.model.state.get("verification") or {}
         if not entry.get("shadows"):
             return None
         shadows = clip_shadows_from_bytes(get_store().get_bytes(entry["shadows"]))
-        ctx.progress(0.91, "training the audit's reference: the recipe without the pairs, other data orders")
+        ctx.progress(0.91, "training the audit's reference: the recipe without the pairs, one run per data order")
         inputs.reference = shadows_without(
             shadows,
             inputs.positions,
@@ -531,14 +532,15 @@ def _audited_positions(problem: FederatedProblem, data: Any, unlearned: Unlearne
 
 def verify_federated(work: DeletionWork, unlearned: Unlearned, ctx: JobContext) -> Verification:
     """Offline LiRA with the runs without this request's pairs (:func:`_reference_shadows`: no run saw a forget pair,
-    each is what exact retraining would give with another data order) on the forget pairs against matched non-member
-    pairs (the verifier's half of the federation's held-out split, else of its test pairs:
-    clip_evidence.split_reference), over one fixed caption gallery, for the original and the new model; the evidence
-    of clip_evidence.py (the forget pairs' excess over the non-members against doing nothing's, judged against the
-    runs' own leave-one-out spread; for exact retraining, when that does not decide, an independent replay of the
-    recipe); the retain R@1 drop; changed parameters. The verdict policy decides as for tabular models
-    (policy.decide): an approximate method without informative evidence is not certified. Without shadows (a model
-    registered before them) the population attack is reported, not enforced, and the report says why."""
+    each is what exact retraining gives in its data order, run 0 in the recipe's) on the forget pairs against matched
+    non-member pairs (the verifier's half of the federation's held-out split, else of its test pairs:
+    clip_evidence.split_reference), over one fixed caption gallery, for the original and the new model; the evidence of
+    clip_evidence.py (the forget pairs' excess over the non-members against doing nothing's, judged against the runs'
+    own leave-one-out spread; for exact retraining, when that does not decide, the verifier's own run of the recipe: the
+    reference's run 0, clip_shadows.reference_replay); the retain R@1 drop; changed parameters. The verdict policy
+    decides as for tabular models (policy.decide): an approximate method without informative evidence is not certified.
+    Without shadows (a model registered before them) the population attack is reported, not enforced, and the report
+    says why."""
     problem: FederatedProblem = work.inputs.problem
     policy = VerdictPolicy.from_dict(work.model.spec.get("verification", {}).get("policy"))
     clip, data = problem.get_model(), data_for(work.model)
@@ -554,6 +556,7 @@ def verify_federated(work: DeletionWork, unlearned: Unlearned, ctx: JobContext) 
                 shadows = _reference_shadows(work, ctx)
             except ValueError as exc:  # unreadable, or a forget pair outside their pool: the erasure says so again
                 raise AuditUnavailable(f"the shadow runs without the pairs could not be made: {exc}") from exc
+            replay, replay_source = reference_replay(shadows, problem)  # run 0: no second retraining
             positions, audited = _audited_positions(problem, data, unlearned)
             forget = CaptionDataset.concat(data.clients).subset(positions)
             report, verdict, scores = federated_verdict(
@@ -569,7 +572,7 @@ def verify_federated(work: DeletionWork, unlearned: Unlearned, ctx: JobContext) 
                 policy=policy,
                 before=unlearned.metrics["before"],
                 after=unlearned.metrics["after"],
-                replay=replay_of(problem),
+                replay=replay,
             )
         except AuditUnavailable as exc:  # e.g. a pair outside the shadow pool: say so instead of failing the job
             reason = f"the shadow audit could not run: {exc}"
@@ -584,7 +587,9 @@ def verify_federated(work: DeletionWork, unlearned: Unlearned, ctx: JobContext) 
             report["shadow_train_seconds"] = entry.get("train_seconds")
             # what the OUT statistics were fitted on: runs none of which saw a forget pair (shadows_without)
             report["shadow_reference"] = {
-                "what": "the model's recipe retrained without this request's pairs, each run with another data order",
+                "what": "the model's recipe retrained without this request's pairs, each run with another data order "
+                "(run 0 the recipe's own: exact retraining, the replay an exact method is checked against)",
+                "replay": replay_source if exact else None,
                 **work.inputs.reference[1],
             }
             return Verification(report, verdict, plot_data(scores))

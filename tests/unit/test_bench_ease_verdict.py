@@ -16,13 +16,13 @@ def near(x: float):
     return pytest.approx(x, abs=1e-4)  # the ratios are stored to 4 decimals
 
 
-def _rows(retrain_replayed: bool, ease_pass: bool) -> dict:
+def _rows(retrain_replayed: bool, ease_pass: bool, from_reference: bool = False) -> dict:
     def row(x: float, verdict: str | None, exact: bool = False, replayed: bool = False) -> dict:
         out = {"bytes": 100.0 * x, "cpu_seconds": 10.0 * x, "critical_seconds": 5.0 * x, "client_round_trips": 20 * x}
         out["pair_grads"] = 1000 * x
         out["exact"] = exact
         if verdict is not None:
-            out["verdict"] = {"verdict": verdict, "replayed": replayed}
+            out["verdict"] = {"verdict": verdict, "replayed": replayed, "replay_from_reference": from_reference}
         return out
 
     return {
@@ -45,6 +45,16 @@ def test_a_failed_verdict_pays_for_the_retraining_it_escalates_to():
     assert "bytes_ratio_with_escalation" not in rows["unjudged"]  # no verdict measured: no escalated cost
     # the "with verification" figure keeps its meaning: the method's verdict assumed to certify, no replay
     assert rows["ease"]["bytes_ratio_with_verification"] == near((10 + 200) / (100 + 200))
+
+
+def test_a_replay_that_is_the_references_recipe_run_costs_no_retraining():
+    """Since stop 47 the replay is the reference's run 0 (clip_shadows.reference_replay): a verified retraining is the
+    retraining and its reference, and a failed verdict's escalation adds the retraining alone."""
+    rows = _rows(retrain_replayed=True, ease_pass=False, from_reference=True)
+    bench.add_costs(rows, {"n_shadows": 4, "trained": 2, "data_fraction": 0.5}, 20)
+    assert rows["ease"]["bytes_ratio_with_escalation"] == near((10 + 200 + 100) / (100 + 200))
+    assert rows["ease"]["client_round_trips_with_escalation"] == 2 + 20 + 20
+    assert rows["retrain"]["bytes_ratio_with_escalation"] == near(1.0)
 
 
 def test_a_certified_row_pays_only_its_verification():
@@ -117,3 +127,4 @@ def test_the_bench_judges_against_the_shadows_without_the_pairs_as_the_worker_do
     retrained = get_method("fed_retrain").build({}).unlearn(problem)
     ok = bench.verdict_of(problem, model, reference, nonmembers, retrained, True, before)
     assert ok["verdict"] == "pass" and not ok["failed"]
+    assert ok["replay_from_reference"]  # the reference's run 0 is the recipe: no second retraining

@@ -17,12 +17,16 @@ import torch
 
 from app.ml.data.captions import make_membership_federation
 from app.ml.federation import Federation, FedSettings
+from app.ml.unlearning.base import get_method
+from app.ml.verification.clip_evidence import replay_of
 from app.ml.verification.clip_shadows import (
     REFERENCE_SEED_STRIDE,
+    REPLAY_SOURCES,
     ClipShadowSettings,
     audit_clip_deletion,
     clip_shadows_from_bytes,
     clip_shadows_to_bytes,
+    reference_replay,
     shadows_without,
     train_clip_shadows,
 )
@@ -31,7 +35,7 @@ from app.ml.verification.policy import decide
 from app.reports.plots import render
 from bench.ease import verification_plan
 
-from .clip_helpers import MEMO_HELDOUT, MEMO_PAIRS, memorising_world, tiny_model
+from .clip_helpers import MEMO_HELDOUT, MEMO_PAIRS, memorising_world, tiny_demo, tiny_model
 
 CHEAP = FedSettings(rounds=1, batch_size=8, lr=3e-3)
 
@@ -70,11 +74,14 @@ def test_the_audit_reference_is_the_recipe_retrained_without_the_deletions_pairs
     assert not set(erased) & set(reference.row_ids.tolist()) and reference.client_sizes == [6, 12]
     assert reference.in_mask.all() and reference.in_mask.shape == (4, 18)
     remaining = [data.clients[0].subset(range(6, 12)), data.clients[1]]
-    for j in (0, 3):  # run j: the recipe on what remains with data-order seed + (j + 1)·stride, nothing else
-        other_order = dataclasses.replace(CHEAP, seed=CHEAP.seed + REFERENCE_SEED_STRIDE * (j + 1))
-        rerun = Federation(model, remaining, other_order).train(model.theta_init, record_history=False).theta
+    for j in (0, 3):  # run j: the recipe on what remains with data-order seed + j·stride, nothing else
+        order = dataclasses.replace(CHEAP, seed=CHEAP.seed + REFERENCE_SEED_STRIDE * j)
+        rerun = Federation(model, remaining, order).train(model.theta_init, record_history=False).theta
         assert torch.equal(reference.thetas[j], rerun)
     assert all(not torch.equal(reference.thetas[0], t) for t in reference.thetas[1:])  # other data orders
+    # run 0 is the recipe itself, in its own data order: exact retraining on what remains, bit for bit
+    exact = Federation(model, remaining, CHEAP).train(model.theta_init, record_history=False).theta
+    assert torch.equal(reference.thetas[0], exact) and counts["recipe_run"] == 0
     forget = data.clients[0].subset(erased)
     args = (model, forget, erased, data.heldout, original, original.clone())
     report, against_reference = audit_clip_deletion(reference, *args)
@@ -92,6 +99,28 @@ def test_the_audit_reference_is_the_recipe_retrained_without_the_deletions_pairs
     assert at_registration.null_excess is None  # random halves: no run is a draw of "never saw the set"
     with pytest.raises(ValueError, match="some forget pairs and not others"):
         audit_clip_deletion(reference, model, data.clients[0].subset([5, 6]), [5, 6], data.heldout, original, original)
+
+
+@pytest.mark.parametrize("scope", ["client", "class"])
+def test_an_exact_methods_replay_is_the_references_recipe_run_where_the_schedule_is_the_models(scope):
+    """clip_shadows.reference_replay: run 0 of the deletion's reference is exact retraining (fed_retrain on the same
+    problem gives the same bits), so the verifier replays nothing more; a model whose schedule is not the reference's
+    (trained on for more rounds) and the registration set (random halves) get the recipe run again."""
+    demo = tiny_demo()
+    problem = demo.problem(scope)
+    shadows = train_clip_shadows(
+        demo.model, demo.theta_init, demo.data.clients, demo.fed_settings, ClipShadowSettings(n_shadows=4)
+    )
+    positions = np.flatnonzero(np.concatenate(problem.forget_masks)).tolist()
+    reference, _ = shadows_without(shadows, positions, demo.model, demo.theta_init, demo.data.clients)
+    retrained = get_method("fed_retrain").build({}).unlearn(problem).theta
+    replay, source = reference_replay(reference, problem)
+    assert source == REPLAY_SOURCES[True] and torch.equal(replay(), retrained)
+    longer = dataclasses.replace(problem, n_rounds=int(problem.n_rounds) + 1)
+    for ref, prob in ((reference, longer), (shadows, problem)):
+        replay, source = reference_replay(ref, prob)
+        assert source == REPLAY_SOURCES[False]
+        assert torch.equal(replay(), replay_of(prob)())
 
 
 def test_memorised_pairs_are_flagged_above_chance_and_a_model_that_never_saw_them_is_not():

@@ -7,7 +7,8 @@ rounds), so its evidence is what the audit's own data can show, each judged agai
     The LiRA statistic φ of each audited pair, standardised by shadow runs that did NOT train on it
     (z = (φ − μ_out) / σ_out: pair difficulty removed, clip_shadows.py) — the service's audit uses the deletion's
     reference (clip_shadows.shadows_without): the recipe retrained on what remains, one run per shadow, each with
-    another data order, so that exact retraining is one more draw of the runs. Not the registration set: a pair's OUT
+    its own data order — run 0 the recipe's, i.e. exact retraining itself, the others other orders —, so that a θ′
+    that never saw the pairs is one more draw of the runs. Not the registration set: a pair's OUT
     runs there trained on half of its own client, class or subject, so an exact retrain of such a group scored far
     below (E −1.46 to −4.06, stop 45); nor those random-half runs retrained without the pairs (stop 45's reference):
     their subsets differ from run to run, which left the samples check uninformative against their own spread (README
