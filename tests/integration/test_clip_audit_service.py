@@ -11,6 +11,7 @@ import json
 import pytest
 
 from app.fedclient import SimulatedClients
+from app.ml.verification.clip_shadows import REPLAY_SOURCES
 from tests.helpers import wait_model, wait_request
 
 DATA = {"kind": "synthetic", "seed": 0, "n_clients": 3, "pairs_per_client": 30, "n_test": 30}
@@ -66,10 +67,12 @@ def test_a_federated_deletion_is_audited_with_shadow_lora_runs(stack):
         and report["n_nonmembers"] == DATA["n_test"] - DATA["n_test"] // 2
     )  # the reference half
     assert {"original", "unlearned", "retrained"} <= set(report["models"])
-    # audited against the recipe retrained without the pairs (clip_shadows.shadows_without: four runs, other data
-    # orders, trained before the verdict), so every forget pair is OUT for all four; the erasure stores that set
+    # audited against the recipe retrained without the pairs (clip_shadows.shadows_without: four runs, each its own
+    # data order, trained before the verdict), so every forget pair is OUT for all four; the erasure stores that set
     assert attack["min_out_shadows"] == 4 and report["shadow_generation"] == 1, attack
     assert report["shadow_reference"]["trained"] == 4 and report["shadow_reference"]["saw_erased_pairs"] >= 1
+    # run 0 is the model's recipe in its own data order: the exact method's replay, no second retraining
+    assert report["shadow_reference"]["replay"] == REPLAY_SOURCES[True], report["shadow_reference"]
     checks = {c["name"]: c for c in report["checks"]}
     assert len(checks["forget_excess"]["detail"]["null_draws"]) == 4  # the runs' own leave-one-out draws of E
     assert {"parameters_changed", "forget_attack", "retain_r1_drop"} <= set(checks)
