@@ -176,6 +176,7 @@ class EaseSettings(_Settings):
     excision_objective: Literal["uce", "hinge", "reference"] = "reference"
     excision_optimizer: Literal["sgd", "adam"] = "sgd"
     excision_margin: float = Field(-0.75, ge=-100, le=100)
+    excision_reference: Literal["version_1", "concept_masked"] = "version_1"
     excision_towers: list[Literal["image", "text"]] = Field(default_factory=lambda: ["image", "text"], min_length=1)
     excision_subspace: Literal["none", "exclusive", "off_retain"] = "none"
     anchor_weight: float = Field(1.0, ge=0, le=1e6)
