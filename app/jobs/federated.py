@@ -587,8 +587,8 @@ def verify_federated(work: DeletionWork, unlearned: Unlearned, ctx: JobContext) 
             report["shadow_train_seconds"] = entry.get("train_seconds")
             # what the OUT statistics were fitted on: runs none of which saw a forget pair (shadows_without)
             report["shadow_reference"] = {
-                "what": "the model's recipe retrained without this request's pairs, each run with another data order "
-                "(run 0 the recipe's own: exact retraining, the replay an exact method is checked against)",
+                "what": "the model's recipe retrained without this request's pairs, each run its own data order "
+                "(run 0 the recipe's: exact retraining, the replay an exact method is checked against)",
                 "replay": replay_source if exact else None,
                 **work.inputs.reference[1],
             }
