@@ -39,7 +39,8 @@ and compute) —, per deletion and per batch of ``BATCH`` deletions (one referen
 cost is derived from the measured retrain, not run. Summaries: mean over seeds, 95 % interval (Student t), worst seed.
 
 The verdict (``--verdict``): every row is judged as the service judges it — against the deletion's reference
-(``reference_for``: the recipe retrained on what remains, one run per registration shadow, run 0 in the recipe's own
+(``reference_for``: the recipe retrained on what remains, ``SHADOWS.n_shadows`` runs drawn from the registration's
+pool (``pool_for``: no run trained at registration since stop 48), run 0 in the recipe's own
 data order — exact retraining itself —, the others in other orders; cached by the federation's bits and the pairs),
 clip_verdict.federated_verdict with the default policy on the pairs the worker would audit; ``retrain_other_order``
 is judged as an approximate method (the calibration: retraining that is no run of the reference; until stop 47
@@ -101,6 +102,7 @@ from app.ml.verification.clip_shadows import (
     clip_shadows_from_bytes,
     clip_shadows_to_bytes,
     reference_replay,
+    shadow_pool,
     shadows_without,
     train_clip_shadows,
 )
@@ -136,8 +138,9 @@ class Sizes:
     samples_subject_share: float = 0.5
     # the forget pairs' share the strength control may measure (the rest are scored): the service's split by default
     probe_fraction: float = PROBE_FRACTION
-    # the service's verdict on every row (``--verdict``): the shadows trained as at registration, every θ′ judged by
-    # clip_verdict.federated_verdict, and the cost with ``auto``'s escalation (a failed verdict retrains)
+    # the service's verdict on every row (``--verdict``): each deletion's reference (the recipe without its pairs),
+    # every θ′ judged by clip_verdict.federated_verdict, and the cost with ``auto``'s escalation (a failed verdict
+    # retrains)
     verdict: bool = False
 
 
@@ -150,9 +153,9 @@ BATCH = 10
 """Deletions per batch in the batch cost: each unlearned by the method, the audit's reference trained once for the
 batch."""
 SHADOWS = ClipShadowSettings()
-"""The verification shadows the service trains at registration (clip_shadows.py, 4 by default). Each deletion's audit
-reference is as many runs of the recipe on every remaining pair (clip_shadows.shadows_without) — full federated
-trainings, needing the clients' data."""
+"""The verification shadows' settings the service stores at registration with the pool (clip_shadows.py, 4 runs by
+default; since stop 48 none trained there). Each deletion's audit reference is as many runs of the recipe on every
+remaining pair (clip_shadows.shadows_without) — full federated trainings, needing the clients' data."""
 
 ABLATIONS: dict[str, dict[str, Any]] = {
     "ease_gsd_whole": {"gsd": "whole", "replay_gsd": "whole"},
@@ -273,7 +276,7 @@ def _shadow_key(demo: DemoFederation) -> str:
 
 
 def shadows_for(demo: DemoFederation, cache_dir: str | None, log: Any = print) -> ClipShadowSet:
-    """The verification shadows of a federation, trained as the service trains them at registration
+    """The verification shadows of a federation, trained as the service trained them at registration until stop 48
     (clip_shadows.train_clip_shadows with ``SHADOWS``: the recipe from θ₀ on balanced halves of the clients' pairs),
     cached under the cache dir by the trained federation's own bits and the settings."""
 
@@ -283,6 +286,13 @@ def shadows_for(demo: DemoFederation, cache_dir: str | None, log: Any = print) -
         return shadows
 
     return _cached_shadows(Path(cache_dir or default_cache_dir()) / "shadows" / f"{_shadow_key(demo)}.bin", train)
+
+
+def pool_for(demo: DemoFederation) -> ClipShadowSet:
+    """What the service stores at registration (clip_shadows.shadow_pool: the pool and ``SHADOWS``, no run trained):
+    a deletion's reference (``reference_for``) is drawn from it. ``shadows_for`` trains the registration runs of
+    stops 44–45 (bench.clip_reference compares them)."""
+    return shadow_pool(demo.data.clients, demo.fed_settings, SHADOWS)
 
 
 def reference_for(
@@ -1141,7 +1151,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument(
         "--verdict",
         action="store_true",
-        help="judge every row with the service's verdict (shadows trained as at registration, cached) and report "
+        help="judge every row with the service's verdict (each deletion's reference, cached) and report "
         "the cost with auto's escalation",
     )
     ap.add_argument(
@@ -1237,7 +1247,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 continue
             demo = build(seed, sizes, regime, args.cache_dir)
             log(f"seed {seed}: {regime} federation ready (p = {demo.model.num_params})")
-            shadows = shadows_for(demo, args.cache_dir, log) if sizes.verdict else None
+            shadows = pool_for(demo) if sizes.verdict else None
             for scenario in wanted:
                 sc = run_scenario(demo, scenario, sizes, {**ease_settings}, log, shadows, args.cache_dir)
                 per_scenario[scenario][seed] = sc

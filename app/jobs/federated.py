@@ -42,8 +42,8 @@ from app.ml.verification.clip_shadows import (
     clip_shadows_from_bytes,
     clip_shadows_to_bytes,
     reference_replay,
+    shadow_pool,
     shadows_without,
-    train_clip_shadows,
 )
 from app.ml.verification.clip_verdict import (
     AuditUnavailable,
@@ -163,8 +163,8 @@ def train(job: Job, ctx: JobContext) -> None:
     }
     digest = registry.put_weights(clip.theta_init)
     if existing is None:
-        # the membership audit's shadow LoRA runs: the model is ready only once every deletion can be verified
-        state["verification"] = train_audit_shadows(ctx, model, clip, data)
+        # the membership audit's pool: every deletion trains its reference from it before its verdict
+        state["verification"] = audit_pool(model, data)
     with session_scope() as session:
         job_row = ctx.assert_lease(session)
         if existing is None:
@@ -203,29 +203,20 @@ def train(job: Job, ctx: JobContext) -> None:
         outbox.finish(session, job_row, {"version_id": version.id, "n_params": clip.num_params})
 
 
-def train_audit_shadows(ctx: JobContext, model: Model, clip: ClipLoRA, data) -> dict[str, Any]:
-    """Shadow LoRA runs for offline LiRA (app/ml/verification/clip_shadows.py): the model's own FedAvg recipe from
-    θ₀ on balanced random subsets of the clients' pairs (pool columns are data-set positions, never pair ids);
-    stored with the model, replaced after every erasure that touches them."""
+def audit_pool(model: Model, data) -> dict[str, Any]:
+    """The model's verification entry at registration: the pool its deletions' audit references are drawn from
+    (clip_shadows.shadow_pool: pair positions, settings and recipe; no run trained — each deletion trains its own
+    reference before the verdict, _reference_shadows, and no verdict reads a registration run)."""
     settings = ClipShadowSettings(**model.spec.get("verification", {}).get("shadows", {}))
     fed = FedSettings(**model.spec.get("fed_settings", {}))
-    started = time.perf_counter()
-    shadows = train_clip_shadows(
-        clip,
-        clip.theta_init,
-        data.clients,
-        fed,
-        settings,
-        progress=lambda done, total: ctx.progress(0.7 + 0.25 * done / total, f"shadow runs {done}/{total}"),
-    )
+    pool = shadow_pool(data.clients, fed, settings)
     return {
         "kind": "clip-offline-lira",
-        "shadows": get_store().put_bytes(clip_shadows_to_bytes(shadows)),
-        "n_shadows": shadows.n_shadows,
-        "generation": shadows.generation,
+        "shadows": get_store().put_bytes(clip_shadows_to_bytes(pool)),
+        "n_shadows": int(settings.n_shadows),
+        "generation": pool.generation,
         "rounds": int(settings.rounds or fed.rounds),
-        "train_seconds": round(time.perf_counter() - started, 3),
-        "seconds_per_shadow": round(sum(shadows.seconds) / max(len(shadows.seconds), 1), 3),
+        "trained_runs": pool.n_shadows,
     }
 
 
@@ -584,7 +575,6 @@ def verify_federated(work: DeletionWork, unlearned: Unlearned, ctx: JobContext) 
             report["nonmember_set"] = f"the verifier's half of the {held} (clip_evidence.split_reference)"
             report["retrieval"] = {"before": unlearned.metrics["before"], "after": unlearned.metrics["after"]}
             report["audit_seconds"] = round(time.perf_counter() - started, 3)
-            report["shadow_train_seconds"] = entry.get("train_seconds")
             # what the OUT statistics were fitted on: runs none of which saw a forget pair (shadows_without)
             report["shadow_reference"] = {
                 "what": "the model's recipe retrained without this request's pairs, each run its own data order "

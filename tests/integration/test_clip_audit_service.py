@@ -1,7 +1,7 @@
-"""The federated membership audit through the service (PostgreSQL + Celery, tiny CLIP): shadow LoRA runs trained at
-registration, offline LiRA in the verify step of a deletion, the verdict and certificate carrying its figures, and
-the shadows that saw the erased pairs replaced before the verdict (its reference) and stored at erasure (the old set
-queued for shredding)."""
+"""The federated membership audit through the service (PostgreSQL + Celery, tiny CLIP): the audit's pool stored at
+registration (no run trained: clip_shadows.shadow_pool), offline LiRA in the verify step of a deletion against the
+shadow LoRA runs trained without its pairs (its reference), the verdict and certificate carrying its figures, and that
+reference stored at erasure (the pool queued for shredding)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_a_federated_deletion_is_audited_with_shadow_lora_runs(stack):
         model_id,
         timeout=600,
         interval=0.5,
-        what="version 1 and the shadow LoRA runs",
+        what="version 1 and the audit pool",
     )
     assert model["status"] == "ready", model
     clients = SimulatedClients(stack.client, model_id)
@@ -70,7 +70,9 @@ def test_a_federated_deletion_is_audited_with_shadow_lora_runs(stack):
     # audited against the recipe retrained without the pairs (clip_shadows.shadows_without: four runs, each its own
     # data order, trained before the verdict), so every forget pair is OUT for all four; the erasure stores that set
     assert attack["min_out_shadows"] == 4 and report["shadow_generation"] == 1, attack
-    assert report["shadow_reference"]["trained"] == 4 and report["shadow_reference"]["saw_erased_pairs"] >= 1
+    assert report["shadow_reference"]["trained"] == 4 and report["shadow_reference"]["pairs"] == 88
+    # registration stored the pool only (clip_shadows.shadow_pool): no run to drop, none that saw an erased pair
+    assert report["shadow_reference"]["dropped"] == 0 and report["shadow_reference"]["saw_erased_pairs"] == 0
     # run 0 is the model's recipe in its own data order: the exact method's replay, no second retraining
     assert report["shadow_reference"]["replay"] == REPLAY_SOURCES[True], report["shadow_reference"]
     checks = {c["name"]: c for c in report["checks"]}
@@ -80,7 +82,7 @@ def test_a_federated_deletion_is_audited_with_shadow_lora_runs(stack):
     assert checks["forget_attack"]["passed"] is (True if report["informative"] else None)
     assert set(report["plots"]) == {"roc.png", "phi_hist.png"}
     assert stack.client.get(report["plots"]["roc.png"]).content[:4] == b"\x89PNG"
-    # the shadows that trained on the erased pairs are replaced; the old set is queued for shredding
+    # the pool is replaced by the reference; the old entry is queued for shredding
     assert done["erasure"]["verification_shadows"]["before"] != done["erasure"]["verification_shadows"]["after"]
     envelope = stack.client.get(done["links"]["certificate"]).json()
     figures = json.loads(base64.b64decode(envelope["payload"]))["predicate"]

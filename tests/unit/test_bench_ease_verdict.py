@@ -110,7 +110,8 @@ def test_the_bench_judges_against_the_shadows_without_the_pairs_as_the_worker_do
     demo = tiny_demo()
     problem, _ = bench.scenario_problem(demo, "client")
     monkeypatch.setattr(bench, "SHADOWS", ClipShadowSettings(n_shadows=4))
-    shadows = bench.shadows_for(demo, str(tmp_path), log=lambda *_: None)
+    shadows = bench.pool_for(demo)  # the registration's pool, as the service stores it: no run trained
+    assert shadows.n_shadows == 0
     reference = bench.reference_for(demo, problem, shadows, str(tmp_path), log=lambda *_: None)
     positions = np.flatnonzero(np.concatenate(problem.forget_masks)).tolist()
     assert positions and not set(positions) & set(reference.row_ids.tolist())

@@ -27,6 +27,7 @@ from app.ml.verification.clip_shadows import (
     clip_shadows_from_bytes,
     clip_shadows_to_bytes,
     reference_replay,
+    shadow_pool,
     shadows_without,
     train_clip_shadows,
 )
@@ -99,6 +100,27 @@ def test_the_audit_reference_is_the_recipe_retrained_without_the_deletions_pairs
     assert at_registration.null_excess is None  # random halves: no run is a draw of "never saw the set"
     with pytest.raises(ValueError, match="some forget pairs and not others"):
         audit_clip_deletion(reference, model, data.clients[0].subset([5, 6]), [5, 6], data.heldout, original, original)
+
+
+def test_registration_stores_the_pool_untrained_and_a_deletions_reference_is_the_same_as_from_trained_runs():
+    """clip_shadows.shadow_pool (stop 48): what a model stores at registration — the pool's positions, the settings and
+    the recipe, no run trained. A deletion's reference drawn from it is the one drawn from trained registration runs,
+    bit for bit (shadows_without reads no registration run), and the pool itself cannot be audited against."""
+    model, data = _cheap_world()
+    settings = ClipShadowSettings(n_shadows=4)
+    pool = clip_shadows_from_bytes(clip_shadows_to_bytes(shadow_pool(data.clients, CHEAP, settings)))
+    assert pool.n_shadows == 0 and pool.generation == 0 and pool.client_sizes == [12, 12]
+    assert pool.row_ids.tolist() == list(range(24)) and pool.settings == settings
+    erased = [0, 1, 2, 3, 4, 5]
+    from_pool, counts = shadows_without(pool, erased, model, model.theta_init, data.clients)
+    trained = train_clip_shadows(model, model.theta_init, data.clients, CHEAP, settings)
+    from_trained, _ = shadows_without(trained, erased, model, model.theta_init, data.clients)
+    assert counts["trained"] == 4 and counts["dropped"] == 0 and counts["saw_erased_pairs"] == 0
+    assert torch.equal(from_pool.thetas, from_trained.thetas) and (from_pool.in_mask == from_trained.in_mask).all()
+    assert (from_pool.row_ids == from_trained.row_ids).all() and from_pool.generation == from_trained.generation == 1
+    forget = data.clients[0].subset(erased)
+    with pytest.raises(ValueError, match="trained runs"):
+        audit_clip_deletion(pool, model, forget, erased, data.heldout, model.theta_init, model.theta_init)
 
 
 @pytest.mark.parametrize("scope", ["client", "class"])

@@ -16,8 +16,9 @@ A deletion is audited against its own reference (``shadows_without``): as many r
 remains, each with its own data order — run 0 the recipe's: exact retraining itself — so that no run saw a forget pair
 (for a client, a class or a subject alike; the registration set's OUT runs of a pair trained on half of its group) and
 the forget excess of a correct deletion falls within the runs' own leave-one-out spread (clip_evidence). The worker
-trains it before the verdict, the erasure stores it in place of the registration set (whose runs are copies of the pairs
-they trained on); the registration set still defines the pool and the audit's settings.
+trains it before the verdict, the erasure stores it in place of the model's set. At registration the model stores
+only the pool (``shadow_pool``: the pairs' positions, the audit's settings and the recipe, no run trained): since stop
+46 no verdict reads a registration run, so training them there (one federated run per shadow) was work thrown away.
 Everything here is pure: the worker (app/jobs/federated.py) loads the data and stores the set.
 """
 
@@ -153,6 +154,34 @@ def _train_runs(
     return torch.stack(thetas), seconds
 
 
+def _pool_ids(clients: Sequence[CaptionDataset], row_ids: np.ndarray | None) -> tuple[list[int], np.ndarray]:
+    """The clients' sizes and the pool's data-set positions (default 0..n−1), checked."""
+    sizes = [len(c) for c in clients]
+    n = sum(sizes)
+    if n < 2:
+        raise ValueError("the clients must hold at least two pairs")
+    ids = np.arange(n) if row_ids is None else np.asarray(row_ids, dtype=np.int64)
+    if len(ids) != n or len(np.unique(ids)) != n:
+        raise ValueError("row_ids must be unique and name every pair of the pool")
+    return sizes, ids
+
+
+def shadow_pool(
+    clients: Sequence[CaptionDataset],
+    fed_settings: FedSettings,
+    settings: ClipShadowSettings | None = None,
+    row_ids: np.ndarray | None = None,
+) -> ClipShadowSet:
+    """What a federated model stores at registration: the pool its deletions' references are drawn from (every pair's
+    data-set position, the clients' sizes), the audit's settings and the recipe — no run trained (generation 0, an
+    empty ``thetas``). The first deletion's :func:`shadows_without` trains ``settings.n_shadows`` runs on what
+    remains; no verdict reads a registration run since stop 46 (README "Stop 48")."""
+    settings = settings or ClipShadowSettings()
+    sizes, ids = _pool_ids(clients, row_ids)
+    empty = torch.zeros((0, 0))
+    return ClipShadowSet(empty, np.zeros((0, len(ids)), bool), ids, sizes, settings, asdict(fed_settings), 0, [])
+
+
 def train_clip_shadows(
     model: ClipLoRA,
     theta_init: torch.Tensor,
@@ -166,15 +195,9 @@ def train_clip_shadows(
     on a balanced random subset of every client's pairs. The pool is the clients' pairs concatenated in order;
     ``row_ids`` names them (default 0..n−1)."""
     settings = settings or ClipShadowSettings()
-    sizes = [len(c) for c in clients]
-    n = sum(sizes)
-    if n < 2:
-        raise ValueError("the clients must hold at least two pairs")
-    ids = np.arange(n) if row_ids is None else np.asarray(row_ids, dtype=np.int64)
-    if len(ids) != n or len(np.unique(ids)) != n:
-        raise ValueError("row_ids must be unique and name every pair of the pool")
+    sizes, ids = _pool_ids(clients, row_ids)
     rng = np.random.default_rng([int(settings.seed), 0])
-    mask = balanced_in_mask(int(settings.n_shadows), n, settings.keep_fraction, rng)
+    mask = balanced_in_mask(int(settings.n_shadows), len(ids), settings.keep_fraction, rng)
     rounds = int(settings.rounds or fed_settings.rounds)
     thetas, seconds = _train_runs(model, theta_init, clients, mask, fed_settings, rounds, progress)
     return ClipShadowSet(thetas, mask, ids, sizes, settings, asdict(fed_settings), 0, seconds)
@@ -228,7 +251,7 @@ def shadows_without(
         raise ValueError("the clients do not hold the pool's remaining pairs")
     fed = FedSettings(**shadows.fed_settings)
     rounds = int(shadows.settings.rounds or fed.rounds)
-    n = shadows.n_shadows
+    n = int(shadows.settings.n_shadows)  # the model's setting: its stored set may be the untrained pool
     runs = [dataclasses.replace(fed, seed=fed.seed + REFERENCE_SEED_STRIDE * j) for j in range(n)]
     mask = np.ones((n, sum(sizes)), dtype=bool)
     thetas, seconds = _train_runs(model, theta_init, remaining, mask, runs, rounds, progress)
@@ -238,7 +261,7 @@ def shadows_without(
         thetas, mask, shadows.row_ids[keep], sizes, shadows.settings, shadows.fed_settings, generation, seconds
     )
     counts = {
-        "dropped": n,
+        "dropped": shadows.n_shadows,
         "saw_erased_pairs": int(shadows.in_mask[:, erased_cols].any(axis=1).sum()),
         "kept": 0,
         "trained": n,
@@ -339,6 +362,11 @@ def audit_clip_deletion(
     positions = np.asarray(forget_positions, dtype=np.int64).reshape(-1)
     if len(positions) != len(forget):
         raise ValueError("forget_positions must name every forget pair")
+    if shadows.n_shadows < MIN_OUT_SHADOWS:
+        raise ValueError(
+            f"the set holds {shadows.n_shadows} trained runs (a registration pool is audited through "
+            "shadows_without's reference)"
+        )
     k = len(forget)
     pooled = np.isin(positions, shadows.row_ids)
     if not pooled.any():  # a reference set (shadows_without): no shadow saw a forget pair, all are OUT everywhere
