@@ -216,18 +216,28 @@ def scenario_problem(
 
 def verification_plan(n_shadows: int = SHADOWS.n_shadows) -> dict[str, Any]:
     """The runs the service trains to verify one deletion (or one batch): its audit reference,
-    clip_shadows.shadows_without — ``n_shadows`` runs of the recipe on every remaining pair, whatever was deleted."""
-    return {"n_shadows": int(n_shadows), "trained": int(n_shadows), "data_fraction": 1.0}
+    clip_shadows.shadows_without — ``n_shadows`` runs of the recipe on every remaining pair, whatever was deleted —,
+    whose run 0 an exact deletion publishes as its θ′ (app/jobs/federated.py ``_verifiers_run``, stop 48)."""
+    return {"n_shadows": int(n_shadows), "trained": int(n_shadows), "data_fraction": 1.0, "publishes_run_0": True}
+
+
+def publishes_run_0(plan: dict[str, Any]) -> bool:
+    """Whether a verified exact deletion pays its retraining inside the reference (its run 0 is θ′: stop 48), not on
+    top of it; plans of older code (and random-half references, whose runs are no retraining) did not."""
+    return bool(plan.get("publishes_run_0")) and plan["data_fraction"] == 1.0 and plan["trained"] > 0
 
 
 def add_costs(rows: dict[str, dict[str, Any]], plan: dict[str, Any], rounds: int) -> None:
     """Cost ratios against retrain's, for every method alike (issue 24 item 4): the unlearning alone; the whole
-    verified deletion — the unlearning plus the replaced shadows' retraining, against a verified retraining (which
-    replaces the same shadows) —, per deletion and per batch of ``BATCH`` deletions (each unlearned on its own, the
-    shadows replaced once; exact retraining covers a batch with one run); and client round trips, without and with
-    the shadows' (their rounds run side by side). Recomputed at ``--merge`` from the stored raw figures."""
+    verified deletion — the unlearning plus the deletion's audit reference, against a verified retraining —, per
+    deletion and per batch of ``BATCH`` deletions (each unlearned on its own, the reference trained once; exact
+    retraining covers a batch with one run); and client round trips, without and with the reference's (its runs side
+    by side). Since stop 48 a verified retraining *is* its reference (run 0 published, :func:`publishes_run_0`): an
+    exact row pays the reference alone, an approximate one its method on top. Recomputed at ``--merge`` from the
+    stored raw figures."""
     base = rows["retrain"]
     n, keep = plan["trained"], plan["data_fraction"]
+    published = publishes_run_0(plan)
     # a reference run is a federated run of the recipe: retrain's bytes (same rounds, same clients); data_fraction of
     # its compute; each client trains the runs one after another (critical path adds up)
     verify = {
@@ -244,16 +254,17 @@ def add_costs(rows: dict[str, dict[str, Any]], plan: dict[str, Any], rounds: int
             row["critical_path_ratio"] = round(row["critical_seconds"] / base["critical_seconds"], 4)
             row["pair_grads_ratio"] = round(row["pair_grads"] / base["pair_grads"], 4)
         batch = 1 if row.get("exact") else BATCH  # one retraining removes a whole batch
+        own = 0 if published and row.get("exact") else 1  # an exact row's run is the reference's run 0
         for key, out in (("bytes", "bytes"), ("cpu_seconds", "time"), ("critical_seconds", "critical_path")):
             if key not in row:
                 continue
-            v = verify[key]
-            row[f"{out}_ratio_with_verification"] = round((row[key] + v) / (base[key] + v), 4)
-            row[f"{out}_ratio_with_verification_batch"] = round((batch * row[key] + v) / (base[key] + v), 4)
+            v, denominator = verify[key], (0 if published else base[key]) + verify[key]
+            row[f"{out}_ratio_with_verification"] = round((own * row[key] + v) / denominator, 4)
+            row[f"{out}_ratio_with_verification_batch"] = round((own * batch * row[key] + v) / denominator, 4)
         if row.get("client_round_trips") is not None:
-            row["client_round_trips_with_verification"] = row["client_round_trips"] + (rounds if n else 0)
-            row["client_round_trips_batch"] = batch * row["client_round_trips"] + (rounds if n else 0)
-    add_escalation(rows, verify, rounds if n else 0)
+            row["client_round_trips_with_verification"] = own * row["client_round_trips"] + (rounds if n else 0)
+            row["client_round_trips_batch"] = own * batch * row["client_round_trips"] + (rounds if n else 0)
+    add_escalation(rows, verify, rounds if n else 0, published)
     rows["retrain"]["verification"] = {**plan, **{k: round(v, 3) for k, v in verify.items()}, "batch": BATCH}
 
 
@@ -386,12 +397,16 @@ def paid_replay(verdict: dict[str, Any]) -> int:
     return int(bool(verdict["replayed"]) and not verdict.get("replay_from_reference", False))
 
 
-def add_escalation(rows: dict[str, dict[str, Any]], verify: dict[str, float], shadow_rounds: int) -> None:
+def add_escalation(
+    rows: dict[str, dict[str, Any]], verify: dict[str, float], shadow_rounds: int, published: bool = False
+) -> None:
     """Where the service's verdict was measured (``--verdict``): the cost of a deletion as ``auto`` runs it, against
-    a verified retraining's. A verified deletion pays the method, the replaced shadows and, for an exact method whose
-    forget excess did not decide, the verifier's replay of the recipe (one more federated retraining, counted at
-    retrain's cost); a failed approximate verdict escalates to retraining, which then pays its own verdict (retrain
-    row's). ``<cost>_ratio_with_escalation`` per row and seed; ``certified`` whether the row's own verdict passed."""
+    a verified retraining's. A verified deletion pays the method, the deletion's reference and, for an exact method
+    whose forget excess did not decide, the verifier's replay of the recipe where that was a retraining of its own; a
+    failed approximate verdict escalates to retraining, which then pays its own verdict (retrain row's). With
+    ``published`` (stop 48) the retraining is the reference's run 0: a verified retraining pays the reference alone,
+    and an escalation nothing more. ``<cost>_ratio_with_escalation`` per row and seed; ``certified`` whether the
+    row's own verdict passed."""
     base = rows["retrain"]
     if "verdict" not in base:
         return
@@ -402,16 +417,16 @@ def add_escalation(rows: dict[str, dict[str, Any]], verify: dict[str, float], sh
             continue
         row["certified"] = verdict["verdict"] == "pass"
         escalated = not row.get("exact") and not row["certified"]
-        own_replay = paid_replay(verdict) if row.get("exact") else 0
+        own = 0 if published and row.get("exact") else 1 + (paid_replay(verdict) if row.get("exact") else 0)
         for key, out in ESCALATED:
             if key not in row:
                 continue
-            retrain_verified = base[key] * (1 + replay) + verify[key]
-            cost = row[key] * (1 + own_replay) + verify[key] + (retrain_verified - verify[key] if escalated else 0.0)
+            retrain_verified = (0 if published else base[key] * (1 + replay)) + verify[key]
+            cost = own * row[key] + verify[key] + (retrain_verified - verify[key] if escalated else 0.0)
             row[f"{out}_ratio_with_escalation"] = round(cost / retrain_verified, 4)
         if row.get("client_round_trips") is not None:
-            trips = row["client_round_trips"] * (1 + own_replay) + shadow_rounds
-            if escalated:
+            trips = own * row["client_round_trips"] + shadow_rounds
+            if escalated and not published:
                 trips += base["client_round_trips"] * (1 + replay)
             row["client_round_trips_with_escalation"] = trips
 

@@ -34,6 +34,7 @@ from app.ml.data.captions import CaptionDataset, federation_from_spec, file_sha2
 from app.ml.federation import FederatedProblem, FedSettings, apply_round
 from app.ml.federation.lock import ForgetLock, merge_locks
 from app.ml.federation.problem import MIN_PROBE_SPLIT, PROBE_FRACTION, PROBE_SEED, probe_split
+from app.ml.unlearning.base import UnlearningResult
 from app.ml.verification.audit import theta_facts
 from app.ml.verification.clip_evidence import clip_evidence, replay_of, split_reference
 from app.ml.verification.clip_shadows import (
@@ -41,6 +42,7 @@ from app.ml.verification.clip_shadows import (
     ClipShadowSettings,
     clip_shadows_from_bytes,
     clip_shadows_to_bytes,
+    recipe_run,
     reference_replay,
     shadow_pool,
     shadows_without,
@@ -383,7 +385,7 @@ class Deletion:
         problem = dataclasses.replace(work.inputs.problem, progress=ctx.scaled(0.1, 0.7, name))
         ctx.progress(0.1, f"unlearning {sum(int(m.sum()) for m in problem.forget_masks)} pairs with {name}")
         started = time.perf_counter()
-        result = work.method.unlearn(problem)
+        result = _verifiers_run(work, ctx) or work.method.unlearn(problem)
         seconds = time.perf_counter() - started
         ctx.progress(0.85, "measuring retrieval before and after")
         clip = problem.get_model()
@@ -465,7 +467,51 @@ def _pair_phi(clip: ClipLoRA, theta: torch.Tensor, pairs: CaptionDataset, galler
     return clip_pair_confidence(img, txt, scale, g_img, g_txt, pairs.captions, gallery.captions)["mean"]
 
 
-def _reference_shadows(work: DeletionWork, ctx: JobContext) -> ClipShadowSet | None:
+PUBLISHED_RUN = (
+    "the audit reference's run 0: the verifier's own run of the model's recipe from θ₀ on every remaining pair, in the "
+    "recipe's data order (clip_shadows.recipe_run), published as the exact method's θ′"
+)
+
+
+def _verifiers_run(work: DeletionWork, ctx: JobContext) -> UnlearningResult | None:
+    """fed_retrain's θ′ taken from the deletion's audit reference (:func:`_reference_shadows`) where its run 0 is the
+    model's recipe on exactly the pairs that remain (clip_shadows.recipe_run; the same positions): it is bit for bit
+    what fed_retrain would train, and the verifier trains it before the verdict anyway, so a verified exact deletion
+    pays its retraining once (the reference's runs, not one more) and ``auto``'s escalation after a failed verdict
+    pays none. None — the method runs itself — for a model without a pool, another method, fed_retrain with rounds of
+    its own, or a reference whose schedule or pairs are not the problem's."""
+    problem: FederatedProblem = work.inputs.problem
+    rounds = getattr(getattr(work.method, "config", None), "rounds", None)
+    if work.method_name != "fed_retrain" or rounds not in (None, problem.n_rounds):
+        return None
+    reference = _reference_shadows(work, ctx, ctx.scaled(0.1, 0.7, "fed_retrain: the verifier's reference"))
+    if reference is None:
+        return None
+    theta = recipe_run(reference, problem.fed_settings, int(problem.n_rounds or problem.fed_settings.rounds))
+    gone = set(work.inputs.positions) | set(_tombstoned_positions(work))
+    remaining = [i for i in range(sum(len(c) for c in data_for(work.model).clients)) if i not in gone]
+    if theta is None or reference.row_ids.tolist() != remaining:
+        return None
+    counts = work.inputs.reference[1]
+    return UnlearningResult(
+        theta=theta.clone(),
+        info={
+            "method": "fed_retrain",
+            "source": PUBLISHED_RUN,
+            "rounds": int(problem.n_rounds or problem.fed_settings.rounds),
+            "reference_runs": counts["trained"],
+            "seconds": counts["seconds"],
+        },
+    )
+
+
+def _tombstoned_positions(work: DeletionWork) -> list[int]:
+    """Data-set positions of the pairs earlier deletions took (not alive in the problem's clients)."""
+    alive = {pid for c in work.inputs.problem.clients for pid in c.ids}
+    return [i for i, pid in enumerate(pid for c in data_for(work.model).clients for pid in c.ids) if pid not in alive]
+
+
+def _reference_shadows(work: DeletionWork, ctx: JobContext, progress=None) -> ClipShadowSet | None:
     """The runs without this request's pairs (clip_shadows.shadows_without: the model's recipe on what remains, each
     with its own data order — run 0 the recipe's —, as many as the model's shadows), trained once per request: the
     verdict's audit reference, then the erasure's new set — stored runs that trained on an erased pair are copies of
@@ -476,13 +522,15 @@ def _reference_shadows(work: DeletionWork, ctx: JobContext) -> ClipShadowSet | N
         if not entry.get("shadows"):
             return None
         shadows = clip_shadows_from_bytes(get_store().get_bytes(entry["shadows"]))
-        ctx.progress(0.91, "training the audit's reference: the recipe without the pairs, one run per data order")
+        if progress is None:
+            ctx.progress(0.91, "training the audit's reference: the recipe without the pairs, one run per data order")
         inputs.reference = shadows_without(
             shadows,
             inputs.positions,
             inputs.problem.get_model(),
             weights(work.model.state["theta_init"]),
             data_for(work.model).clients,
+            progress=None if progress is None else lambda done, total: progress(done / total, f"run {done}/{total}"),
         )
     return inputs.reference[0]
 
@@ -580,6 +628,8 @@ def verify_federated(work: DeletionWork, unlearned: Unlearned, ctx: JobContext) 
                 "what": "the model's recipe retrained without this request's pairs, each run its own data order "
                 "(run 0 the recipe's: exact retraining, the replay an exact method is checked against)",
                 "replay": replay_source if exact else None,
+                # fed_retrain published that run itself (_verifiers_run): the replay is θ′ by construction
+                "published_run_0": unlearned.metrics.get("method_info", {}).get("source") == PUBLISHED_RUN,
                 **work.inputs.reference[1],
             }
             return Verification(report, verdict, plot_data(scores))

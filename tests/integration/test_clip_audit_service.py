@@ -11,6 +11,7 @@ import json
 import pytest
 
 from app.fedclient import SimulatedClients
+from app.jobs.federated import PUBLISHED_RUN
 from app.ml.verification.clip_shadows import REPLAY_SOURCES
 from tests.helpers import wait_model, wait_request
 
@@ -75,6 +76,10 @@ def test_a_federated_deletion_is_audited_with_shadow_lora_runs(stack):
     assert report["shadow_reference"]["dropped"] == 0 and report["shadow_reference"]["saw_erased_pairs"] == 0
     # run 0 is the model's recipe in its own data order: the exact method's replay, no second retraining
     assert report["shadow_reference"]["replay"] == REPLAY_SOURCES[True], report["shadow_reference"]
+    # and fed_retrain published that run (federated._verifiers_run): the deletion trained the recipe once, not twice
+    assert report["shadow_reference"]["published_run_0"] is True
+    version = stack.client.get(f"/v1/models/{model_id}/versions").json()[-1]
+    assert version["method"] == "fed_retrain" and version["metrics"]["method_info"]["source"] == PUBLISHED_RUN
     checks = {c["name"]: c for c in report["checks"]}
     assert len(checks["forget_excess"]["detail"]["null_draws"]) == 4  # the runs' own leave-one-out draws of E
     assert {"parameters_changed", "forget_attack", "retain_r1_drop"} <= set(checks)

@@ -57,6 +57,24 @@ def test_a_replay_that_is_the_references_recipe_run_costs_no_retraining():
     assert rows["retrain"]["bytes_ratio_with_escalation"] == near(1.0)
 
 
+def test_a_verified_retraining_is_its_reference_when_the_service_publishes_run_0():
+    """Stop 48 (app/jobs/federated.py _verifiers_run): an exact deletion's θ′ is the reference's run 0, so a verified
+    retraining pays the reference's runs alone; an approximate row pays its method on top, escalated or not (the
+    escalation publishes the same run). Plans of older code keep their rules (the tests above)."""
+    plan = bench.verification_plan(2)  # two runs of the recipe on everything that remains
+    assert bench.publishes_run_0(plan) and not bench.publishes_run_0({**plan, "data_fraction": 0.5})
+    rows = _rows(retrain_replayed=True, ease_pass=False, from_reference=True)
+    bench.add_costs(rows, plan, 20)
+    assert rows["retrain"]["bytes_ratio_with_verification"] == near(1.0)
+    assert rows["retrain"]["bytes_ratio_with_escalation"] == near(1.0)
+    assert rows["retrain"]["client_round_trips_with_verification"] == 20  # run 0's rounds are the reference's
+    assert rows["ease"]["bytes_ratio_with_verification"] == near((10 + 200) / 200)
+    assert rows["ease"]["bytes_ratio_with_verification_batch"] == near((100 + 200) / 200)
+    assert rows["ease"]["time_ratio_with_escalation"] == near((1 + 20) / 20)
+    assert rows["ease"]["bytes_ratio_with_escalation"] == near((10 + 200) / 200) and not rows["ease"]["certified"]
+    assert rows["ease"]["client_round_trips_with_escalation"] == 2 + 20
+
+
 def test_a_certified_row_pays_only_its_verification():
     rows = _rows(retrain_replayed=False, ease_pass=True)
     bench.add_costs(rows, {"n_shadows": 4, "trained": 2, "data_fraction": 0.5}, 20)

@@ -15,6 +15,7 @@ import torch
 from fastapi.testclient import TestClient
 from safetensors.torch import save_file
 
+from app.jobs.federated import PUBLISHED_RUN
 from app.main import create_app
 from app.ml.clip import create_clip
 from app.ml.data.captions import export_karpathy, make_synthetic_federation
@@ -185,8 +186,11 @@ def test_a_caption_file_federation_runs_client_class_and_samples_deletions(servi
     assert version["method"] == "fed_retrain" and {"forget_r1", "retain_r1", "test_r1"} <= set(
         version["metrics"]["before"]
     )
+    # the escalation trains nothing: its θ′ is the run of the recipe the verifier trained for EASE's verdict
+    assert version["metrics"]["method_info"]["source"] == PUBLISHED_RUN, version["metrics"]["method_info"]
     reports = client.get("/v1/reports", params={"request_id": done["id"]}).json()["items"]
     assert [r["evidence"] for r in reports if r["verdict"] == "pass"] == [["replay"]], reports
+    assert reports[-1]["shadow_reference"]["published_run_0"] is True
     live = client.get(f"/v1/models/{model_id}/pairs").json()["clients"]
     assert image_pair not in live["hospital-c"] and len(live["hospital-c"]) == 9
 
@@ -222,6 +226,8 @@ def test_a_caption_file_federation_runs_client_class_and_samples_deletions(servi
     assert done["status"] == "certified", done["error"]
     version = client.get(f"/v1/models/{model_id}/versions").json()[-1]
     assert version["method"] == "fed_retrain", version
+    # trained one round past its recipe (above), the model's schedule is no reference run's: fed_retrain trains itself
+    assert "source" not in version["metrics"]["method_info"], version["metrics"]["method_info"]
     reports = client.get("/v1/reports", params={"request_id": done["id"]}).json()["items"]
     assert [(r["method"], r["verdict"]) for r in reports] == [("ease", "fail"), ("fed_retrain", "pass")], reports
     rounds = done["erasure"]["rounds"]
