@@ -324,6 +324,27 @@ class Deletion:
 
     batches = False
 
+    def exact_in_verification(self, work: DeletionWork) -> str | None:
+        """Where the verdict will train the model's recipe on what remains anyway — a model with the audit's pool,
+        trained exactly its recipe's rounds, and fed_retrain without rounds of its own: the reference's run 0 *is*
+        the exact deletion (:func:`_verifiers_run` publishes it) — an approximate method could only add its own cost
+        and publish a model further from retraining, so ``auto`` runs fed_retrain from the start (stop 48)."""
+        model = work.model
+        if not (model.state.get("verification") or {}).get("shadows"):
+            return None
+        fed = FedSettings(**model.spec.get("fed_settings", {}))
+        recipe = int(ClipShadowSettings(**model.spec.get("verification", {}).get("shadows", {})).rounds or fed.rounds)
+        trained = len(model.state.get("rounds", []))
+        own = (model.spec.get("method_settings", {}).get("fed_retrain") or {}).get("rounds")
+        if trained != recipe or own not in (None, trained):
+            return None
+        return (
+            "the verdict trains the recipe without the pairs (its audit reference, "
+            f"{int(model.state['verification'].get('n_shadows') or 0)} runs) and that reference's run 0 is exact "
+            "retraining: fed_retrain publishes it, where an approximate method would add its own cost and publish a "
+            "model further from retraining"
+        )
+
     def load(self, work: DeletionWork, ctx: JobContext) -> FederatedInputs:
         """The problem of this request. A pair is alive while its index entry is (erasure deletes it; ``deleted_by``
         marks those of older databases), so pairs earlier deletions took never come back as retained data; clients
@@ -391,6 +412,7 @@ class Deletion:
         clip = problem.get_model()
         metrics = {
             "method": name,
+            **({"choice": {"method": name, "note": work.choice_note}} if work.choice_note else {}),
             "unlearn_seconds": round(seconds, 3),
             "before": deletion_retrieval(clip, problem, problem.theta),
             "after": deletion_retrieval(clip, problem, result.theta),
@@ -484,7 +506,10 @@ def _verifiers_run(work: DeletionWork, ctx: JobContext) -> UnlearningResult | No
     rounds = getattr(getattr(work.method, "config", None), "rounds", None)
     if work.method_name != "fed_retrain" or rounds not in (None, problem.n_rounds):
         return None
-    reference = _reference_shadows(work, ctx, ctx.scaled(0.1, 0.7, "fed_retrain: the verifier's reference"))
+    try:
+        reference = _reference_shadows(work, ctx, ctx.scaled(0.1, 0.7, "fed_retrain: the verifier's reference"))
+    except ValueError:  # the pool cannot give this deletion a reference: the verify step says why (AuditUnavailable)
+        return None
     if reference is None:
         return None
     theta = recipe_run(reference, problem.fed_settings, int(problem.n_rounds or problem.fed_settings.rounds))

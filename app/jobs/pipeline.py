@@ -150,7 +150,7 @@ def load(job: Job, ctx: JobContext, wing: DeletionWing) -> DeletionWork:
     batch = f" for {len(members)} requests" if len(members) > 1 else ""
     ctx.progress(0.05, f"loading data and version {parent.number}{batch}")
     work = DeletionWork(members, model, dataset, parent, name, spec, method, new_id())
-    if (exact := exact_from_the_start(work)) is not None:  # auto: a batch that chance alone would escalate
+    if (exact := exact_from_the_start(work, wing)) is not None:  # auto, where an approximate pass cannot pay
         work.method_name, work.spec, work.method = exact
     work.inputs = wing.load(work, ctx)
     if any(m.refusal for m in work.members):

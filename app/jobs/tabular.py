@@ -776,6 +776,10 @@ class Deletion:
 
     batches = True
 
+    def exact_in_verification(self, work: DeletionWork) -> str | None:
+        """Never: the LiRA shadow pool is trained on random subsets of the rows, none of them the exact deletion."""
+        return None
+
     def load(self, work: DeletionWork, ctx: JobContext) -> TabularInputs | None:
         forget_shredded()  # copies of rows another worker erased since this one last served
         if pool_below_minimum(work.model) or purge_pending(work.model):  # an erasure left fewer OUT shadows than an

@@ -174,6 +174,10 @@ class DeletionWing(Protocol):
     def upkeep(self, model_id: str, ctx: JobContext) -> dict[str, Any]:
         """After the certificates, while the job still holds the model: restore capacity (never erase)."""
 
+    def exact_in_verification(self, work: DeletionWork) -> str | None:
+        """Why the verification of this deletion will train the exact deletion itself (so ``auto`` runs the exact
+        method from the start: an approximate one could only add its cost and publish a weaker model), or None."""
+
 
 def method_for(request: DeletionRequest, model: Model) -> tuple[str, MethodSpec, UnlearningMethod]:
     """The method this request runs (``auto`` resolved by the method registry), built with the model's registered
@@ -187,12 +191,19 @@ def method_for(request: DeletionRequest, model: Model) -> tuple[str, MethodSpec,
     return name, spec, build(spec, {**model.spec.get("method_settings", {}).get(name, {}), **request.method_settings})
 
 
-def exact_from_the_start(work: DeletionWork) -> tuple[str, MethodSpec, UnlearningMethod] | None:
-    """``auto``, a batch: when chance alone is expected to fail at least one member's attack check (each request is
-    judged on its own rows, ~attack_fpr per one-row request), the approximate pass would escalate the whole batch
-    anyway (the hall's rule), so the exact method runs from the start instead of after a wasted pass."""
+def exact_from_the_start(work: DeletionWork, wing: DeletionWing) -> tuple[str, MethodSpec, UnlearningMethod] | None:
+    """``auto``: the exact method from the start (its reason in ``choice_note``) where the approximate pass could not
+    pay — the wing's verification trains the exact deletion anyway (``exact_in_verification``: a federated model's
+    audit reference, stop 48), or, for a batch, chance alone is expected to fail at least one member's attack check
+    (each request is judged on its own rows, ~attack_fpr per one-row request), so the approximate pass would escalate
+    the whole batch anyway (the hall's rule)."""
     escalation = escalation_for(work)
-    if len(work.members) < 2 or escalation is None:
+    if escalation is None:
+        return None
+    if (reason := wing.exact_in_verification(work)) is not None:
+        work.choice_note = reason
+        return escalation
+    if len(work.members) < 2:
         return None
     policy = VerdictPolicy.from_dict(((work.model.spec or {}).get("verification") or {}).get("policy"))
     expected = sum(chance_failure_rate(rows_named(m.request), policy) for m in work.members)

@@ -409,8 +409,13 @@ def test_auto_batch_that_chance_alone_would_escalate_runs_exact_from_the_start()
     method, never below that."""
     from types import SimpleNamespace
 
-    from app.jobs.work import DeletionWork, Member, exact_from_the_start
+    from app.jobs.tabular import Deletion
+    from app.jobs.work import DeletionWork, Member
+    from app.jobs.work import exact_from_the_start as from_the_start
     from app.ml.unlearning.base import get_method
+
+    def exact_from_the_start(work: DeletionWork):
+        return from_the_start(work, Deletion())  # a tabular verification never trains the exact deletion
 
     def work(n: int, method: str = "auto", policy: dict | None = None) -> DeletionWork:
         members = [

@@ -189,3 +189,28 @@ def test_an_uninformative_audit_is_not_a_pass_of_the_attack_check():
     assert report["informative"] is False, report["informative_detail"]
     attack = next(c for c in decide(report)["checks"] if c["name"] == "forget_attack")
     assert attack["passed"] is None and "uninformative" in attack["message"]
+
+
+def test_auto_goes_exact_where_the_federated_verdict_trains_the_exact_deletion_anyway():
+    """federated.Deletion.exact_in_verification (stop 48): a model with the audit's pool, trained exactly its recipe's
+    rounds, and fed_retrain without rounds of its own — the reference's run 0 is exact retraining, so ``auto`` runs
+    fed_retrain (which publishes that run) from the start; not without a pool, not once the model trained past its
+    recipe, not when fed_retrain has rounds of its own (its run would not be the reference's)."""
+    from types import SimpleNamespace
+
+    from app.jobs.federated import Deletion
+
+    def work(rounds: int, pool: bool = True, own_rounds: int | None = None):
+        spec = {"fed_settings": {"rounds": 3}, "verification": {"shadows": {"n_shadows": 4}}}
+        if own_rounds is not None:
+            spec["method_settings"] = {"fed_retrain": {"rounds": own_rounds}}
+        state = {"rounds": ["r"] * rounds, "verification": {"shadows": "digest", "n_shadows": 4} if pool else {}}
+        return SimpleNamespace(model=SimpleNamespace(spec=spec, state=state))
+
+    wing = Deletion()
+    reason = wing.exact_in_verification(work(3))
+    assert reason is not None and "run 0 is exact retraining" in reason and "4 runs" in reason
+    assert wing.exact_in_verification(work(3, own_rounds=3)) is not None
+    assert wing.exact_in_verification(work(3, pool=False)) is None
+    assert wing.exact_in_verification(work(4)) is None  # trained past its recipe: fed_retrain trains itself
+    assert wing.exact_in_verification(work(3, own_rounds=5)) is None
