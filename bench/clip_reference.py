@@ -16,8 +16,9 @@ reference's own leave-one-out draws of E (clip_evidence.null_excess: the verdict
 exact retraining — and retraining with another data order, judged as an approximate method, i.e. what a perfect
 approximate method would hand in — lands within the null, and informative when doing nothing lands far above. Then the
 service's verdict (clip_verdict.federated_verdict via bench.ease.verdict_of, default policy) against the deletion's
-reference, for every row; the registration reference's verdicts on the same rows are bench/results/ease.json's (stop
-44's run, same seeds, same code for the methods: the forget R@1 of every row is compared to check the θ′ are the same).
+reference, for every row; the registration reference's verdicts on the same rows are
+bench/results/ease_stop44.json's (stop 44's run, same seeds, same code for the methods: the forget R@1 of every row is
+compared to check the θ′ are the same).
 
 Rows: version 1 (θ₀) and the original (E only), ``retrain`` (exact: the verifier replays the recipe where the excess
 does not decide), ``retrain_as_approximate`` (the same θ′ judged as an approximate method: no replay),
@@ -166,9 +167,9 @@ def summarise(per_seed: dict[str, dict[str, Any]], scenarios: list[str]) -> dict
 
 
 def registration_verdicts(scenarios: list[str], seeds: list[int]) -> dict[str, Any]:
-    """Stop 44's verdicts of the same rows against the registration shadows (bench/results/ease.json), with their
-    forget R@1 (the same θ′ where they match this run's)."""
-    path = RESULTS / "ease.json"
+    """Stop 44's verdicts of the same rows against the registration shadows (bench/results/ease_stop44.json), with
+    their forget R@1 (the same θ′ where they match this run's)."""
+    path = RESULTS / "ease_stop44.json"
     if not path.exists():
         return {}
     stored = json.loads(path.read_text())["seeds"]

@@ -36,7 +36,9 @@ the verification — the deletion's audit reference, as many runs of the recipe 
 service has shadows (4 by default, each another data order: clip_shadows.shadows_without; each a retraining's bytes
 and compute) —, per deletion and per batch of ``BATCH`` deletions (one reference per batch); client round trips
 (stages in which clients take part, one after another), without and with the reference's rounds. The reference's
-cost is derived from the measured retrain, not run. Summaries: mean over seeds, 95 % interval (Student t), worst seed.
+cost is derived from the measured retrain, not run. Since stop 48 the service publishes the reference's run 0 as an
+exact deletion's θ′, so a verified retraining is priced as its reference alone (``publishes_run_0``). Summaries: mean
+over seeds, 95 % interval (Student t), worst seed.
 
 The verdict (``--verdict``): every row is judged as the service judges it — against the deletion's reference
 (``reference_for``: the recipe retrained on what remains, ``SHADOWS.n_shadows`` runs drawn from the registration's
@@ -45,9 +47,11 @@ data order — exact retraining itself —, the others in other orders; cached b
 clip_verdict.federated_verdict with the default policy on the pairs the worker would audit; ``retrain_other_order``
 is judged as an approximate method (the calibration: retraining that is no run of the reference; until stop 47
 ``retrain`` was, as ``verdict_as_approximate``) — and ``<cost>_ratio_with_escalation`` is the deletion as ``auto``
-runs it: the method, the reference's runs, and, where its verdict fails, the retraining it escalates to (whose own
-verdict replays the recipe where its forget excess does not decide: the reference's run 0 since stop 47, free; one
-more federated run before, counted: ``paid_replay``), against a verified retraining's. ``certified_seeds`` counts the
+ran it until stop 48: the method, the reference's runs, and, where its verdict fails, the retraining it escalates to
+(since stop 48 the reference's run 0, published: nothing more; before, a run of its own, whose verdict replayed the
+recipe where its forget excess did not decide — the reference's run 0 since stop 47, free; one more federated run
+before, counted: ``paid_replay``), against a verified retraining's. Since stop 48 ``auto`` goes exact at once on these
+models (app/jobs/federated.py ``exact_in_verification``): 1.000. ``certified_seeds`` counts the
 seeds whose verdict passed.
 
 Where the forget gap comes from (``target_level``): the level EASE's control aims at (version 1's; for membership
@@ -232,8 +236,9 @@ def add_costs(rows: dict[str, dict[str, Any]], plan: dict[str, Any], rounds: int
     verified deletion — the unlearning plus the deletion's audit reference, against a verified retraining —, per
     deletion and per batch of ``BATCH`` deletions (each unlearned on its own, the reference trained once; exact
     retraining covers a batch with one run); and client round trips, without and with the reference's (its runs side
-    by side). Since stop 48 a verified retraining *is* its reference (run 0 published, :func:`publishes_run_0`): an
-    exact row pays the reference alone, an approximate one its method on top. Recomputed at ``--merge`` from the
+    by side). Since stop 48 a verified retraining *is* its reference (run 0 published, :func:`publishes_run_0`): the
+    ``retrain`` row pays the reference alone; every other row its own run on top (retraining in another data order
+    too: its θ′ is no run of the reference). Recomputed at ``--merge`` from the
     stored raw figures."""
     base = rows["retrain"]
     n, keep = plan["trained"], plan["data_fraction"]
@@ -254,7 +259,7 @@ def add_costs(rows: dict[str, dict[str, Any]], plan: dict[str, Any], rounds: int
             row["critical_path_ratio"] = round(row["critical_seconds"] / base["critical_seconds"], 4)
             row["pair_grads_ratio"] = round(row["pair_grads"] / base["pair_grads"], 4)
         batch = 1 if row.get("exact") else BATCH  # one retraining removes a whole batch
-        own = 0 if published and row.get("exact") else 1  # an exact row's run is the reference's run 0
+        own = 0 if published and row is base else 1  # retrain's θ′ is the reference's run 0 (another order's is not)
         for key, out in (("bytes", "bytes"), ("cpu_seconds", "time"), ("critical_seconds", "critical_path")):
             if key not in row:
                 continue
@@ -417,7 +422,7 @@ def add_escalation(
             continue
         row["certified"] = verdict["verdict"] == "pass"
         escalated = not row.get("exact") and not row["certified"]
-        own = 0 if published and row.get("exact") else 1 + (paid_replay(verdict) if row.get("exact") else 0)
+        own = 0 if published and row is base else 1 + (paid_replay(verdict) if row.get("exact") else 0)
         for key, out in ESCALATED:
             if key not in row:
                 continue

@@ -64,8 +64,12 @@ def test_a_verified_retraining_is_its_reference_when_the_service_publishes_run_0
     plan = bench.verification_plan(2)  # two runs of the recipe on everything that remains
     assert bench.publishes_run_0(plan) and not bench.publishes_run_0({**plan, "data_fraction": 0.5})
     rows = _rows(retrain_replayed=True, ease_pass=False, from_reference=True)
+    rows["retrain_other_order"] = {**rows["retrain"], "verdict": {"verdict": "pass", "replayed": False}}
     bench.add_costs(rows, plan, 20)
     assert rows["retrain"]["bytes_ratio_with_verification"] == near(1.0)
+    # exact retraining in another data order is no run of the reference: it pays its own run on top
+    assert rows["retrain_other_order"]["bytes_ratio_with_verification"] == near((100 + 200) / 200)
+    assert rows["retrain_other_order"]["bytes_ratio_with_escalation"] == near((100 + 200) / 200)
     assert rows["retrain"]["bytes_ratio_with_escalation"] == near(1.0)
     assert rows["retrain"]["client_round_trips_with_verification"] == 20  # run 0's rounds are the reference's
     assert rows["ease"]["bytes_ratio_with_verification"] == near((10 + 200) / 200)
