@@ -326,17 +326,16 @@ class Deletion:
 
     def exact_in_verification(self, work: DeletionWork) -> str | None:
         """Where the verdict will train the model's recipe on what remains anyway — a model with the audit's pool,
-        trained exactly its recipe's rounds, and fed_retrain without rounds of its own: the reference's run 0 *is*
+        its reference trained to the model's own round count (unless the settings fix another), and fed_retrain
+        without rounds of its own: the reference's run 0 *is*
         the exact deletion (:func:`_verifiers_run` publishes it) — an approximate method could only add its own cost
         and publish a model further from retraining, so ``auto`` runs fed_retrain from the start (stop 48)."""
         model = work.model
         if not (model.state.get("verification") or {}).get("shadows"):
             return None
-        fed = FedSettings(**model.spec.get("fed_settings", {}))
-        recipe = int(ClipShadowSettings(**model.spec.get("verification", {}).get("shadows", {})).rounds or fed.rounds)
         trained = len(model.state.get("rounds", []))
         own = (model.spec.get("method_settings", {}).get("fed_retrain") or {}).get("rounds")
-        if trained != recipe or own not in (None, trained):
+        if _reference_rounds(model) != trained or own not in (None, trained):  # a reference of another length
             return None
         return (
             "the verdict trains the recipe without the pairs (its audit reference, "
@@ -536,6 +535,14 @@ def _tombstoned_positions(work: DeletionWork) -> list[int]:
     return [i for i, pid in enumerate(pid for c in data_for(work.model).clients for pid in c.ids) if pid not in alive]
 
 
+def _reference_rounds(model: Model) -> int:
+    """FedAvg rounds of a deletion's reference runs: the model's ``verification.shadows.rounds`` where set, else as
+    many as the model has trained (stop 48: the schedule exact retraining follows, so run 0 is that retraining and the
+    null is drawn at the audited model's length even after it trained past its recipe's ``fed_settings.rounds``)."""
+    fixed = ClipShadowSettings(**model.spec.get("verification", {}).get("shadows", {})).rounds
+    return int(fixed or len(model.state.get("rounds", [])) or FedSettings(**model.spec.get("fed_settings", {})).rounds)
+
+
 def _reference_shadows(work: DeletionWork, ctx: JobContext, progress=None) -> ClipShadowSet | None:
     """The runs without this request's pairs (clip_shadows.shadows_without: the model's recipe on what remains, each
     with its own data order — run 0 the recipe's —, as many as the model's shadows), trained once per request: the
@@ -556,6 +563,7 @@ def _reference_shadows(work: DeletionWork, ctx: JobContext, progress=None) -> Cl
             weights(work.model.state["theta_init"]),
             data_for(work.model).clients,
             progress=None if progress is None else lambda done, total: progress(done / total, f"run {done}/{total}"),
+            rounds=_reference_rounds(work.model),
         )
     return inputs.reference[0]
 

@@ -322,15 +322,17 @@ LoraSettingsJSON = Annotated[dict[str, Any], _checked(LoraSettingsIn)]
 
 
 class ClipShadowSettingsIn(_Settings):
-    """app.ml.verification.clip_shadows.ClipShadowSettings: shadow LoRA runs for a federated model's membership audit
-    (each one a full federated training run at registration and again after every erasure that touches it)."""
+    """app.ml.verification.clip_shadows.ClipShadowSettings: the runs of a federated deletion's audit reference (each a
+    full federated training run on what remains, trained for every deletion; none at registration since stop 48)."""
 
     n_shadows: int = Field(
         4, ge=4, le=64, description="Shadow runs; 4 leaves every pair two OUT shadows at keep_fraction 0.5."
     )
     keep_fraction: float = Field(0.5, ge=0.05, le=0.5, description="Share of the pairs each shadow trains on.")
     seed: Seed = 0
-    rounds: int | None = Field(None, ge=1, le=10_000, description="FedAvg rounds per shadow; none = fed_settings.")
+    rounds: int | None = Field(
+        None, ge=1, le=10_000, description="FedAvg rounds per run; none = as many as the model has trained."
+    )
 
 
 ClipShadowSettingsJSON = Annotated[dict[str, Any], _checked(ClipShadowSettingsIn)]

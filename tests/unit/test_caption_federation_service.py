@@ -225,17 +225,18 @@ def test_a_caption_file_federation_runs_client_class_and_samples_deletions(servi
     assert not any("purple" in c for d in clients.fed.clients for c in d.captions)
 
     # client: a named client leaves — offline (the server-only path, said by the request); its rounds are rewritten
-    # without it and it may not send updates. Ten pairs of a 30-pair federation after two rounds are not measurably
-    # memorised, so EASE has no informative evidence and ``auto`` retrains (EASE's offline mode itself:
-    # test_ease_method.py)
+    # without it and it may not send updates. Trained one round past its recipe (above), the model's reference follows
+    # its own three rounds (federated._reference_rounds), so run 0 is still its exact retraining and ``auto`` publishes
+    # it (EASE's offline mode itself: test_ease_method.py)
     done = _delete(client, model_id, {"kind": "client", "client_id": "hospital-a"}, method="auto")
     assert done["status"] == "certified", done["error"]
     version = client.get(f"/v1/models/{model_id}/versions").json()[-1]
     assert version["method"] == "fed_retrain", version
-    # trained one round past its recipe (above), the model's schedule is no reference run's: fed_retrain trains itself
-    assert "source" not in version["metrics"]["method_info"], version["metrics"]["method_info"]
+    assert version["metrics"]["method_info"]["source"] == PUBLISHED_RUN, version["metrics"]["method_info"]
+    assert version["metrics"]["method_info"]["rounds"] == FED["rounds"] + 1
     reports = client.get("/v1/reports", params={"request_id": done["id"]}).json()["items"]
-    assert [(r["method"], r["verdict"]) for r in reports] == [("ease", "fail"), ("fed_retrain", "pass")], reports
+    assert [(r["method"], r["verdict"]) for r in reports] == [("fed_retrain", "pass")], reports
+    assert reports[0]["shadow_reference"]["rounds"] == FED["rounds"] + 1
     rounds = done["erasure"]["rounds"]
     assert rounds["action"] == "client's updates zeroed" and done["erasure"]["round_files_shredded"] == len(
         rounds["before"]

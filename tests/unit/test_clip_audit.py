@@ -192,16 +192,18 @@ def test_an_uninformative_audit_is_not_a_pass_of_the_attack_check():
 
 
 def test_auto_goes_exact_where_the_federated_verdict_trains_the_exact_deletion_anyway():
-    """federated.Deletion.exact_in_verification (stop 48): a model with the audit's pool, trained exactly its recipe's
-    rounds, and fed_retrain without rounds of its own — the reference's run 0 is exact retraining, so ``auto`` runs
-    fed_retrain (which publishes that run) from the start; not without a pool, not once the model trained past its
-    recipe, not when fed_retrain has rounds of its own (its run would not be the reference's)."""
+    """federated.Deletion.exact_in_verification (stop 48): a model with the audit's pool whose reference is trained to
+    its own round count (federated._reference_rounds: the model's, past its recipe's too, unless the shadow settings fix
+    one), and fed_retrain without rounds of its own — the reference's run 0 is exact retraining, so ``auto`` runs
+    fed_retrain (which publishes that run) from the start; not without a pool, not when the settings fix the
+    reference's rounds at another count, not when fed_retrain has rounds of its own (its run would not be the
+    reference's)."""
     from types import SimpleNamespace
 
     from app.jobs.federated import Deletion
 
-    def work(rounds: int, pool: bool = True, own_rounds: int | None = None):
-        spec = {"fed_settings": {"rounds": 3}, "verification": {"shadows": {"n_shadows": 4}}}
+    def work(rounds: int, pool: bool = True, own_rounds: int | None = None, shadow_rounds: int | None = None):
+        spec = {"fed_settings": {"rounds": 3}, "verification": {"shadows": {"n_shadows": 4, "rounds": shadow_rounds}}}
         if own_rounds is not None:
             spec["method_settings"] = {"fed_retrain": {"rounds": own_rounds}}
         state = {"rounds": ["r"] * rounds, "verification": {"shadows": "digest", "n_shadows": 4} if pool else {}}
@@ -212,5 +214,6 @@ def test_auto_goes_exact_where_the_federated_verdict_trains_the_exact_deletion_a
     assert reason is not None and "run 0 is exact retraining" in reason and "4 runs" in reason
     assert wing.exact_in_verification(work(3, own_rounds=3)) is not None
     assert wing.exact_in_verification(work(3, pool=False)) is None
-    assert wing.exact_in_verification(work(4)) is None  # trained past its recipe: fed_retrain trains itself
+    assert wing.exact_in_verification(work(4)) is not None  # past its recipe: the reference follows the model
+    assert wing.exact_in_verification(work(4, shadow_rounds=3)) is None  # a fixed length: no run 0 to publish
     assert wing.exact_in_verification(work(3, own_rounds=5)) is None

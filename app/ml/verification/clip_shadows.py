@@ -62,7 +62,8 @@ ProgressFn = Callable[[int, int], None]
 class ClipShadowSettings:
     """How CLIP shadow runs are drawn and trained (bounded at the API: app/registry/settings.py ClipShadowSettingsIn).
 
-    ``rounds``: FedAvg rounds per shadow; None = the model's ``fed_settings.rounds`` (its own recipe). Every shadow
+    ``rounds``: FedAvg rounds per shadow; None = the model's own schedule (a deletion's reference: as many rounds as
+    the model has trained, app/jobs/federated.py; else ``fed_settings.rounds``, its recipe). Every shadow
     uses the recipe's seeds, so the only randomness between shadows is the pair subset ([INFERENCE], as the tabular
     shadows' "recipe" seed mode: the service's rounds are seeded the same way).
     """
@@ -101,6 +102,9 @@ class ClipShadowSet:
     fed_settings: dict[str, Any] = field(default_factory=dict)
     generation: int = 0
     seconds: list[float] = field(default_factory=list)
+    rounds: int | None = None
+    """FedAvg rounds each run trained, where the caller chose them (a reference trained to the model's own schedule);
+    None: ``settings.rounds`` or the recipe's."""
 
     def __post_init__(self) -> None:
         if self.thetas.ndim != 2 or self.in_mask.shape != (self.thetas.shape[0], len(self.row_ids)):
@@ -223,6 +227,7 @@ def shadows_without(
     theta_init: torch.Tensor,
     clients: Sequence[CaptionDataset],
     progress: ProgressFn | None = None,
+    rounds: int | None = None,
 ) -> tuple[ClipShadowSet, dict[str, Any]]:
     """The deletion's reference set: ``shadows.n_shadows`` runs of the model's recipe from θ₀ on every pair that
     remains, each with its own data order: run 0 the recipe's own (it *is* exact retraining, bit for bit, where the
@@ -231,6 +236,9 @@ def shadows_without(
     leave-one-out spread (clip_evidence.null_excess). Every erased pair is OUT of every run, whatever group it forms;
     every remaining pair IN. It replaces the stored set at erasure (each registration run that saw an erased pair is a
     copy of it).
+
+    ``rounds``: the runs' FedAvg rounds (the worker passes the model's own count unless the settings fix one, so run 0
+    stays its exact retraining after it trained past its recipe); default ``settings.rounds`` or the recipe's.
 
     Why run 0 has the recipe's order (stop 47): an approximate θ′ starts from the original, which trained in that
     order, and exact retraining shares it; with other orders only, the null missed what sharing it does to the forget
@@ -250,7 +258,8 @@ def shadows_without(
     if sum(sizes) != int(keep.sum()) or sum(sizes) == 0:
         raise ValueError("the clients do not hold the pool's remaining pairs")
     fed = FedSettings(**shadows.fed_settings)
-    rounds = int(shadows.settings.rounds or fed.rounds)
+    chosen = rounds
+    rounds = int(rounds or shadows.settings.rounds or fed.rounds)
     n = int(shadows.settings.n_shadows)  # the model's setting: its stored set may be the untrained pool
     runs = [dataclasses.replace(fed, seed=fed.seed + REFERENCE_SEED_STRIDE * j) for j in range(n)]
     mask = np.ones((n, sum(sizes)), dtype=bool)
@@ -258,7 +267,7 @@ def shadows_without(
     erased_cols = np.flatnonzero(~keep)
     generation = shadows.generation + 1
     result = ClipShadowSet(
-        thetas, mask, shadows.row_ids[keep], sizes, shadows.settings, shadows.fed_settings, generation, seconds
+        thetas, mask, shadows.row_ids[keep], sizes, shadows.settings, shadows.fed_settings, generation, seconds, chosen
     )
     counts = {
         "dropped": shadows.n_shadows,
@@ -266,6 +275,7 @@ def shadows_without(
         "kept": 0,
         "trained": n,
         "recipe_run": 0,  # the run with the recipe's own data order: exact retraining's θ (recipe_run)
+        "rounds": rounds,
         "pairs": int(sum(sizes)),
         "seconds": round(sum(seconds), 3),
     }
@@ -274,11 +284,12 @@ def shadows_without(
 
 def recipe_run(reference: ClipShadowSet, fed_settings: FedSettings, rounds: int) -> torch.Tensor | None:
     """Run 0 of a deletion's reference (:func:`shadows_without`) where it is the recipe itself — the same settings,
-    seed included, and as many rounds as the model trained (a model trained on after registration is not) —, else
-    None. It is then bit for bit what exact retraining on the remaining pairs gives (FedAvg is deterministic: measured
-    on CPU, tests/unit/test_clip_audit.py), trained by the verifier independently of the method's own run."""
+    seed included, and as many rounds as the model trained (the worker trains the reference to that count since stop
+    48; a reference of another length is not) —, else None. It is then bit for bit what exact retraining on the
+    remaining pairs gives (FedAvg is deterministic: measured on CPU, tests/unit/test_clip_audit.py), trained by the
+    verifier independently of the method's own run."""
     same = reference.fed_settings == dataclasses.asdict(fed_settings)
-    trained = int(reference.settings.rounds or fed_settings.rounds)
+    trained = int(reference.rounds or reference.settings.rounds or fed_settings.rounds)
     if not same or trained != int(rounds) or reference.generation < 1 or not reference.in_mask.all():
         return None
     return reference.thetas[0]
@@ -307,6 +318,7 @@ def clip_shadows_to_bytes(shadows: ClipShadowSet) -> bytes:
         "settings": json.dumps(asdict(shadows.settings), sort_keys=True),
         "fed_settings": json.dumps(shadows.fed_settings, sort_keys=True),
         "generation": str(shadows.generation),
+        **({"rounds": str(int(shadows.rounds))} if shadows.rounds is not None else {}),
     }
     return pack_shadows(shadows.thetas, shadows.in_mask, shadows.row_ids, meta)
 
@@ -321,6 +333,7 @@ def clip_shadows_from_bytes(data: bytes) -> ClipShadowSet:
         ClipShadowSettings(**json.loads(meta["settings"])),
         json.loads(meta["fed_settings"]),
         int(meta["generation"]),
+        rounds=int(meta["rounds"]) if "rounds" in meta else None,
     )
 
 
