@@ -217,8 +217,6 @@ def audit_pool(model: Model, data) -> dict[str, Any]:
         "shadows": get_store().put_bytes(clip_shadows_to_bytes(pool)),
         "n_shadows": int(settings.n_shadows),
         "generation": pool.generation,
-        "rounds": int(settings.rounds or fed.rounds),
-        "trained_runs": pool.n_shadows,
     }
 
 
@@ -512,9 +510,9 @@ def _verifiers_run(work: DeletionWork, ctx: JobContext) -> UnlearningResult | No
     if reference is None:
         return None
     theta = recipe_run(reference, problem.fed_settings, int(problem.n_rounds or problem.fed_settings.rounds))
-    gone = set(work.inputs.positions) | set(_tombstoned_positions(work))
-    remaining = [i for i in range(sum(len(c) for c in data_for(work.model).clients)) if i not in gone]
-    if theta is None or reference.row_ids.tolist() != remaining:
+    ids = [pid for c in data_for(work.model).clients for pid in c.ids]  # the pool's columns are data-set positions
+    kept = [pid for d in problem.retained_datasets() for pid in d.ids]  # what fed_retrain would train on, in order
+    if theta is None or [ids[int(i)] for i in reference.row_ids] != kept:
         return None
     counts = work.inputs.reference[1]
     return UnlearningResult(
@@ -527,12 +525,6 @@ def _verifiers_run(work: DeletionWork, ctx: JobContext) -> UnlearningResult | No
             "seconds": counts["seconds"],
         },
     )
-
-
-def _tombstoned_positions(work: DeletionWork) -> list[int]:
-    """Data-set positions of the pairs earlier deletions took (not alive in the problem's clients)."""
-    alive = {pid for c in work.inputs.problem.clients for pid in c.ids}
-    return [i for i, pid in enumerate(pid for c in data_for(work.model).clients for pid in c.ids) if pid not in alive]
 
 
 def _reference_rounds(model: Model) -> int:
@@ -649,7 +641,7 @@ def verify_federated(work: DeletionWork, unlearned: Unlearned, ctx: JobContext) 
         except AuditUnavailable as exc:  # e.g. a pair outside the shadow pool: say so instead of failing the job
             reason = f"the shadow audit could not run: {exc}"
         else:
-            report["attack"]["shadow_rounds"] = entry.get("rounds")
+            report["attack"]["shadow_rounds"] = work.inputs.reference[1]["rounds"]  # _reference_rounds
             report["attack"]["model_rounds"] = len(work.model.state.get("rounds", []))
             report["forget_pairs_audited"] = audited
             held = "held-out split" if data.heldout is not None else "test pairs"

@@ -103,8 +103,8 @@ class ClipShadowSet:
     generation: int = 0
     seconds: list[float] = field(default_factory=list)
     rounds: int | None = None
-    """FedAvg rounds each run trained, where the caller chose them (a reference trained to the model's own schedule);
-    None: ``settings.rounds`` or the recipe's."""
+    """FedAvg rounds each run trained (a deletion's reference records them: the worker trains it to the model's own
+    schedule); None for sets that do not (registration runs: ``settings.rounds`` or the recipe's)."""
 
     def __post_init__(self) -> None:
         if self.thetas.ndim != 2 or self.in_mask.shape != (self.thetas.shape[0], len(self.row_ids)):
@@ -258,7 +258,6 @@ def shadows_without(
     if sum(sizes) != int(keep.sum()) or sum(sizes) == 0:
         raise ValueError("the clients do not hold the pool's remaining pairs")
     fed = FedSettings(**shadows.fed_settings)
-    chosen = rounds
     rounds = int(rounds or shadows.settings.rounds or fed.rounds)
     n = int(shadows.settings.n_shadows)  # the model's setting: its stored set may be the untrained pool
     runs = [dataclasses.replace(fed, seed=fed.seed + REFERENCE_SEED_STRIDE * j) for j in range(n)]
@@ -267,7 +266,7 @@ def shadows_without(
     erased_cols = np.flatnonzero(~keep)
     generation = shadows.generation + 1
     result = ClipShadowSet(
-        thetas, mask, shadows.row_ids[keep], sizes, shadows.settings, shadows.fed_settings, generation, seconds, chosen
+        thetas, mask, shadows.row_ids[keep], sizes, shadows.settings, shadows.fed_settings, generation, seconds, rounds
     )
     counts = {
         "dropped": shadows.n_shadows,
