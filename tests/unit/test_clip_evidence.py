@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import tempfile
 
 import numpy as np
 import pytest
+import torch
 
-from app.ml.federation import FederatedProblem
+from app.ml.data.captions import CaptionDataset
+from app.ml.federation import FederatedProblem, FedSettings, make_demo_federation
 from app.ml.unlearning.baselines.fed_retrain import FedRetrain
 from app.ml.verification.audit import AuditScores, report_from_scores, scores_from_phi
 from app.ml.verification.clip_evidence import (
@@ -24,9 +27,15 @@ from app.ml.verification.clip_evidence import (
     forget_excess,
     net_of_group_shift,
     null_excess,
+    split_reference,
 )
 from app.ml.verification.clip_impostors import CLIP_EXACT_IMPOSTORS, CLIP_IMPOSTORS, ClipImpostorCase
-from app.ml.verification.clip_shadows import ClipShadowSettings, reference_replay, shadow_pool, shadows_without
+from app.ml.verification.clip_shadows import (
+    ClipShadowSettings,
+    reference_replay,
+    shadow_pool,
+    shadows_without,
+)
 from app.ml.verification.clip_verdict import federated_verdict
 from app.ml.verification.lira import GaussianFit
 from app.ml.verification.policy import VerdictPolicy, decide
@@ -163,10 +172,10 @@ def _verdict(world, theta_new, exact: bool) -> dict:
     the retrieval figures are left out (the retain R@1 check then passes): these tests are about the evidence."""
     model, data, reference, problem, _, _ = world
     forget, positions = data.clients[0], np.arange(len(data.clients[0]))
-    replay = reference_replay(reference, problem)[0] if exact else None
+    replay, _ = reference_replay(reference, problem)
     _, verdict, _ = federated_verdict(
         reference, model, problem, forget, positions, data.heldout, theta_new,
-        exact=exact, scope="samples", policy=VerdictPolicy(), before={}, after={}, replay=replay,
+        exact=exact, scope="samples", policy=VerdictPolicy(), before={}, after={}, replay=replay if exact else None,
     )  # fmt: skip
     return verdict
 
@@ -265,3 +274,69 @@ def test_whether_the_class_check_sees_anything_does_not_depend_on_the_model_judg
         check = forget_retrieval(_levels(r1, 18.0, 5.0, n=400), exact=False)
         assert check["informative"] is True and check["passed"] is passed, (r1, check["message"])
         assert check["power"] == forget_retrieval(_levels(2.0, 18.0, 5.0, n=400), exact=False)["power"]
+
+
+def test_an_exact_claim_is_held_to_the_replay_at_hand_even_where_the_excess_passes():
+    """A federated retrain of the wrong pairs can pass the forget excess (it measures membership: bench.verify's CLIP
+    panel at stop 49, 2 of 20 random 50-pair trials certified as exact on it alone). Where the replay costs nothing —
+    the deletion's reference trained run 0, the recipe itself — the exact claim is always held to it."""
+    rng = np.random.default_rng(3)
+    k, m = 50, 200
+    others = rng.standard_normal(m)
+    scores = _scores(
+        {"original": rng.standard_normal(k) + 1.5, "unlearned": rng.standard_normal(k)},
+        {"original": others, "unlearned": others},
+    )
+    parent = torch.zeros(64)
+    recipe = torch.linspace(-1.0, 1.0, 64)  # the replay: what the recipe gives on what remains
+    wrong = recipe + 0.05 * torch.ones(64)  # a retrain that kept the forget pairs and dropped others
+
+    def checks(theta_new, at_hand):
+        found = clip_evidence(scores, parent, theta_new, True, "samples", lambda: recipe, replay_at_hand=at_hand)
+        return {c["name"]: c for c in found}
+
+    costly = checks(wrong, at_hand=False)  # the replay would be one more retraining: the excess decides
+    assert costly["forget_excess"]["informative"] and costly["forget_excess"]["passed"] is True
+    assert "replay" not in costly
+    held = checks(wrong, at_hand=True)
+    assert held["replay"]["informative"] and held["replay"]["passed"] is False, held["replay"]["message"]
+    assert held["forget_excess"]["passed"] is None  # reported, not decisive
+    assert checks(recipe, at_hand=True)["replay"]["passed"] is True
+
+
+def test_a_retrain_of_the_wrong_pairs_fails_the_services_verdict_where_the_excess_cannot_tell():
+    """The service's path (clip_verdict.federated_verdict against the deletion's reference, run 0 the recipe) on
+    bench.verify's CLIP panel, random_50 trial 18 of stop 49's run (its federation, its draw: 50 random pairs deleted
+    and the panel's impostors in its order; ``retrain_other_rows`` claims exact and dropped 50 other pairs instead).
+    Its forget excess passed there (0.87 against 1.63: 50 random pairs are barely memorised) and, with the replay left
+    to the excess, it was certified; the replay at hand — run 0 — fails it. The replay of the recipe itself passes."""
+    fed = FedSettings(rounds=8, seed=0)
+    demo = make_demo_federation(
+        seed=0, n_clients=5, pairs_per_client=60, n_test=100, fed_settings=fed, cache_dir=tempfile.mkdtemp()
+    )
+    data, clip = demo.data, demo.model
+    gallery, nonmembers = split_reference(data.heldout if data.heldout is not None else data.test)
+    pool = CaptionDataset.concat(data.clients)
+    rng = np.random.default_rng([23, 2, 1, 18])  # bench.verify: [IMPOSTOR_SEED, len(SETTINGS), scenario, trial]
+    positions = np.sort(rng.choice(len(pool), size=50, replace=False))
+    flat = np.isin(np.arange(len(pool)), positions)
+    offsets = np.cumsum([0] + [len(c) for c in data.clients])
+    masks = [flat[offsets[i] : offsets[i + 1]] for i in range(len(data.clients))]
+    problem = demo.problem("samples", forget_masks=masks, gallery=gallery)
+    pool_set = shadow_pool(data.clients, fed, ClipShadowSettings())
+    reference, _ = shadows_without(pool_set, positions.tolist(), clip, demo.theta_init, data.clients, rounds=8)
+    replay, _ = reference_replay(reference, problem)
+    case = ClipImpostorCase(clip, list(data.clients), masks, demo.theta, demo.theta_init, fed, 8)
+    thetas = {name: impostor(case, rng) for name, impostor in CLIP_IMPOSTORS.items()}  # the panel's draws, in order
+    judged = {}
+    for name, theta_new in (("wrong pairs", thetas["retrain_other_rows"]), ("the recipe", replay())):
+        _, verdict, _ = federated_verdict(
+            reference, clip, problem, pool.subset(positions), positions, nonmembers, theta_new,
+            exact=True, scope="samples", policy=VerdictPolicy(), before={}, after={}, replay=replay,
+        )  # fmt: skip
+        judged[name] = verdict
+    checks = {c["name"]: c for c in judged["wrong pairs"]["checks"]}
+    assert judged["wrong pairs"]["verdict"] == "fail", checks
+    assert checks["replay"]["informative"] and checks["replay"]["passed"] is False, checks["replay"]["message"]
+    assert checks["forget_excess"]["passed"] is None  # reported, not decisive: the replay decided
+    assert judged["the recipe"]["verdict"] == "pass" and judged["the recipe"]["evidence"] == ["replay"]

@@ -25,7 +25,7 @@ from app.ml.federation import FederatedProblem
 from app.ml.federation.problem import MIN_PROBE_SPLIT
 from app.ml.verification.audit import AuditScores
 from app.ml.verification.clip_evidence import CONCEPT_SCOPES, clip_evidence
-from app.ml.verification.clip_shadows import ClipShadowSet, audit_clip_deletion
+from app.ml.verification.clip_shadows import ClipShadowSet, audit_clip_deletion, recipe_run
 from app.ml.verification.policy import VerdictPolicy, decide
 from app.ml.verification.retrieval import RetrievalScores, evaluate_retrieval
 
@@ -127,7 +127,8 @@ def federated_verdict(
     service passes the deletion's reference set (clip_shadows.shadows_without: no run saw a forget pair, so a model
     that never saw them scores them at the shadows' level whatever group they form); the
     evidence of clip_evidence.py (the forget excess; for a class, the forget pairs' retrieval against version 1's;
-    for an exact method whose excess does not decide, ``replay``);
+    for an exact method whose excess does not decide, ``replay`` — always where the reference's run 0 is the recipe
+    (clip_shadows.recipe_run: the replay is trained already; clip_evidence.clip_evidence says why);
     the retain R@1 drop; the policy's decision (an approximate method without informative evidence is not
     certified). Raises AuditUnavailable where the audit cannot run (a pair outside the shadow pool)."""
     # the federated utility figure is the retain R@1 drop (its own check), not a test-accuracy loss
@@ -147,12 +148,21 @@ def federated_verdict(
         )
     except ValueError as exc:  # only the audit's own refusals; anything later is a bug and fails the job
         raise AuditUnavailable(str(exc)) from exc
+    rounds = int(problem.n_rounds or problem.fed_settings.rounds)
     levels = None
     if scope in CONCEPT_SCOPES:  # the class's retrieval against version 1's (clip_evidence, forget_retrieval)
         thetas = {"unlearned": theta_new, "original": problem.theta, "version_1": problem.theta_init}
         levels = {name: retrieval_of(clip, theta, forget, nonmembers) for name, theta in thetas.items()}
     evidence = clip_evidence(
-        scores, problem.theta, theta_new, exact, scope, replay, policy.max_residual_ratio, levels=levels
+        scores,
+        problem.theta,
+        theta_new,
+        exact,
+        scope,
+        replay,
+        policy.max_residual_ratio,
+        levels=levels,
+        replay_at_hand=exact and recipe_run(shadows, problem.fed_settings, rounds) is not None,
     )
     verdict = decide(
         report,
