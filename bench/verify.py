@@ -1256,15 +1256,17 @@ def clip_impostors(plan: Plan, trials: int, ease_trials: int, log) -> dict[str, 
                 result = ease.unlearn(problem)
                 thetas["ease"], infos["ease"] = result.theta, result.info
             before = deletion_retrieval(clip, problem, theta)
+            exact_retain = deletion_retrieval(clip, problem, thetas["retrain"])["retain_r1"]
             theta_r = thetas["retrain"].to(torch.float64)
             base = float((theta.to(torch.float64) - theta_r).norm())
             for name, theta_new in thetas.items():
                 exact = name in CLIP_EXACT_IMPOSTORS or name == "retrain"
                 held, _ = audited_positions(problem, ids, positions, probed(infos.get(name, {})))
+                after = deletion_retrieval(clip, problem, theta_new)
                 report, verdict, _ = federated_verdict(
                     reference, clip, problem, pool.subset(held), held, nonmembers, theta_new,
-                    exact=exact, scope="samples", policy=policy, before=before,
-                    after=deletion_retrieval(clip, problem, theta_new), replay=replay if exact else None,
+                    exact=exact, scope="samples", policy=policy, before=before, after=after,
+                    replay=replay if exact else None,
                 )  # fmt: skip
                 row = {
                     "passed": verdict["verdict"] == "pass",
@@ -1273,6 +1275,10 @@ def clip_impostors(plan: Plan, trials: int, ease_trials: int, log) -> dict[str, 
                     "attack_informative": bool(report["informative"]),
                     "evidence": _evidence_rows([c for c in verdict["checks"] if c.get("evidence")]),
                     "param_ratio": float((theta_new.to(torch.float64) - theta_r).norm()) / base if base > 0 else None,
+                    # reported, not judged: the retained R@1 below the exact deletion's (the reference's run 0) and
+                    # below the original's (what the verdict's retain check judges)
+                    "retain_drop_vs_exact": round(exact_retain - after["retain_r1"], 3),
+                    "retain_drop": round(before["retain_r1"] - after["retain_r1"], 3),
                 }
                 raw[name][scenario].append(row)
                 if row["passed"] and name in CLIP_IMPOSTORS:
@@ -1284,6 +1290,13 @@ def clip_impostors(plan: Plan, trials: int, ease_trials: int, log) -> dict[str, 
             + ", ".join(f"{m} {sum(r['passed'] for r in raw[m][scenario])}/{len(raw[m][scenario])}" for m in methods)
         )
     table = {m: {s: _cell(raw[m][s], m in CLIP_GENUINE) for s in CLIP_SCENARIOS} for m in methods}
+    for m in methods:
+        for s in CLIP_SCENARIOS:
+            for key in ("retain_drop", "retain_drop_vs_exact"):
+                v = [r[key] for r in raw[m][s]]
+                table[m][s][key] = {"median": float(np.median(v)), "min": min(v), "max": max(v)} if v else None
+            passed = [r["retain_drop_vs_exact"] for r in raw[m][s] if r["passed"]]
+            table[m][s]["retain_drop_vs_exact_of_passes"] = passed
     return {
         "table": table,
         "sizes": sizes,
