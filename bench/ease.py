@@ -366,6 +366,7 @@ def verdict_of(
     )
     excess = next((c for c in verdict["checks"] if c["name"] == "forget_excess"), None)
     kept = next((c for c in verdict["checks"] if c["name"] == "forget_retrieval"), None)
+    utility = next((c for c in verdict["checks"] if c["name"] == "retain_r1_vs_reference"), {})
     failed = [c["name"] for c in verdict["checks"] if c.get("passed") is False]
     return {
         "verdict": verdict["verdict"],
@@ -384,6 +385,9 @@ def verdict_of(
         "retrieval_informative": None if kept is None else bool(kept.get("informative")),
         "kept_share": None if kept is None else kept["detail"]["kept_share"],
         "failed_only_on_retrieval": failed == ["forget_retrieval"] and bool(set(verdict.get("evidence", []))),
+        # since stop 50: the retain R@1 below the reference runs' mean, against the allowance their spread gives
+        "retain_vs_reference": utility.get("figure"),
+        "retain_vs_reference_threshold": utility.get("threshold"),
         # an exact method's excess did not decide, so the verifier ran the recipe again (a federated retraining)
         "replayed": any(c["name"] == "replay" for c in verdict["checks"]),
         # where the replay came from: the reference's run 0 (no further retraining: clip_shadows.reference_replay)

@@ -811,6 +811,13 @@ def _evidence_rows(evidence: list[dict]) -> list[dict]:
     ]
 
 
+def _vs_reference(verdict: dict) -> dict[str, float | None]:
+    """The verdict's retain R@1 against the reference runs (clip_verdict.reference_retain_check): how far θ′ sits below
+    their mean and the allowance their own spread gives."""
+    check = next((c for c in verdict["checks"] if c["name"] == "retain_r1_vs_reference"), {})
+    return {"retain_drop_vs_reference": check.get("figure"), "retain_allowance": check.get("threshold")}
+
+
 def _failed_checks(verdict: dict) -> list[str]:
     return [c["name"] for c in verdict["checks"] if c["passed"] is False]
 
@@ -1279,6 +1286,8 @@ def clip_impostors(plan: Plan, trials: int, ease_trials: int, log) -> dict[str, 
                     # below the original's (what the verdict's retain check judges)
                     "retain_drop_vs_exact": round(exact_retain - after["retain_r1"], 3),
                     "retain_drop": round(before["retain_r1"] - after["retain_r1"], 3),
+                    # judged since stop 50: below the reference runs' mean, and the allowance their spread gives
+                    **_vs_reference(verdict),
                 }
                 raw[name][scenario].append(row)
                 if row["passed"] and name in CLIP_IMPOSTORS:
@@ -1292,8 +1301,8 @@ def clip_impostors(plan: Plan, trials: int, ease_trials: int, log) -> dict[str, 
     table = {m: {s: _cell(raw[m][s], m in CLIP_GENUINE) for s in CLIP_SCENARIOS} for m in methods}
     for m in methods:
         for s in CLIP_SCENARIOS:
-            for key in ("retain_drop", "retain_drop_vs_exact"):
-                v = [r[key] for r in raw[m][s]]
+            for key in ("retain_drop", "retain_drop_vs_exact", "retain_drop_vs_reference", "retain_allowance"):
+                v = [r[key] for r in raw[m][s] if r.get(key) is not None]
                 table[m][s][key] = {"median": float(np.median(v)), "min": min(v), "max": max(v)} if v else None
             passed = [r["retain_drop_vs_exact"] for r in raw[m][s] if r["passed"]]
             table[m][s]["retain_drop_vs_exact_of_passes"] = passed
@@ -1321,7 +1330,8 @@ def clip_impostors(plan: Plan, trials: int, ease_trials: int, log) -> dict[str, 
             "pool (clip_shadows.shadows_without: 4 runs of the recipe on what remains, run 0 in the recipe's order), "
             "then clip_verdict.federated_verdict (offline LiRA against those runs on the audited forget pairs and the "
             "verifier's non-members; clip_evidence's two-sided forget excess against the runs' leave-one-out null — "
-            "a samples deletion —; for an exact claim, the replay: run 0; the retain R@1 check; decide with the "
+            "a samples deletion —; for an exact claim, the replay: run 0; the retain R@1 checks, against the original "
+            "and, since stop 50, against the reference runs' own spread; decide with the "
             "default policy) on clip_impostors.py's panel, on fed_retrain as the service runs it (run 0 published; "
             "checked equal to fed_retrain run by itself: retrain_is_run_0), on retraining in another data order "
             "judged as approximate, and on EASE (default settings)"

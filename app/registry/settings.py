@@ -283,6 +283,11 @@ class VerdictPolicyIn(_Settings):
     require_informative_evidence: bool = Field(
         True, description="No certificate without informative evidence that passed (README, 'What certified means')."
     )
+    retain_against_reference: bool = Field(
+        True,
+        description="Federated models: an approximate deletion's retain R@1 must also lie within retraining's own "
+        "spread of the deletion's reference runs (README, 'Federated CLIP verification').",
+    )
 
 
 VerdictPolicySettings = Annotated[dict[str, Any], _checked(VerdictPolicyIn)]

@@ -87,6 +87,9 @@ class VerdictPolicy:
     """Approximate methods: the most of doing nothing's distance (or retained gradient) θ′ may keep (evidence.py)."""
     require_informative_evidence: bool = True
     """No certificate without at least one informative piece of evidence that passed (module docstring)."""
+    retain_against_reference: bool = True
+    """Federated CLIP models: an approximate θ′'s retain R@1 is also judged against the deletion's reference runs
+    (retraining in several data orders: clip_verdict.reference_retain_check), not only against the original."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.attack_fpr < 1.0:
