@@ -10,6 +10,8 @@ import torch
 from app.ml.clip import ClipLoRA, ClipSpec, LoraSettings, PretrainSettings, pretrain_tiny_clip
 from app.ml.data.captions import make_membership_federation
 from app.ml.federation import DemoFederation, Federation, FedSettings, make_demo_federation
+from app.ml.federation.problem import probe_split
+from app.ml.verification.clip_evidence import split_reference
 from app.ml.verification.clip_shadows import ClipShadowSettings, train_clip_shadows
 
 TINY_PRETRAIN = PretrainSettings(n_pairs=64, steps=3, batch_size=32)
@@ -70,3 +72,38 @@ def memorising_world():
     without = [data.clients[0].subset([]), data.clients[1]]  # client 0's pairs are the forget set
     retrained = Federation(model, without, MEMO_FED).train(model.theta_init, record_history=False).theta
     return model, data, shadows, original, retrained
+
+
+CLIENT_WORLD_SEEDS = (0, 1, 2, 3, 4, 5)
+"""The client-deletion federations the EASE-does-something tests pool over. One federation's held-out forget R@1
+moves by whole queries with the floating-point bits of the machine (stop 50's CI host failed a one-federation version
+of these tests that passed on the session's own machine), so the tests judge means over six."""
+
+
+@functools.lru_cache(maxsize=1)
+def memo_cache_dir() -> str:
+    """One per-process cache for MEMO_PRETRAIN's backbone, shared by every client world (pretrained once)."""
+    return tempfile.mkdtemp(prefix="lethe-test-")
+
+
+@functools.cache
+def client_world(seed: int):
+    """(model, problem, evaluation gallery, original θ) of a client deletion on a small federation whose LoRA learns
+    the leaving client's novel concept (3 clients × 100 pairs, 12 FedAvg rounds on MEMO_PRETRAIN's backbone): forgetting
+    it is measurable. The control (``probe_masks``: 40 % of the forget pairs, half the test pairs as its gallery) never
+    sees the 60 held-out forget pairs and the other half of the test pairs that evaluation scores."""
+    demo = make_demo_federation(
+        seed=seed,
+        n_clients=3,
+        pairs_per_client=100,
+        n_test=60,
+        fed_settings=FedSettings(rounds=12, batch_size=16, lr=1e-2),
+        pretrain=MEMO_PRETRAIN,
+        lora=LoraSettings(rank=4),
+        cache_dir=memo_cache_dir(),
+        device="cpu",
+    )
+    probe_gallery, eval_gallery = split_reference(demo.data.test)
+    masks = demo.data.forget_masks("client")
+    problem = demo.problem("client", gallery=probe_gallery, probe_masks=probe_split(masks, 0.4, seed=24))
+    return demo.model, problem, eval_gallery, demo.theta

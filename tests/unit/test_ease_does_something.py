@@ -1,69 +1,45 @@
-"""Issue 24 item 5: an EASE deletion on a test federation must lower the held-out forget pairs' R@1 by more than
-retraining's own run-to-run spread — for the client-scope default (the server's excision from the stored updates)
-and for BKE at the leaving client — and the same bar must reject an EASE that does nothing to the leaving client's
-knowledge: BKE and the server path each with neither the GSD projection nor the excision (only the protected repair
-rounds). Measured when written (held-out R@1 26.4 before; retraining 9.7 and 15.3): the default 11.1, BKE 11.1; BKE
-with only its excision off 20.8 and the server path with nothing removed 22.2, both within 8 points. Switching off
+"""Issue 24 item 5: an EASE deletion must lower the held-out forget pairs' R@1 by more than retraining's own
+run-to-run spread — for the client-scope default (the server's excision from the stored updates) and for BKE at the
+leaving client — and the same bar must reject an EASE that does nothing to the leaving client's knowledge: BKE and the
+server path each with neither the GSD projection nor the excision (only the protected repair rounds). Switching off
 the excision alone is not "nothing removed": the GSD projection off the leaving client's exclusive update directions
-forgets too — the server path with only its excision off passed the bar (15.3), and at stop 40, on another machine's
-bits of the same pretraining, so did BKE with only its excision off (drop 18.1) — so both do-nothing variants switch
+forgets too (at stop 40 the server path with only its excision off passed the bar), so both do-nothing variants switch
 off both steps.
 
-The federation: a CLIP pretrained a little longer than the tiny one (the memorising settings of clip_helpers) whose
-LoRA learns the leaving client's novel concept, so that forgetting it is measurable; the forget R@1 is scored on the
-60 % of the forget pairs EASE's strength control never measured (``probe_masks``), against the half of the test pairs
-that is not the control's gallery.
+Every figure is a mean over the six federations of ``clip_helpers.client_world`` (60 held-out forget queries each):
+one federation's R@1 moves by whole queries with the machine's floating-point bits, and stop 50's one-federation
+version passed on the session's machine and failed on CI's (the default's drop 5.6 against a bar of 8, on another
+host the server path's do-nothing 8.3 above it). Measured when written (stop 51), mean drops over seeds 0-5: the
+default 15.0, BKE 20.7; the repair rounds alone 5.8 (BKE's) and 3.9 (the server path's); retraining's own drop 16.
+Per federation the do-nothing variants dropped -2.5 … 14.2 and the default 8.3 … 19.2: no single federation separates
+them, their mean does. Seeds 6-11, run once after the bar was set (not used to set anything): the default 12.5, BKE
+13.8, the repair rounds alone -0.1 and 1.5.
 """
 
 import dataclasses
 import functools
-import tempfile
 
 import pytest
 import torch
 
-from app.ml.clip import LoraSettings
-from app.ml.federation import FedSettings, make_demo_federation
-from app.ml.federation.problem import probe_split
 from app.ml.unlearning.base import get_method
-from app.ml.verification.clip_evidence import split_reference
 from app.ml.verification.retrieval import evaluate_retrieval
 
-from .clip_helpers import MEMO_PRETRAIN
+from .clip_helpers import CLIENT_WORLD_SEEDS, client_world
 
-MIN_DROP = 8.0
-"""Points the held-out forget R@1 must fall by at least, whatever retraining's spread (one of the 36 held-out
-queries is 2.8 points: 8 points is three queries)."""
-
-
-@functools.lru_cache(maxsize=1)
-def world():
-    """(model, problem, evaluation gallery, original θ) of the client deletion on the small federation."""
-    demo = make_demo_federation(
-        seed=0,
-        n_clients=3,
-        pairs_per_client=60,
-        n_test=40,
-        fed_settings=FedSettings(rounds=8, batch_size=16, lr=1e-2),
-        pretrain=MEMO_PRETRAIN,
-        lora=LoraSettings(rank=4),
-        cache_dir=tempfile.mkdtemp(prefix="lethe-test-"),
-        device="cpu",
-    )
-    probe_gallery, eval_gallery = split_reference(demo.data.test)
-    masks = demo.data.forget_masks("client")
-    problem = demo.problem("client", gallery=probe_gallery, probe_masks=probe_split(masks, 0.4, seed=24))
-    return demo.model, problem, eval_gallery, demo.theta
+MIN_DROP = 10.0
+"""Points the mean held-out forget R@1 must fall by at least, whatever retraining's spread: about two thirds of
+retraining's own mean drop (16 points), above what the repair rounds alone remove (4-6 points on average)."""
 
 
-def heldout_r1(theta: torch.Tensor) -> float:
-    model, problem, gallery, _ = world()
+def heldout_r1(seed: int, theta: torch.Tensor) -> float:
+    model, problem, gallery, _ = client_world(seed)
     model.set_theta(theta)
     return evaluate_retrieval(model, problem.heldout_forget_data(), gallery).mean_r1
 
 
 def test_probe_split_keeps_the_heldout_forget_pairs_out_of_the_control():
-    _, problem, _, _ = world()
+    _, problem, _, _ = client_world(CLIENT_WORLD_SEEDS[0])
     probe, heldout = problem.probe_data(), problem.heldout_forget_data()
     assert len(probe) + len(heldout) == len(problem.forget_data()) and len(heldout) > len(probe) > 0
     assert not set(probe.ids) & set(heldout.ids)
@@ -71,18 +47,27 @@ def test_probe_split_keeps_the_heldout_forget_pairs_out_of_the_control():
 
 @functools.lru_cache(maxsize=1)
 def retraining_spread() -> float:
-    _, problem, _, _ = world()
-    retrained = []
-    for seed in (0, 1000):  # retraining against retraining: another data order
-        settings = dataclasses.replace(problem.fed_settings, seed=seed)
-        run = get_method("fed_retrain").build({}).unlearn(dataclasses.replace(problem, fed_settings=settings))
-        retrained.append(heldout_r1(run.theta))
-    return max(retrained) - min(retrained)
+    """Mean over the federations of |R@1 of retraining in one data order − in another|."""
+    gaps = []
+    for seed in CLIENT_WORLD_SEEDS:
+        _, problem, _, _ = client_world(seed)
+        retrained = []
+        for order in (0, 1000):  # retraining against retraining: another data order
+            settings = dataclasses.replace(problem.fed_settings, seed=order)
+            run = get_method("fed_retrain").build({}).unlearn(dataclasses.replace(problem, fed_settings=settings))
+            retrained.append(heldout_r1(seed, run.theta))
+        gaps.append(abs(retrained[0] - retrained[1]))
+    return sum(gaps) / len(gaps)
 
 
 def drop(settings: dict) -> float:
-    _, problem, _, theta = world()
-    return heldout_r1(theta) - heldout_r1(get_method("ease").build(settings).unlearn(problem).theta)
+    """Mean over the federations of the original's held-out forget R@1 − the EASE deletion's."""
+    drops = []
+    for seed in CLIENT_WORLD_SEEDS:
+        _, problem, _, theta = client_world(seed)
+        unlearned = get_method("ease").build(settings).unlearn(problem).theta
+        drops.append(heldout_r1(seed, theta) - heldout_r1(seed, unlearned))
+    return sum(drops) / len(drops)
 
 
 @pytest.mark.parametrize("settings", [{}, {"client_excision": "bke"}], ids=["default", "bke"])
