@@ -24,8 +24,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 
+# the unit suite in two processes (pytest-xdist; a file's tests stay in one process, so its module fixtures and
+# cached worlds are built once); the integration suite shares one Celery stack and Redis db, so it runs alone
 unit: $(STAMP)
-	$(BIN)/python -m pytest tests/unit -q
+	$(BIN)/python -m pytest tests/unit -q -p no:cacheprovider -n 2 --dist loadfile
 
 integration: $(STAMP)
 	$(BIN)/python -m pytest tests/integration -q
@@ -43,7 +45,8 @@ compose-cli:
 	  apt-get update -qq && apt-get install -y -qq docker-compose >/dev/null; }
 
 test: lint chromium compose-cli
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest tests/unit -q -p no:cacheprovider -n 2 --dist loadfile
+	$(BIN)/python -m pytest tests/integration -q -p no:cacheprovider
 
 bench-quick: $(STAMP)
 	$(BIN)/python bench/intake.py --quick
