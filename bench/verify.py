@@ -1283,7 +1283,7 @@ def clip_impostors(plan: Plan, trials: int, ease_trials: int, log) -> dict[str, 
                     "evidence": _evidence_rows([c for c in verdict["checks"] if c.get("evidence")]),
                     "param_ratio": float((theta_new.to(torch.float64) - theta_r).norm()) / base if base > 0 else None,
                     # reported, not judged: the retained R@1 below the exact deletion's (the reference's run 0) and
-                    # below the original's (what the verdict's retain check judges)
+                    # below the original's (what the verdict's retain check judged until stop 51)
                     "retain_drop_vs_exact": round(exact_retain - after["retain_r1"], 3),
                     "retain_drop": round(before["retain_r1"] - after["retain_r1"], 3),
                     # judged since stop 50: below the reference runs' mean, and the allowance their spread gives
@@ -1330,8 +1330,9 @@ def clip_impostors(plan: Plan, trials: int, ease_trials: int, log) -> dict[str, 
             "pool (clip_shadows.shadows_without: 4 runs of the recipe on what remains, run 0 in the recipe's order), "
             "then clip_verdict.federated_verdict (offline LiRA against those runs on the audited forget pairs and the "
             "verifier's non-members; clip_evidence's two-sided forget excess against the runs' leave-one-out null — "
-            "a samples deletion —; for an exact claim, the replay: run 0; the retain R@1 checks, against the original "
-            "and, since stop 50, against the reference runs' own spread; decide with the "
+            "a samples deletion —; for an exact claim, the replay: run 0; the retain R@1 checks, the policy's limit "
+            "(since stop 51 below min(the original's, the runs' mean)) and, since stop 50, the reference runs' own "
+            "spread; decide with the "
             "default policy) on clip_impostors.py's panel, on fed_retrain as the service runs it (run 0 published; "
             "checked equal to fed_retrain run by itself: retrain_is_run_0), on retraining in another data order "
             "judged as approximate, and on EASE (default settings)"

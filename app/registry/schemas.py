@@ -270,7 +270,8 @@ class ClipVerificationIn(NoNulModel):
     policy: VerdictPolicySettings = Field(
         default_factory=dict,
         description="VerdictPolicy settings: attack_fpr, confidence, margin, fail_when_uninformative, "
-        "max_retain_r1_drop_points (the utility check of a federated model is its retain R@1 drop; default 5), "
+        "max_retain_r1_drop_points (the utility check of a federated model: its retain R@1 drop below min(the "
+        "original's, the exact deletion's reference runs' mean); default 5), "
         "retain_against_reference (an approximate federated deletion's retain R@1 also held to the reference runs' "
         "spread; default on).",
     )

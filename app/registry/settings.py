@@ -276,7 +276,13 @@ class VerdictPolicyIn(_Settings):
     max_proven_distance: float | None = Field(None, ge=0, le=1e9)
     unchanged_atol: float = Field(1e-12, ge=0, le=1)
     fail_when_uninformative: bool = False
-    max_retain_r1_drop_points: float = Field(5.0, ge=0, le=100)
+    max_retain_r1_drop_points: float = Field(
+        5.0,
+        ge=0,
+        le=100,
+        description="Federated models: the most retain R@1 (points) an approximate deletion may lose below min(the "
+        "original's, the exact deletion's: its reference runs' mean).",
+    )
     max_residual_ratio: float = Field(
         0.1, gt=0, lt=1, description="An approximate method may keep at most this share of doing nothing's distance."
     )

@@ -87,19 +87,39 @@ def probed(method_info: dict[str, Any]) -> bool:
 
 
 def retain_check(
-    before: dict[str, float], after: dict[str, float], policy: VerdictPolicy, exact: bool = False
+    before: dict[str, float],
+    after: dict[str, float],
+    policy: VerdictPolicy,
+    exact: bool = False,
+    reference_levels: Sequence[float] | None = None,
 ) -> dict[str, Any]:
     """The federated utility check (the model's ``max_retain_r1_drop_points``); exact retraining is the reference, so
-    its drop is reported, not judged (as the tabular policy treats its test accuracy)."""
-    drop = before.get("retain_r1", 0.0) - after.get("retain_r1", 0.0)
+    its drop is reported, not judged (as the tabular policy treats its test accuracy).
+
+    The drop is measured from min(the original's retain R@1, the reference runs' mean) where the deletion has a
+    reference of retrainings on what remains (:func:`reference_retain_levels`), else from the original's. Why
+    (stop 51): exact retraining itself loses up to 5.4 points of the original's retained R@1 on bench.verify's
+    most-exposed 50-pair sets (median 3.2), so a limit read against the original failed retraining in another data
+    order on 4 of 40 such trials — the limit charged a method for what the deletion costs when done exactly. The
+    operator's limit now bounds what a method loses *beyond* that."""
+    original = before.get("retain_r1", 0.0)
+    usable = reference_levels is not None and len(reference_levels) >= 3
+    baseline = min(float(original), float(np.mean(reference_levels))) if usable else original
+    drop = baseline - after.get("retain_r1", 0.0)
     limit = policy.max_retain_r1_drop_points
+    source = (
+        f"min(the original's {original}, the exact deletion's {float(np.mean(reference_levels)):.2f}: the reference "
+        "runs' mean)"
+        if usable
+        else f"the original's {original}"
+    )
     return {
         "name": "retain_r1_drop",
         "figure": round(drop, 3),
         "threshold": limit,
         "passed": None if exact else drop <= limit,
-        "message": f"retain R@1 {before.get('retain_r1')} → {after.get('retain_r1')} (drop {drop:.2f} points, "
-        f"max {limit})"
+        "baseline": round(float(baseline), 3),
+        "message": f"retain R@1 {after.get('retain_r1')}: {drop:.2f} points below {source}, max {limit}"
         + (" [exact retraining is the reference: its utility is reported, not judged]" if exact else ""),
     }
 
@@ -130,12 +150,12 @@ def reference_retain_check(
 ) -> dict[str, Any]:
     """θ′'s retain R@1 against the deletion's reference runs — retraining itself, in as many data orders.
 
-    Why (stop 50): :func:`retain_check` measures the drop against the *original* with the policy's fixed allowance
-    (5 points), so an approximate method may trade retained utility for forgetting well beyond anything retraining
-    does and still be certified (bench.verify's panel, stop 49: gradient ascent passed on two most-exposed sets 6.6
-    and 2.8 points below the exact deletion, where retraining in another data order stayed within −2.0 … +1.8 of it
-    on all 60 trials). The reference measures what a deletion costs the retained pairs when done exactly, and how
-    much that varies from one data order to the next.
+    Why (stop 50): :func:`retain_check` then measured the drop against the *original* with the policy's fixed
+    allowance (5 points), so an approximate method could trade retained utility for forgetting well beyond anything
+    retraining does and still be certified (bench.verify's panel, stop 49: gradient ascent passed on two most-exposed
+    sets 6.6 and 2.8 points below the exact deletion, where retraining in another data order stayed within −2.0 …
+    +1.8 of it on all 60 trials). The reference measures what a deletion costs the retained pairs when done exactly,
+    and how much that varies from one data order to the next.
     Figure: D′ = min(the original's retain R@1, the runs' mean) − θ′'s: the utility θ′ lost that neither the model
     had nor retraining would (retraining freed of a class often retrieves the retained pairs *better* than the
     original — bench.ease class, 2.09 points on average —; a method is not failed for keeping the original's level).
@@ -243,10 +263,10 @@ def federated_verdict(
         levels=levels,
         replay_at_hand=exact and recipe_run(shadows, problem.fed_settings, rounds) is not None,
     )
-    utility = [retain_check(before, after, policy, exact)]
+    reference_levels, n_queries = reference_retain_levels(clip, problem, shadows)
+    utility = [retain_check(before, after, policy, exact, reference_levels)]
     if policy.retain_against_reference:
-        levels, n_queries = reference_retain_levels(clip, problem, shadows)
-        utility.append(reference_retain_check(levels, before, after, exact, n_queries))
+        utility.append(reference_retain_check(reference_levels, before, after, exact, n_queries))
     verdict = decide(
         report,
         fed_policy,

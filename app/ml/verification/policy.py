@@ -82,7 +82,9 @@ class VerdictPolicy:
     unchanged_atol: float = UNCHANGED_ATOL
     fail_when_uninformative: bool = False
     max_retain_r1_drop_points: float = DEFAULT_MAX_RETAIN_R1_DROP_POINTS
-    """Federated CLIP models: the most retain R@1 (points) a deletion may cost (their utility check)."""
+    """Federated CLIP models: the most retain R@1 (points) a deletion may cost beyond what the exact deletion costs —
+    measured from min(the original's, the reference runs' mean) where the deletion has a reference, else from the
+    original's (clip_verdict.retain_check: their utility check)."""
     max_residual_ratio: float = DEFAULT_MAX_RESIDUAL_RATIO
     """Approximate methods: the most of doing nothing's distance (or retained gradient) θ′ may keep (evidence.py)."""
     require_informative_evidence: bool = True
