@@ -165,3 +165,17 @@ def test_the_oracle_row_searches_towards_retrainings_own_probe_level(monkeypatch
     assert strength["reference_r1"] is None  # version 1 is not the oracle's target
     assert summary["probe_transfer_pts"] == pytest.approx(abs(levels[0] - rows["retrain"]["forget_r1"]), abs=0.01)
     assert summary["oracle_gap_pts"] == round(abs(rows["ease_oracle"]["forget_r1"] - rows["retrain"]["forget_r1"]), 2)
+
+
+def test_the_interval_of_a_mean_uses_students_t_at_any_number_of_seeds():
+    """A merge of two 10-seed parts is a mean over 20: its 95 % interval takes t_{0.975, 19} = 2.093, not the normal
+    1.96 (bench.ease's hand table stopped at 10 degrees of freedom and fell back to it)."""
+    import math
+
+    from bench.ease import interval
+
+    for n, t in ((10, 2.2622), (20, 2.0930), (31, 2.0423)):
+        values = [float(v) for v in range(n)]
+        sd = math.sqrt(sum((v - (n - 1) / 2) ** 2 for v in values) / (n - 1))
+        low, high = interval(values)["ci95"]
+        assert (high - low) / 2 == pytest.approx(t * sd / math.sqrt(n), abs=2e-4)
