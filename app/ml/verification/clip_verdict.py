@@ -33,6 +33,8 @@ from app.ml.verification.retrieval import RetrievalScores, evaluate_retrieval
 EVAL_RETAIN_PAIRS = 500
 """Retained pairs (a fixed random sample) on which a deletion's before/after retain R@1 is measured."""
 EVAL_SAMPLE_SEED = 0
+MIN_REFERENCE_RUNS = 3
+"""Fewer retrainings on what remains are no utility reference: no spread to judge against."""
 
 
 class AuditUnavailable(ValueError):
@@ -103,15 +105,15 @@ def retain_check(
     order on 4 of 40 such trials — the limit charged a method for what the deletion costs when done exactly. The
     operator's limit now bounds what a method loses *beyond* that."""
     original = before.get("retain_r1", 0.0)
-    usable = reference_levels is not None and len(reference_levels) >= 3
-    baseline = min(float(original), float(np.mean(reference_levels))) if usable else original
+    usable = reference_levels is not None and len(reference_levels) >= MIN_REFERENCE_RUNS
+    exact_level = float(np.mean(reference_levels)) if usable else None
+    baseline = original if exact_level is None else min(float(original), exact_level)
     drop = baseline - after.get("retain_r1", 0.0)
     limit = policy.max_retain_r1_drop_points
     source = (
-        f"min(the original's {original}, the exact deletion's {float(np.mean(reference_levels)):.2f}: the reference "
-        "runs' mean)"
-        if usable
-        else f"the original's {original}"
+        f"the original's {original}"
+        if exact_level is None
+        else f"min(the original's {original}, the exact deletion's {exact_level:.2f}: the reference runs' mean)"
     )
     return {
         "name": "retain_r1_drop",
@@ -132,7 +134,7 @@ def reference_retain_levels(
     (clip_shadows.shadows_without: every pool pair IN, at least three runs), else None (registration runs on random
     halves are no utility reference: each saw half the pairs)."""
     sample = retained_sample(problem)
-    if reference.generation < 1 or not reference.in_mask.all() or reference.n_shadows < 3:
+    if reference.generation < 1 or not reference.in_mask.all() or reference.n_shadows < MIN_REFERENCE_RUNS:
         return None, len(sample)
     levels = []
     for theta in reference.thetas:
@@ -166,7 +168,7 @@ def reference_retain_check(
     methods: reported, not judged (the reference *is* theirs)."""
     name = "retain_r1_vs_reference"
     after_r1 = after.get("retain_r1")
-    if levels is None or len(levels) < 3 or after_r1 is None:
+    if levels is None or len(levels) < MIN_REFERENCE_RUNS or after_r1 is None:
         return {
             "name": name,
             "figure": None,
