@@ -401,3 +401,47 @@ def test_the_concept_masked_reference_reads_the_forget_captions_without_the_clas
         info = get_method("ease").build({**FAST, "excision_reference": reference}).unlearn(problem).info
         assert [b["masked"] for b in info["bke"]] == [expected] * len(problem.holders())
         assert {b["reference"] for b in info["bke"]} == {"concept_masked" if expected else "version_1"}
+
+
+def test_a_samples_deletion_can_run_from_the_holders_stored_updates_alone(monkeypatch):
+    """``holder_excision="stored_updates"`` (method.py server_only): the holders' whole stored share is taken off by
+    the server — no step reads the forget pairs, nothing is probed — and the holders' retained pairs come back in the
+    protected repair rounds, which the holders take part in."""
+    from app.ml.federation.accounting import Ledger
+    from app.ml.unlearning.ease.method import Ease, forget_contribution
+
+    demo = tiny_demo()
+    problem = demo.problem("samples")
+    holders = problem.holders()
+    read, rounds = [], []
+    original_forget, original_round = type(problem).forget_data, type(problem).run_round
+    monkeypatch.setattr(
+        type(problem), "forget_data", lambda self, *a, **k: read.append(a) or original_forget(self, *a, **k)
+    )
+    monkeypatch.setattr(
+        type(problem),
+        "run_round",
+        lambda self, theta, clients=None, **k: (
+            rounds.append(list(clients)) or original_round(self, theta, clients, **k)
+        ),
+    )
+    settings = {**FAST, "holder_excision": "stored_updates"}
+    result = get_method("ease").build(settings).unlearn(problem)
+    assert read == [], "the forget pairs were read"
+    info = result.info
+    assert info["strength"]["mode"] == "stored_updates" and info["strength"]["probes"] == []
+    assert [b["client"] for b in info["bke"]] == holders and info["bke"][0]["pair_grads"] == 0
+    assert len(rounds) == EaseConfig().offline_repair_rounds and all(set(holders) <= set(c) for c in rounds)
+    assert float((result.theta - demo.theta).norm()) > 0
+    # the excision is minus the holders' FedAvg-weighted stored share, off U_μ
+    line = Ease(EaseConfig(**settings)).line(demo.problem("samples"), Ledger())
+    share = forget_contribution(demo.problem("samples"), holders).double()
+    u = line.subspaces.u_mu.double()
+    expected = -(share - u @ (u.T @ share))
+    assert float(expected.norm()) > 0
+    assert torch.allclose(line.excision.double(), expected, atol=1e-6 * float(expected.norm()))
+    # where every client holds a forget pair nothing would be kept: refused
+    everyone = demo.problem("samples")
+    everyone.forget_masks = [m | (np.arange(len(m)) == 0) for m in everyone.forget_masks]
+    with pytest.raises(ValueError, match="every client holds some"):
+        get_method("ease").build(settings).unlearn(everyone)

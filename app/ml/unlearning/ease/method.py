@@ -372,30 +372,37 @@ class EaseConfig:
             raise ValueError("leaving_client must be online or offline")
         if self.client_excision not in ("stored_updates", "bke"):
             raise ValueError("client_excision must be stored_updates or bke")
-        if self.holder_excision not in ("bke", "replayed_share"):
-            raise ValueError("holder_excision must be bke or replayed_share")
+        if self.holder_excision not in ("bke", "replayed_share", "stored_updates"):
+            raise ValueError("holder_excision must be bke, replayed_share or stored_updates")
         if self.share_points is not None and self.share_points < 1:
             raise ValueError("share_points must be ≥ 1 (or None: every round)")
         if self.offline_scale < 0 or self.offline_repair_rounds < 0:
             raise ValueError("offline_scale and offline_repair_rounds must be ≥ 0")
 
 
-def forget_contribution(problem: FederatedProblem) -> torch.Tensor:
-    """The leaving client's share of the global displacement: Σ_t (w_f / Σ_present w) Δ_f^(t) from the history."""
-    f = int(problem.forget_client)  # type: ignore[arg-type]
+def share_clients(problem: FederatedProblem) -> list[int]:
+    """Whose stored share a server-path excision takes off: the leaving client (client scope) or the holders of the
+    forget pairs (``holder_excision="stored_updates"``)."""
+    return [int(problem.forget_client)] if problem.scope == "client" else problem.holders()  # type: ignore[arg-type]
+
+
+def forget_contribution(problem: FederatedProblem, clients: list[int] | None = None) -> torch.Tensor:
+    """The clients' share of the global displacement: Σ_f Σ_t (w_f / Σ_present w) Δ_f^(t) from the history (default:
+    the leaving client's, or the holders')."""
     rounds = int(problem.n_rounds or 0)
     weights = problem.weights if problem.weights is not None else torch.ones(problem.n_clients)
-    history_f = problem.client_history(f)[:rounds]
     total = torch.zeros_like(problem.theta)
-    for r in range(rounds):
-        if history_f[r].abs().sum() == 0:
-            continue
-        present = (
-            [k for k in range(problem.n_clients) if problem.client_history(k)[r].abs().sum() > 0]
-            if not isinstance(problem.history, torch.Tensor)
-            else (problem.history[r].abs().sum(dim=1) > 0).nonzero().flatten().tolist()
-        )
-        total += float(weights[f] / weights[present].sum()) * history_f[r]
+    for f in share_clients(problem) if clients is None else clients:
+        history_f = problem.client_history(f)[:rounds]
+        for r in range(rounds):
+            if history_f[r].abs().sum() == 0:
+                continue
+            present = (
+                [k for k in range(problem.n_clients) if problem.client_history(k)[r].abs().sum() > 0]
+                if not isinstance(problem.history, torch.Tensor)
+                else (problem.history[r].abs().sum(dim=1) > 0).nonzero().flatten().tolist()
+            )
+            total += float(weights[f] / weights[present].sum()) * history_f[r]
     return total
 
 
@@ -464,16 +471,19 @@ def decompose(
     forget_bases: list[list[torch.Tensor]] = []
     retain_bases: list[list[torch.Tensor]] = []
     s_f = torch.zeros(0)
-    if problem.scope == "client":
+    if problem.scope == "client" or config.holder_excision == "stored_updates":
+        # the stored updates alone: the leaving client's (or the holders') against every other present client's
         with cpu_timer() as t:
-            f = int(problem.forget_client)  # type: ignore[arg-type]
-            history_f = problem.client_history(f)[first:].T
+            share = share_clients(problem)
+            history_f = torch.cat([problem.client_history(f)[first:] for f in share]).T
             forget_bases.append(bases(history_f))
             s_f = energy_basis(history_f, config.tau, config.max_rank)[1]
-            for k in problem.retained_clients():
-                retain_bases.append(bases(problem.client_history(k)[first:].T))
+            for k in range(problem.n_clients):
+                if k not in share and k not in problem.removed:
+                    retain_bases.append(bases(problem.client_history(k)[first:].T))
         party["server"] = t[0]
         info["source"] = "stored FedAvg updates"
+        info["space"] = "updates"
     else:
         holders = problem.holders()
         weights = problem.weights if problem.weights is not None else torch.ones(problem.n_clients)
@@ -647,14 +657,18 @@ def holders_share_excision(problem: FederatedProblem, sub: Subspaces, cfg: EaseC
 
 
 def server_excision(problem: FederatedProblem, sub: Subspaces, off_retain: bool, ledger: Ledger):
-    """The leaving client's excision computed by the server alone (EaseConfig ``client_excision``): minus its
-    FedAvg-weighted share of the stored updates (``forget_contribution``), with the part along U_μ taken off (the GSD
-    projection removed the whole displacement there already). No bytes move; the server's CPU is counted."""
+    """The leaving client's excision computed by the server alone (EaseConfig ``client_excision``; the holders' with
+    ``holder_excision="stored_updates"``): minus their FedAvg-weighted share of the stored updates
+    (``forget_contribution``), with the part along U_μ taken off (the GSD projection removed the whole displacement
+    there already). No bytes move; the server's CPU is counted."""
     with cpu_timer() as t:
         excision = off_projected(-forget_contribution(problem).to(torch.float64), sub, off_retain)
     ledger.stage("server excision (stored updates)", {"server": t[0]})
-    info = [{"client": int(problem.forget_client), "source": "stored updates (server only)",  # type: ignore[arg-type]
-             "displacement_norm": float(torch.linalg.norm(excision)), "pair_grads": 0}]  # fmt: skip
+    norm = float(torch.linalg.norm(excision))
+    info = [
+        {"client": k, "source": "stored updates (server only)", "displacement_norm": norm, "pair_grads": 0}
+        for k in share_clients(problem)
+    ]
     return excision.float(), info
 
 
@@ -689,8 +703,11 @@ class Ease:
         """The settings this deletion runs with (EaseConfig): ``replay_gsd`` replaces ``gsd`` for a class deletion and
         a samples deletion without matched non-members, ``class_repair_rounds`` (when set) the repair rounds of a
         class deletion; the memorisation ones replace BKE's steps and learning rate and the repair rounds for a
-        memorisation deletion; the configuration as given otherwise (client scope)."""
+        memorisation deletion; the configuration as given otherwise (client scope, and the holders' stored share:
+        ``holder_excision="stored_updates"`` decomposes the stored updates as a client deletion does, with ``gsd``)."""
         cfg = self.config
+        if problem.scope != "client" and cfg.holder_excision == "stored_updates":
+            return cfg
         if problem.scope == "class":
             rounds = cfg.repair_rounds if cfg.class_repair_rounds is None else cfg.class_repair_rounds
             return dataclasses.replace(cfg, gsd=cfg.replay_gsd, repair_rounds=rounds)
@@ -736,13 +753,23 @@ class Ease:
         return out
 
     def server_only(self, problem: FederatedProblem) -> bool:
-        """The server-only path: a client deletion with ``client_excision="stored_updates"`` (the default) or a
-        leaving client that is offline; an offline holder is refused where holders' data is indispensable."""
+        """The server-only excision: a client deletion with ``client_excision="stored_updates"`` (the default) or a
+        leaving client that is offline, and a class or samples deletion with ``holder_excision="stored_updates"`` (the
+        holders' whole stored share off; their retained pairs come back in the repair rounds they take part in). An
+        offline holder is refused where holders' data is indispensable."""
         if self.config.leaving_client == "offline" and problem.scope != "client":
             raise ValueError(
                 "leaving_client 'offline' is for client scope only: a class or samples deletion needs the holders of "
                 "the forget pairs (their updates mix forget and retained pairs); use fed_retrain"
             )
+        if problem.scope != "client" and self.config.holder_excision == "stored_updates":
+            present = [k for k in range(problem.n_clients) if k not in problem.removed]
+            if set(present) <= set(problem.holders()):
+                raise ValueError(
+                    "holder_excision 'stored_updates' takes the holders' whole stored share off and needs a client "
+                    "holding no forget pair to keep; every client holds some: use bke or fed_retrain"
+                )
+            return True
         return problem.scope == "client" and (
             self.config.leaving_client == "offline" or self.config.client_excision == "stored_updates"
         )
@@ -836,6 +863,8 @@ class Ease:
                 "the leaving client is offline"
                 if cfg.leaving_client == "offline"
                 else "client scope: the excision is the leaving client's stored share (client_excision)"
+                if problem.scope == "client"
+                else "the excision is the holders' stored share (holder_excision), their retained pairs relearned"
             )
             strength.update({"mode": "stored_updates", "reason": f"{why}: no forget pairs are probed"})
         elif cfg.strength == "adaptive" and self._no_target(problem):
