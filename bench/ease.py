@@ -20,12 +20,13 @@ Control and evaluation are separated (issue 24 item 1): the methods receive a pr
 their gallery and, for membership, the methods' half of the matched held-out split as the non-member target
 (clip_evidence.split_reference, as the service); every figure is scored on the other 60 % of the forget pairs
 against the other half of the test pairs. Rows: retrain (the reference), retrain with another data order
-(``retrain_other_order``: retraining's own spread, the noise floor every gap is judged against), ``ease`` (the
-defaults: strength controlled on the probe split where a target exists; in client scope the server-only excision
-from the stored updates, no probes), ``ease_fixed`` (BKE at scale 1, no probes: the seed notes' method), in the
-client scenario ``ease_bke`` (BKE with the probe-controlled strength: the client-scope default until the stored-
-updates excision replaced it), in the others ``ease_oracle`` (EASE searched towards retraining's own level on the probe
-split — an oracle no service has: what the probe split alone leaves of the gap), and the baselines (projected
+(``retrain_other_order``: retraining's own spread, the noise floor every gap is judged against), ``ease`` (the defaults:
+strength controlled on the probe split where a target exists; in client scope the server-only excision from the stored
+updates, no probes; since stop 53 a samples deletion held by one client takes that client's stored share off the same
+way and relearns its retained pairs in the repair rounds), ``ease_fixed`` (BKE at scale 1, no probes: the seed notes'
+method), in the client scenario ``ease_bke`` (BKE with the probe-controlled strength: the client-scope default until the
+stored-updates excision replaced it), in the others ``ease_oracle`` (EASE searched towards retraining's own level on the
+probe split — an oracle no service has: what the probe split alone leaves of the gap), and the baselines (projected
 gradient ascent, FedEraser, FedOSD); ablations on request.
 
 Seeds: EASE's defaults were tuned on seeds 0, 1 and 100–105 (method.py says which on which); the default seeds
@@ -166,9 +167,10 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "ease_no_gsd": {"gsd": "none", "replay_gsd": "none"},
     "ease_no_excision": {"excision_steps": 0},
 }
-BKE = {"client_excision": "bke"}
-"""EASE with BKE at the holders in every scope (in client scope the default excision is the server's: the leaving
-client's stored share); ``ease_fixed``, ``ease_bke`` and the ablations are variations of BKE."""
+BKE = {"client_excision": "bke", "holder_excision": "bke"}
+"""EASE with BKE at the holders in every scope (the default excision of a client deletion is the server's, the leaving
+client's stored share, and since stop 53 a one-holder samples deletion's is the holder's stored share);
+``ease_fixed``, ``ease_bke``, ``ease_oracle`` and the ablations are variations of BKE."""
 FIXED = {"strength": "fixed", "excision_scale": 1.0, **BKE}
 """``ease_fixed``: EASE at a fixed strength (scale 1 of BKE's displacement, no probes): the seed notes' method."""
 ONE_TOWER = {"ease_image_only": ["image"], "ease_text_only": ["text"]}
@@ -594,7 +596,7 @@ def run_scenario(
     if scenario == "client":  # the default here is the server-only excision: BKE with probes is the other service path
         record("ease_bke", "ease", {**ease_settings, **BKE})
     else:  # the control with a perfect predictor of retraining's level: what the probe split alone leaves
-        record("ease_oracle", "ease", {**ease_settings, "target_r1": round(rt_probe, 3)})
+        record("ease_oracle", "ease", {**ease_settings, **BKE, "target_r1": round(rt_probe, 3)})
     if sizes.baselines:
         for label, name in BASELINES:
             record(label, name, {})

@@ -201,7 +201,7 @@ class EaseSettings(_Settings):
     memorisation_repair_rounds: int = Field(3, ge=0, le=1000)
     class_repair_rounds: int | None = Field(None, ge=0, le=1000)
     client_excision: Literal["stored_updates", "bke"] = "stored_updates"
-    holder_excision: Literal["bke", "replayed_share"] = "bke"
+    holder_excision: Literal["auto", "bke", "stored_updates", "replayed_share"] = "auto"
     share_points: int | None = Field(None, ge=1, le=10_000)
     leaving_client: Literal["online", "offline"] = "online"
     offline_scale: float = Field(0.5, ge=0, le=1e3)

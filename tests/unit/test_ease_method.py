@@ -278,7 +278,8 @@ def test_a_class_or_samples_deletion_projects_off_the_whole_forget_subspace():
     off all of U_f (a class's gradients share directions with the retained pairs', so the exclusive part left most of
     it to the scaled excision); client scope and memorisation deletions keep ``gsd`` (the retain-exclusive part)."""
     demo = tiny_demo()
-    ease = get_method("ease").build({**FAST, "memorisation_excision_steps": 2, "max_probes": 1})
+    bke = {**FAST, "memorisation_excision_steps": 2, "max_probes": 1, "holder_excision": "bke"}
+    ease = get_method("ease").build(bke)
     for scope in ("class", "samples"):
         info = ease.unlearn(demo.problem(scope)).info
         assert info["gsd_projection"] == "whole", scope
@@ -440,6 +441,14 @@ def test_a_samples_deletion_can_run_from_the_holders_stored_updates_alone(monkey
     expected = -(share - u @ (u.T @ share))
     assert float(expected.norm()) > 0
     assert torch.allclose(line.excision.double(), expected, atol=1e-6 * float(expected.norm()))
+    # the default takes this path for a samples deletion one client holds, without matched non-members; BKE otherwise
+    auto = Ease(EaseConfig(**FAST))
+    assert auto.for_problem(demo.problem("samples")).holder_excision == "stored_updates"
+    two = demo.problem("samples")
+    other = next(k for k in range(two.n_clients) if k not in holders)
+    two.forget_masks[other] = np.arange(len(two.forget_masks[other])) == 0
+    for problem in (demo.problem("class"), demo.problem("samples", nonmembers=demo.data.test), two):
+        assert auto.for_problem(problem).holder_excision == "bke"
     # where every client holds a forget pair nothing would be kept: refused
     everyone = demo.problem("samples")
     everyone.forget_masks = [m | (np.arange(len(m)) == 0) for m in everyone.forget_masks]

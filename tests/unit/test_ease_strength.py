@@ -105,11 +105,13 @@ def test_ease_publishes_target_scale_and_probes_and_counts_them():
 
 def test_a_samples_deletion_without_non_members_runs_at_the_fixed_scale():
     """Issue 24 item 3: version 1's level does not predict retraining's for a data subject's pairs, so under
-    ``target="auto"`` a samples deletion searches only where matched non-members give it a level."""
+    ``target="auto"`` a samples deletion with BKE at its holder (the default of one holder's deletion is the stored
+    share since stop 53: test_ease_method) searches only where matched non-members give it a level."""
     from app.ml.unlearning.ease.method import NO_TARGET_REASON
 
     demo = tiny_demo()
     fast = {"excision_steps": 2, "excision_batch": 8, "excision_objective": "uce", "max_probes": 2}
+    fast["holder_excision"] = "bke"
     ease = get_method("ease").build(fast)
     alone = ease.unlearn(demo.problem("samples"))
     strength = alone.info["strength"]
@@ -126,9 +128,11 @@ def test_a_samples_deletion_without_non_members_runs_at_the_fixed_scale():
 
 def test_an_explicit_target_level_is_searched_towards_in_every_scope():
     """``target_r1`` (the benchmark's oracle row: retraining's own probe level) replaces the measured target, and a
-    samples deletion without non-members searches when given one; version 1 is then not evaluated at all."""
+    samples deletion without non-members searches when given one (with BKE at its holder: the stored share searches
+    nothing); version 1 is then not evaluated at all."""
     demo = tiny_demo()
     fast = {"excision_steps": 2, "excision_batch": 8, "excision_objective": "uce", "max_probes": 2}
+    fast["holder_excision"] = "bke"
     for scope in ("class", "samples"):
         info = get_method("ease").build({**fast, "target_r1": 12.5}).unlearn(demo.problem(scope)).info
         strength = info["strength"]
@@ -152,6 +156,7 @@ def test_a_memorisation_deletion_runs_the_longer_excision_and_more_repair_rounds
         "memorisation_excision_steps": 4,
         "memorisation_repair_rounds": 2,
         "class_repair_rounds": 3,
+        "holder_excision": "bke",  # a one-holder samples deletion's default is the stored share (test_ease_method)
     }
     ease = get_method("ease").build(fast)
 

@@ -253,10 +253,25 @@ class EaseConfig:
       1.88; bench/results/item3/client_tuning_seeds.json). The reported seeds 2–11 and the fresh seeds 12–21 had
       also been measured before this choice (0.92 / 0.84 and 2.54 / 0.83 against 3.46 / 0.98 and 5.00 / 2.83):
       they agree with the tuning seeds but were seen, which the README says.
-      ``holder_excision`` (class and samples scope): ``"bke"`` (the default) or ``"replayed_share"`` — the class
-      analogue of the stored share: minus the holders' replayed share of the forget pairs (share.py: each holder's
-      round-t training rerun at the rebuilt θ_t, minus the same batches without the forget pairs, FedAvg-weighted,
-      over every round or ``share_points`` evenly spaced ones), off U_μ, then the same strength control and repair.
+      ``holder_excision`` (class and samples scope): ``"auto"`` (the default: ``"stored_updates"`` for a samples
+      deletion without matched non-members whose pairs one client holds, ``"bke"`` otherwise — the case measured),
+      ``"bke"``, ``"stored_updates"`` or ``"replayed_share"``.
+      ``"stored_updates"`` is the client path applied to the holders: the server takes their whole FedAvg-weighted
+      stored share off (every pair they trained on, the forget pairs and the rest), decomposes the stored updates as
+      a client deletion does (``gsd``), and the holders' retained pairs come back in the ``offline_repair_rounds``
+      protected repair rounds they take part in, at ``offline_scale``; no forget pair is read and nothing is probed,
+      so the subject's pairs may be erased before the unlearning runs. It is the samples default because, on the
+      samples scenario's tuning seeds 0, 1 and 100–113 (none reported; bench/results/item3/
+      line_samples_stored_share_16seeds.json against line_samples_stop52_16seeds.json, same seeds and bits),
+      |forget R@1 − retrain| / retained drop were 3.28 / 1.11 (signed gap +0.16) against BKE at its fixed scale 1's
+      3.44 / 2.85 (signed −1.35), retraining against itself 2.60 — no setting of the client path was changed for it
+      (scale 0.5 and two rounds, chosen on the client scenario; on the samples scan 0.5 was also the best grid
+      scale: 1 gave 7.91 / 6.09). Not for a class (its holders are most of the federation) nor a memorisation
+      deletion (every client holds some pairs: refused there).
+      ``"replayed_share"`` — the class analogue of the stored share: minus the holders' replayed share of the
+      forget pairs (share.py: each holder's round-t training rerun at the rebuilt θ_t, minus the same batches without
+      the forget pairs, FedAvg-weighted, over every round or ``share_points`` evenly spaced ones), off U_μ, then the
+      same strength control and repair.
       Measured on the class scenario's tuning seeds 0, 1, 100–102 (stopped there;
       bench/results/item3/class_tuning_replayed_share.json): |forget R@1 − retrain| / retained drop 9.17 / 20.40
       against BKE's 5.28 / 5.06 on the same seeds and machine, at bytes 0.46 and critical path 0.98 of retrain's
@@ -314,7 +329,7 @@ class EaseConfig:
     memorisation_repair_rounds: int = 3
     class_repair_rounds: int | None = None
     client_excision: str = "stored_updates"
-    holder_excision: str = "bke"
+    holder_excision: str = "auto"
     share_points: int | None = None
     leaving_client: str = "online"
     offline_scale: float = 0.5
@@ -372,8 +387,8 @@ class EaseConfig:
             raise ValueError("leaving_client must be online or offline")
         if self.client_excision not in ("stored_updates", "bke"):
             raise ValueError("client_excision must be stored_updates or bke")
-        if self.holder_excision not in ("bke", "replayed_share", "stored_updates"):
-            raise ValueError("holder_excision must be bke, replayed_share or stored_updates")
+        if self.holder_excision not in ("auto", "bke", "replayed_share", "stored_updates"):
+            raise ValueError("holder_excision must be auto, bke, replayed_share or stored_updates")
         if self.share_points is not None and self.share_points < 1:
             raise ValueError("share_points must be ≥ 1 (or None: every round)")
         if self.offline_scale < 0 or self.offline_repair_rounds < 0:
@@ -704,8 +719,14 @@ class Ease:
         a samples deletion without matched non-members, ``class_repair_rounds`` (when set) the repair rounds of a
         class deletion; the memorisation ones replace BKE's steps and learning rate and the repair rounds for a
         memorisation deletion; the configuration as given otherwise (client scope, and the holders' stored share:
-        ``holder_excision="stored_updates"`` decomposes the stored updates as a client deletion does, with ``gsd``)."""
+        ``holder_excision="stored_updates"`` decomposes the stored updates as a client deletion does, with ``gsd``).
+        ``holder_excision="auto"`` is resolved here (EaseConfig)."""
         cfg = self.config
+        if cfg.holder_excision == "auto":  # one holder, and other clients to keep (measured so; EaseConfig)
+            present = [k for k in range(problem.n_clients) if k not in problem.removed]
+            one = len(problem.holders()) == 1 and len(present) > 1
+            stored = problem.scope == "samples" and _nonmembers(problem) is None and one
+            cfg = dataclasses.replace(cfg, holder_excision="stored_updates" if stored else "bke")
         if problem.scope != "client" and cfg.holder_excision == "stored_updates":
             return cfg
         if problem.scope == "class":
@@ -762,7 +783,7 @@ class Ease:
                 "leaving_client 'offline' is for client scope only: a class or samples deletion needs the holders of "
                 "the forget pairs (their updates mix forget and retained pairs); use fed_retrain"
             )
-        if problem.scope != "client" and self.config.holder_excision == "stored_updates":
+        if problem.scope != "client" and self.for_problem(problem).holder_excision == "stored_updates":
             present = [k for k in range(problem.n_clients) if k not in problem.removed]
             if set(present) <= set(problem.holders()):
                 raise ValueError(
