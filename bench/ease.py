@@ -1090,13 +1090,20 @@ def recompute_costs(result: dict[str, Any]) -> None:
             summary[key] = rows["ease"][key]
 
 
-def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+def merge(parts: list[dict[str, Any]], supersede: bool = False) -> dict[str, Any]:
     """One results file from parts that each ran some scenarios (the same sizes, settings and backbone): the seeds'
-    scenario results are combined, the summary and aims recomputed, and each part's run facts kept under ``parts``."""
+    scenario results are combined, the summary and aims recomputed, and each part's run facts kept under ``parts``.
+
+    ``supersede``: a later part's seed/scenario replaces an earlier part's (listed under ``superseded``), and the
+    parts' EASE settings may differ as long as every scenario's seeds come from parts with one setting — a scenario
+    rerun after a default changed that only it reads; each scenario's settings are then kept under
+    ``ease_config_by_scenario`` and ``ease_config`` is the last part's."""
     if not parts:
         raise ValueError("nothing to merge")
     first = parts[0]
     for key in MERGE_SAME:
+        if supersede and key == "ease_config":  # checked per scenario below
+            continue
         for part in parts[1:]:
             a, b = first.get(key), part.get(key)
             if key == "sizes" and a and b:
@@ -1106,20 +1113,35 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
                 raise ValueError(f"parts differ in {key!r}: {a} vs {b}")
     seeds: dict[str, dict[str, Any]] = {}
     per_scenario: dict[str, dict[int, dict[str, Any]]] = {}
+    origin: dict[tuple[str, str], int] = {}
+    superseded = []
     runs = []
-    for part in parts:
+    for i, part in enumerate(parts):
         for seed, scenarios in part["seeds"].items():
             for scenario, result in scenarios.items():
                 recompute_costs(result)
                 if scenario in seeds.get(seed, {}):
-                    raise ValueError(f"seed {seed} scenario {scenario} is in more than one part")
+                    if not supersede:
+                        raise ValueError(f"seed {seed} scenario {scenario} is in more than one part")
+                    superseded.append(
+                        {"seed": int(seed), "scenario": scenario, "part": origin[seed, scenario], "by": i}
+                    )
                 seeds.setdefault(seed, {})[scenario] = result
                 per_scenario.setdefault(scenario, {})[int(seed)] = result
+                origin[seed, scenario] = i
         sizes = {k: part["sizes"].get(k) for k in MERGE_MAY_DIFFER}
         runs.append({**part.get("run", {}), "sizes": sizes, "partial": bool(part.get("partial"))})
+    configs: dict[str, Any] = {}
+    for (_, scenario), i in origin.items():
+        config = parts[i].get("ease_config")
+        if configs.setdefault(scenario, config) != config:
+            raise ValueError(f"scenario {scenario!r} mixes seeds run with other EASE settings (ease_config)")
     order = [s for s in SCENARIOS if s in per_scenario] + [s for s in per_scenario if s not in SCENARIOS]
     all_seeds = sorted({int(s) for s in seeds})
     report = {key: first.get(key) for key in ("quick", "ease_config", "backbone", "machine", "aims_source")}
+    if len({json.dumps(c, sort_keys=True) for c in configs.values()}) > 1:
+        report["ease_config"] = parts[-1].get("ease_config")
+        report["ease_config_by_scenario"] = {s: configs[s] for s in order}
     report["sizes"] = {
         **first["sizes"],
         "seeds": all_seeds,
@@ -1131,6 +1153,8 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     report["summary"] = {s: summarise(per_scenario[s]) for s in order}
     report["aims"] = aims(report["summary"])
     report["parts"] = runs
+    if superseded:
+        report["superseded"] = superseded
     report["wall_seconds"] = round(sum(r.get("wall_seconds", 0.0) for r in runs), 1)
     return report
 
@@ -1188,6 +1212,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op CPU threads (0 = keep)")
     ap.add_argument("--table", type=Path, default=None, help="print a results file's summary as Markdown and exit")
     ap.add_argument("--merge", type=Path, nargs="+", default=None, help="combine part files (into --out) and exit")
+    ap.add_argument(
+        "--supersede",
+        action="store_true",
+        help="--merge: a later part's seed/scenario replaces an earlier one's; settings may differ by scenario",
+    )
     from bench.ease_scale import add_arguments
 
     add_arguments(ap)
@@ -1199,7 +1228,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             torch.set_num_threads(args.threads)
         return scale_main(args)
     if args.merge is not None:
-        report = merge([json.loads(p.read_text()) for p in args.merge])
+        report = merge([json.loads(p.read_text()) for p in args.merge], supersede=args.supersede)
         out = args.out or RESULTS / "ease.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=1))

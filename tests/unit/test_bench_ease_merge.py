@@ -179,3 +179,23 @@ def test_the_interval_of_a_mean_uses_students_t_at_any_number_of_seeds():
         sd = math.sqrt(sum((v - (n - 1) / 2) ** 2 for v in values) / (n - 1))
         low, high = interval(values)["ci95"]
         assert (high - low) / 2 == pytest.approx(t * sd / math.sqrt(n), abs=2e-4)
+
+
+def test_a_rerun_scenario_supersedes_its_earlier_seeds_and_keeps_its_own_settings():
+    """``--supersede``: a scenario rerun after a default changed that only it reads replaces its earlier seeds; each
+    scenario's EASE settings are recorded, and one scenario may not mix seeds run under two settings."""
+    old = {"tau": 0.95, "holder_excision": "bke"}
+    new = {"tau": 0.95, "holder_excision": "auto"}
+    before = [_part("client", [0, 1], 1.0, ease_config=old), _part("samples", [0, 1], 5.0, ease_config=old)]
+    rerun = _part("samples", [0, 1], 2.0, ease_config=new)
+    with pytest.raises(ValueError, match="ease_config"):  # without it, parts of other settings are refused
+        merge([*before, rerun])
+    report = merge([*before, rerun], supersede=True)
+    assert report["summary"]["samples"]["forget_r1_gap_pts"] == pytest.approx(2.5)  # the rerun's seeds only
+    assert report["summary"]["client"]["forget_r1_gap_pts"] == pytest.approx(1.5)
+    assert report["ease_config_by_scenario"] == {"client": old, "samples": new} and report["ease_config"] == new
+    assert {(s["seed"], s["scenario"], s["by"]) for s in report["superseded"]} == {(0, "samples", 2), (1, "samples", 2)}
+    with pytest.raises(ValueError, match="mixes seeds"):
+        merge([*before, _part("samples", [1], 2.0, ease_config=new)], supersede=True)
+    # parts of one setting merge as before: no per-scenario record
+    assert "ease_config_by_scenario" not in merge(before, supersede=True)
