@@ -8,7 +8,7 @@ import tempfile
 import torch
 
 from app.ml.clip import ClipLoRA, ClipSpec, LoraSettings, PretrainSettings, pretrain_tiny_clip
-from app.ml.data.captions import make_membership_federation
+from app.ml.data.captions import DEFAULT_FRACTIONS, make_membership_federation
 from app.ml.federation import DemoFederation, Federation, FedSettings, make_demo_federation
 from app.ml.federation.problem import probe_split
 from app.ml.verification.clip_evidence import split_reference
@@ -106,4 +106,32 @@ def client_world(seed: int):
     probe_gallery, eval_gallery = split_reference(demo.data.test)
     masks = demo.data.forget_masks("client")
     problem = demo.problem("client", gallery=probe_gallery, probe_masks=probe_split(masks, 0.4, seed=24))
+    return demo.model, problem, eval_gallery, demo.theta
+
+
+SUBJECT_SHARE = 0.5
+"""The data subject's share of its client in :func:`samples_world` (bench.ease's ``samples_subject_share``): 50 of
+100 pairs, 30 of them held out (60 queries)."""
+
+
+@functools.cache
+def samples_world(seed: int):
+    """(model, problem, evaluation gallery, original θ) of a samples deletion on client_world's federation, with the
+    last client's data subject holding a novel shape (``ring``) on half its pairs: the subject's pairs are deleted,
+    the rest of its client stays. Control and evaluation split as in :func:`client_world`."""
+    demo = make_demo_federation(
+        seed=seed,
+        n_clients=3,
+        pairs_per_client=100,
+        n_test=60,
+        fed_settings=FedSettings(rounds=12, batch_size=16, lr=1e-2),
+        pretrain=MEMO_PRETRAIN,
+        lora=LoraSettings(rank=4),
+        cache_dir=memo_cache_dir(),
+        device="cpu",
+        fractions={**DEFAULT_FRACTIONS, "ring": SUBJECT_SHARE},
+    )
+    probe_gallery, eval_gallery = split_reference(demo.data.test)
+    masks = demo.data.forget_masks("samples")
+    problem = demo.problem("samples", gallery=probe_gallery, probe_masks=probe_split(masks, 0.4, seed=24))
     return demo.model, problem, eval_gallery, demo.theta
