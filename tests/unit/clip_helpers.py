@@ -86,12 +86,11 @@ def memo_cache_dir() -> str:
     return tempfile.mkdtemp(prefix="lethe-test-")
 
 
-@functools.cache
-def client_world(seed: int):
-    """(model, problem, evaluation gallery, original θ) of a client deletion on a small federation whose LoRA learns
-    the leaving client's novel concept (3 clients × 100 pairs, 12 FedAvg rounds on MEMO_PRETRAIN's backbone): forgetting
-    it is measurable. The control (``probe_masks``: 40 % of the forget pairs, half the test pairs as its gallery) never
-    sees the 60 held-out forget pairs and the other half of the test pairs that evaluation scores."""
+def _small_world(seed: int, scenario: str, fractions: dict[str, float] | None = None):
+    """(model, problem, evaluation gallery, original θ) of a ``scenario`` deletion on a small federation whose LoRA
+    learns its clients' novel concepts (3 clients × 100 pairs, 12 FedAvg rounds on MEMO_PRETRAIN's backbone): forgetting
+    is measurable. The control (``probe_masks``: 40 % of the forget pairs, half the test pairs as its gallery) never
+    sees the held-out forget pairs and the other half of the test pairs that evaluation scores."""
     demo = make_demo_federation(
         seed=seed,
         n_clients=3,
@@ -102,11 +101,18 @@ def client_world(seed: int):
         lora=LoraSettings(rank=4),
         cache_dir=memo_cache_dir(),
         device="cpu",
+        fractions=fractions,
     )
     probe_gallery, eval_gallery = split_reference(demo.data.test)
-    masks = demo.data.forget_masks("client")
-    problem = demo.problem("client", gallery=probe_gallery, probe_masks=probe_split(masks, 0.4, seed=24))
+    masks = demo.data.forget_masks(scenario)
+    problem = demo.problem(scenario, gallery=probe_gallery, probe_masks=probe_split(masks, 0.4, seed=24))
     return demo.model, problem, eval_gallery, demo.theta
+
+
+@functools.cache
+def client_world(seed: int):
+    """A client deletion (:func:`_small_world`): the leaving client's 60 held-out forget pairs are scored."""
+    return _small_world(seed, "client")
 
 
 SUBJECT_SHARE = 0.5
@@ -116,22 +122,6 @@ SUBJECT_SHARE = 0.5
 
 @functools.cache
 def samples_world(seed: int):
-    """(model, problem, evaluation gallery, original θ) of a samples deletion on client_world's federation, with the
-    last client's data subject holding a novel shape (``ring``) on half its pairs: the subject's pairs are deleted,
-    the rest of its client stays. Control and evaluation split as in :func:`client_world`."""
-    demo = make_demo_federation(
-        seed=seed,
-        n_clients=3,
-        pairs_per_client=100,
-        n_test=60,
-        fed_settings=FedSettings(rounds=12, batch_size=16, lr=1e-2),
-        pretrain=MEMO_PRETRAIN,
-        lora=LoraSettings(rank=4),
-        cache_dir=memo_cache_dir(),
-        device="cpu",
-        fractions={**DEFAULT_FRACTIONS, "ring": SUBJECT_SHARE},
-    )
-    probe_gallery, eval_gallery = split_reference(demo.data.test)
-    masks = demo.data.forget_masks("samples")
-    problem = demo.problem("samples", gallery=probe_gallery, probe_masks=probe_split(masks, 0.4, seed=24))
-    return demo.model, problem, eval_gallery, demo.theta
+    """A samples deletion (:func:`_small_world`): the last client's data subject holds a novel shape (``ring``) on
+    half its pairs; the subject's pairs are deleted, the rest of its client stays."""
+    return _small_world(seed, "samples", {**DEFAULT_FRACTIONS, "ring": SUBJECT_SHARE})
