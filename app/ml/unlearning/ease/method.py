@@ -38,6 +38,8 @@ The paper's body could not be read (ease-notes §0): every formula and threshold
    unlearning round). In client scope the default excision is the leaving client's stored share of the updates,
    computed by the server alone (``client_excision``, :func:`server_excision`; measured closer to retraining than
    BKE with probes: EaseConfig says where); ``client_excision="bke"`` runs BKE at the leaving client instead.
+   A samples deletion that one client holds (without matched non-members) takes that client's stored share off the
+   same way by default and relearns its retained pairs in the repair rounds (``holder_excision``, stop 53).
 
 3. **PFL** (lock.py, notes §4): a :class:`ForgetLock` over U_μ, the excision direction and every direction an
    earlier deletion locked (merged, issue 11 item 5); ``repair_rounds`` FedAvg rounds of the retained clients
