@@ -405,22 +405,30 @@ def share_clients(problem: FederatedProblem) -> list[int]:
 
 def forget_contribution(problem: FederatedProblem, clients: list[int] | None = None) -> torch.Tensor:
     """The clients' share of the global displacement: Σ_f Σ_t (w_f / Σ_present w) Δ_f^(t) from the history (default:
-    the leaving client's, or the holders')."""
+    the leaving client's, or the holders'). Each round's present clients are found once, whatever the clients."""
     rounds = int(problem.n_rounds or 0)
     weights = problem.weights if problem.weights is not None else torch.ones(problem.n_clients)
+    histories = {
+        f: problem.client_history(f)[:rounds] for f in (share_clients(problem) if clients is None else clients)
+    }
     total = torch.zeros_like(problem.theta)
-    for f in share_clients(problem) if clients is None else clients:
-        history_f = problem.client_history(f)[:rounds]
-        for r in range(rounds):
-            if history_f[r].abs().sum() == 0:
-                continue
-            present = (
-                [k for k in range(problem.n_clients) if problem.client_history(k)[r].abs().sum() > 0]
-                if not isinstance(problem.history, torch.Tensor)
-                else (problem.history[r].abs().sum(dim=1) > 0).nonzero().flatten().tolist()
-            )
-            total += float(weights[f] / weights[present].sum()) * history_f[r]
+    for r in range(rounds):
+        sent = [f for f, h in histories.items() if h[r].abs().sum() > 0]
+        if not sent:
+            continue
+        present = (
+            [k for k in range(problem.n_clients) if problem.client_history(k)[r].abs().sum() > 0]
+            if not isinstance(problem.history, torch.Tensor)
+            else (problem.history[r].abs().sum(dim=1) > 0).nonzero().flatten().tolist()
+        )
+        for f in sent:
+            total += float(weights[f] / weights[present].sum()) * histories[f][r]
     return total
+
+
+def _present(problem: FederatedProblem) -> list[int]:
+    """Clients still in the federation (not removed by an earlier deletion)."""
+    return [k for k in range(problem.n_clients) if k not in problem.removed]
 
 
 def reference_point(problem: FederatedProblem, choice: str) -> torch.Tensor:
@@ -495,8 +503,8 @@ def decompose(
             history_f = torch.cat([problem.client_history(f)[first:] for f in share]).T
             forget_bases.append(bases(history_f))
             s_f = energy_basis(history_f, config.tau, config.max_rank)[1]
-            for k in range(problem.n_clients):
-                if k not in share and k not in problem.removed:
+            for k in _present(problem):
+                if k not in share:
                     retain_bases.append(bases(problem.client_history(k)[first:].T))
         party["server"] = t[0]
         info["source"] = "stored FedAvg updates"
@@ -725,8 +733,7 @@ class Ease:
         ``holder_excision="auto"`` is resolved here (EaseConfig)."""
         cfg = self.config
         if cfg.holder_excision == "auto":  # one holder, and other clients to keep (measured so; EaseConfig)
-            present = [k for k in range(problem.n_clients) if k not in problem.removed]
-            one = len(problem.holders()) == 1 and len(present) > 1
+            one = len(problem.holders()) == 1 and len(_present(problem)) > 1
             stored = problem.scope == "samples" and _nonmembers(problem) is None and one
             cfg = dataclasses.replace(cfg, holder_excision="stored_updates" if stored else "bke")
         if problem.scope != "client" and cfg.holder_excision == "stored_updates":
@@ -786,8 +793,7 @@ class Ease:
                 "the forget pairs (their updates mix forget and retained pairs); use fed_retrain"
             )
         if problem.scope != "client" and self.for_problem(problem).holder_excision == "stored_updates":
-            present = [k for k in range(problem.n_clients) if k not in problem.removed]
-            if set(present) <= set(problem.holders()):
+            if set(_present(problem)) <= set(problem.holders()):
                 raise ValueError(
                     "holder_excision 'stored_updates' takes the holders' whole stored share off and needs a client "
                     "holding no forget pair to keep; every client holds some: use bke or fed_retrain"
