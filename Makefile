@@ -24,13 +24,14 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 
-# the unit suite in two processes (pytest-xdist; a file's tests stay in one process, so its module fixtures and
-# cached worlds are built once); the integration suite shares one Celery stack and Redis db, so it runs alone
+# both suites in two processes (pytest-xdist; a file's tests stay in one process, so its module fixtures, cached
+# worlds and integration stack are built once); each integration module has its own PostgreSQL database, and each
+# xdist worker its own Redis database (tests/stack.py worker_redis_url)
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit -q -p no:cacheprovider -n 2 --dist loadfile
 
 integration: $(STAMP)
-	$(BIN)/python -m pytest tests/integration -q
+	$(BIN)/python -m pytest tests/integration -q -p no:cacheprovider -n 2 --dist loadfile
 
 # the dashboard's browser tests drive Debian's Chromium (never a downloaded browser); installed when missing
 chromium:
@@ -46,7 +47,7 @@ compose-cli:
 
 test: lint chromium compose-cli
 	$(BIN)/python -m pytest tests/unit -q -p no:cacheprovider -n 2 --dist loadfile
-	$(BIN)/python -m pytest tests/integration -q -p no:cacheprovider
+	$(BIN)/python -m pytest tests/integration -q -p no:cacheprovider -n 2 --dist loadfile
 
 bench-quick: $(STAMP)
 	$(BIN)/python bench/intake.py --quick

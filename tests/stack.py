@@ -143,6 +143,18 @@ def stopped(proc: subprocess.Popen) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
 
 
+def worker_redis_url(url: str, worker: str) -> str:
+    """The Redis database of pytest-xdist worker ``worker`` ("gw0", "gw1", …; "" without xdist): ``url``'s own for
+    gw0 and a plain run, the N-th below it for gwN."""
+    if not worker:
+        return url
+    base, db = url.rsplit("/", 1)
+    index = int(db) - int(worker.removeprefix("gw"))
+    if index < 0:
+        raise RuntimeError(f"{url}: too few Redis databases below it for xdist worker {worker}")
+    return f"{base}/{index}"
+
+
 @contextlib.contextmanager
 def claimed_redis_db(url: str):
     """Use a Redis database for one test module and leave it as it was found: empty. It is claimed with a marker key;

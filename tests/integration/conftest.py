@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from tests.stack import REDIS_URL, api_stack, claimed_redis_db, fresh_database
+from tests.stack import REDIS_URL, api_stack, claimed_redis_db, fresh_database, worker_redis_url
 
 
 @pytest.fixture(scope="module")
@@ -17,9 +19,10 @@ def pg_url():
 
 @pytest.fixture(scope="module")
 def redis_url():
-    """Each test module starts on an empty Redis database (``LETHE_TEST_REDIS``) and leaves it empty; one holding
-    anybody else's keys is refused, never flushed."""
-    with claimed_redis_db(REDIS_URL) as url:
+    """Each test module starts on an empty Redis database (``LETHE_TEST_REDIS``; under pytest-xdist, worker gwN takes
+    the database N below it, so that two processes never share a broker) and leaves it empty; one holding anybody
+    else's keys is refused, never flushed."""
+    with claimed_redis_db(worker_redis_url(REDIS_URL, os.environ.get("PYTEST_XDIST_WORKER", ""))) as url:
         yield url
 
 
