@@ -206,6 +206,7 @@ class EaseSettings(_Settings):
     leaving_client: Literal["online", "offline"] = "online"
     offline_scale: float = Field(0.5, ge=0, le=1e3)
     offline_repair_rounds: int = Field(2, ge=0, le=1000)
+    holder_repair_rounds: int | None = Field(3, ge=0, le=1000)
     seed: Seed = 0
 
 

@@ -7,6 +7,10 @@ removes. Measured when written (means over the six, niced beside a benchmark): r
 16.11 (bar 10.74); the default removed 19.72, BKE at its holder 17.22; the stored path with only its repair rounds
 8.33 and BKE with only its repair rounds 10.28. Half of retraining's removal (8.06) was the first bar written, and the
 repair rounds alone passed it (8.33): the bar was raised to the client bar's two thirds.
+
+Stop 54 (three holder repair rounds, ``holder_repair_rounds``), on another host whose bits move these small worlds a
+lot: retraining's spread 9.17 and removal 8.33 (bar 9.17); the default removed 14.72 (with two rounds 11.67), BKE at
+its holder 18.33, the stored path with only its three repair rounds 5.56.
 """
 
 from .clip_helpers import samples_world

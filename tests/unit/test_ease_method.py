@@ -432,7 +432,7 @@ def test_a_samples_deletion_can_run_from_the_holders_stored_updates_alone(monkey
     info = result.info
     assert info["strength"]["mode"] == "stored_updates" and info["strength"]["probes"] == []
     assert [b["client"] for b in info["bke"]] == holders and info["bke"][0]["pair_grads"] == 0
-    assert len(rounds) == EaseConfig().offline_repair_rounds and all(set(holders) <= set(c) for c in rounds)
+    assert len(rounds) == EaseConfig().holder_repair_rounds and all(set(holders) <= set(c) for c in rounds)
     assert float((result.theta - demo.theta).norm()) > 0
     # the excision is minus the holders' FedAvg-weighted stored share, off U_μ
     line = Ease(EaseConfig(**settings)).line(demo.problem("samples"), Ledger())
@@ -449,6 +449,12 @@ def test_a_samples_deletion_can_run_from_the_holders_stored_updates_alone(monkey
     two.forget_masks[other] = np.arange(len(two.forget_masks[other])) == 0
     for problem in (demo.problem("class"), demo.problem("samples", nonmembers=demo.data.test), two):
         assert auto.for_problem(problem).holder_excision == "bke"
+    # the holders' repair rounds are their own setting (None: offline_repair_rounds); a client deletion keeps its own
+    default = EaseConfig()
+    assert auto.for_problem(demo.problem("samples")).offline_repair_rounds == default.holder_repair_rounds
+    unset = Ease(EaseConfig(**FAST, holder_repair_rounds=None)).for_problem(demo.problem("samples"))
+    assert unset.offline_repair_rounds == default.offline_repair_rounds != default.holder_repair_rounds
+    assert auto.for_problem(demo.problem("client")).offline_repair_rounds == default.offline_repair_rounds
     # where every client holds a forget pair nothing would be kept: refused
     everyone = demo.problem("samples")
     everyone.forget_masks = [m | (np.arange(len(m)) == 0) for m in everyone.forget_masks]

@@ -286,6 +286,11 @@ class EaseConfig:
       ``offline_scale`` / ``offline_repair_rounds``: the server path's scale and repair rounds, chosen on the client
       scenario's seeds 0–1 (scale 1 with one round: forget gap 3.3 / 1.5 but retain −12.5 / −7.1 points; 0.5 with
       two: gap 1.3 / 2.3, retain −2.5 / −1.8).
+      ``holder_repair_rounds``: the repair rounds of the holders' stored-share path (``holder_excision=
+      "stored_updates"``; None: ``offline_repair_rounds``), 3 — a client deletion keeps its 2. Chosen on the samples
+      scenario's tuning seeds 0, 1 and 100–113 at scale 0.5 (bench/results/item3/line_samples_stored_share_r*_16seeds
+      .json, one host): |forget R@1 − retrain| / retained drop 2 rounds 3.13 / 1.06, 3 rounds 2.45 / 0.59, 4 rounds
+      3.39 / −0.05; retraining against itself 2.71. Each round costs every present client one round trip.
     """
 
     tau: float = 0.95
@@ -336,6 +341,7 @@ class EaseConfig:
     leaving_client: str = "online"
     offline_scale: float = 0.5
     offline_repair_rounds: int = 2
+    holder_repair_rounds: int | None = 3
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -379,11 +385,16 @@ class EaseConfig:
             raise ValueError("rescale_probes must be ≥ 1")
         if self.lock_alpha < 0:
             raise ValueError("lock_alpha must be ≥ 0")
-        rounds = (self.repair_rounds, self.memorisation_repair_rounds, self.class_repair_rounds or 0)
+        rounds = (
+            self.repair_rounds,
+            self.memorisation_repair_rounds,
+            self.class_repair_rounds or 0,
+            self.holder_repair_rounds or 0,
+        )
         if min(rounds) < 0 or self.memorisation_excision_steps < 0:
             raise ValueError(
-                "repair_rounds, memorisation_repair_rounds, class_repair_rounds and memorisation_excision_steps must "
-                "be ≥ 0"
+                "repair_rounds, memorisation_repair_rounds, class_repair_rounds, holder_repair_rounds and "
+                "memorisation_excision_steps must be ≥ 0"
             )
         if self.leaving_client not in ("online", "offline"):
             raise ValueError("leaving_client must be online or offline")
@@ -737,7 +748,9 @@ class Ease:
             stored = problem.scope == "samples" and _nonmembers(problem) is None and one
             cfg = dataclasses.replace(cfg, holder_excision="stored_updates" if stored else "bke")
         if problem.scope != "client" and cfg.holder_excision == "stored_updates":
-            return cfg
+            if cfg.holder_repair_rounds is None:
+                return cfg
+            return dataclasses.replace(cfg, offline_repair_rounds=cfg.holder_repair_rounds)
         if problem.scope == "class":
             rounds = cfg.repair_rounds if cfg.class_repair_rounds is None else cfg.class_repair_rounds
             return dataclasses.replace(cfg, gsd=cfg.replay_gsd, repair_rounds=rounds)
