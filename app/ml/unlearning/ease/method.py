@@ -260,7 +260,7 @@ class EaseConfig:
       ``"bke"``, ``"stored_updates"`` or ``"replayed_share"``.
       ``"stored_updates"`` is the client path applied to the holders: the server takes their whole FedAvg-weighted
       stored share off (every pair they trained on, the forget pairs and the rest), decomposes the stored updates as
-      a client deletion does (``gsd``), and the holders' retained pairs come back in the ``offline_repair_rounds``
+      a client deletion does (``gsd``), and the holders' retained pairs come back in the ``holder_repair_rounds``
       protected repair rounds they take part in, at ``offline_scale``; no forget pair is read and nothing is probed,
       so the subject's pairs may be erased before the unlearning runs. It is the samples default because, on the
       samples scenario's tuning seeds 0, 1 and 100–113 (none reported; bench/results/item3/
