@@ -19,6 +19,8 @@ are interpolated too, not measured. The figures are |forget R@1 − retrain| on 
 drop, means over seeds; ``probe_transfer_pts`` is retraining's own |probe level − held-out level|. Settings the
 scan does not mirror (a fixed strength, ``excision_norm``, ``repair_at_scale``) are refused.
 
+``--grid``: the scales scanned (default GRID; a finer grid where the line is steep, e.g. between 0.5 and 1).
+
 ``--sizes``: bench.ease's ``Sizes`` fields to change (a larger class and gallery: does the probe split then resolve
 retraining's level?); the results file records them.
 
@@ -52,7 +54,14 @@ GRID = (0.0, 0.5, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0)
 REGIME = {"class": "concepts", "samples": "subject"}
 
 
-def scan(seed: int, scenario: str, sizes: Any, settings: dict[str, Any], cache_dir: str | None) -> dict[str, Any]:
+def scan(
+    seed: int,
+    scenario: str,
+    sizes: Any,
+    settings: dict[str, Any],
+    cache_dir: str | None,
+    grid: tuple[float, ...] = GRID,
+) -> dict[str, Any]:
     """One seed: the levels of version 1, retraining (two data orders) and the line at every grid scale, on both
     splits (probe: ProbeJudge, as the control measures; held-out: bench.ease.evaluate, as the benchmark scores)."""
     demo = build(seed, sizes, REGIME[scenario], cache_dir)
@@ -71,7 +80,7 @@ def scan(seed: int, scenario: str, sizes: Any, settings: dict[str, Any], cache_d
         "retrain_other_order": both(run_method("fed_retrain", {}, other_order(problem))[0].theta),
     }
     line = get_method("ease").build(settings).line(problem, Ledger())
-    out["line"] = [{"scale": s, **both(line.at(s))} for s in GRID]
+    out["line"] = [{"scale": s, **both(line.at(s))} for s in grid]
     return out
 
 
@@ -122,7 +131,7 @@ def summarise(per_seed: dict[str, dict[str, Any]], cfg: EaseConfig) -> dict[str,
         # the scored split itself; its retained drop is what the line costs at retraining's level)
         "crossing": row(crossing),
     }
-    for s in GRID:
+    for s in (p["scale"] for p in next(iter(per_seed.values()))["line"]):  # the grid the scan ran
         rows[f"fixed_{s:g}"] = row(lambda r, s=s: s)
 
     def mean_abs(a: str, key_a: str, b: str, key_b: str) -> float:
@@ -150,6 +159,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--ease", default="{}", help="EASE settings as JSON (default: EaseConfig's defaults)")
     ap.add_argument("--sizes", default="{}", help="bench.ease Sizes fields to change, as JSON (default: none)")
     ap.add_argument("--tag", default="", help="suffix of the results file")
+    ap.add_argument("--grid", default=None, help="comma-separated scales from 0, ascending (default: GRID)")
     ap.add_argument("--quick", action="store_true", help="bench.ease's quick sizes and seeds 0, 1")
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--out", type=Path, default=None)
@@ -167,8 +177,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     wrong = [k for k, v in resized.items() if not _fits(getattr(sizes, k), v)]
     if wrong:
         ap.error(f"--sizes: {sorted(wrong)} need the type of their default")
-    if resized and not args.tag:
-        ap.error("--sizes needs --tag: the default-size results file is not overwritten by another size")
+    grid = tuple(float(x) for x in args.grid.split(",")) if args.grid else GRID
+    if grid[0] != 0 or any(b <= a for a, b in zip(grid, grid[1:], strict=False)):
+        ap.error("--grid: scales from 0, strictly ascending")
+    if (resized or grid != GRID) and not args.tag:
+        ap.error("--sizes and --grid need --tag: the default results file is not overwritten by another scan")
     sizes = dataclasses.replace(sizes, **resized)
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else ([0, 1] if args.quick else list(TUNING_SEEDS))
     settings = json.loads(args.ease)
@@ -179,7 +192,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     start = time.perf_counter()
     per_seed: dict[str, dict[str, Any]] = {}
     for seed in seeds:
-        per_seed[str(seed)] = scan(seed, args.scenario, sizes, settings, args.cache_dir)
+        per_seed[str(seed)] = scan(seed, args.scenario, sizes, settings, args.cache_dir, grid)
         r = per_seed[str(seed)]
         print(
             f"seed {seed}: version 1 {r['version_1']['probe']:.1f}/{r['version_1']['held']:.1f}, retrain "
@@ -204,7 +217,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "quick": args.quick,
         "ease_settings": settings,
         "sizes": dataclasses.asdict(sizes),
-        "grid": list(GRID),
+        "grid": list(grid),
         "summary": summary,
         "per_seed": per_seed,
         "run": {"wall_seconds": round(time.perf_counter() - start, 1), **git_commit()},

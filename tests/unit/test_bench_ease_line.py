@@ -61,7 +61,7 @@ def test_sizes_reach_the_federation_and_the_results_file(monkeypatch, tmp_path):
         "line": _line(80.0, 30.0),
     }
 
-    def scan(seed, scenario, sizes, settings, cache_dir):
+    def scan(seed, scenario, sizes, settings, cache_dir, grid):
         seen.append(sizes)
         return seed_scan
 
@@ -78,3 +78,33 @@ def test_sizes_reach_the_federation_and_the_results_file(monkeypatch, tmp_path):
     with pytest.raises(SystemExit):  # another size may not overwrite the default-size results file
         ease_line.main(["--seeds", "0", "--sizes", '{"n_test": 900}', "--out", str(out)])
     assert len(seen) == 2
+
+
+def test_a_finer_grid_reaches_the_scan_the_rows_and_the_results_file(monkeypatch, tmp_path):
+    """``--grid`` sets the scales every seed's line is measured at (a spy on scan), a fixed row per scale, and the
+    results file records it; a grid not from 0 or not ascending, or without --tag, is refused."""
+    import json
+
+    from bench import ease_line
+
+    grids = []
+
+    def scan(seed, scenario, sizes, settings, cache_dir, grid):
+        grids.append(grid)
+        line = [{"scale": s, "probe": 80 - 30 * s, "held": 80 - 30 * s, "retain": 70 - s} for s in grid]
+        retrain = {"probe": 35.0, "held": 40.0, "retain": 72.0}
+        return {"version_1": retrain, "retrain": retrain, "retrain_other_order": retrain, "line": line}
+
+    monkeypatch.setattr(ease_line, "scan", scan)
+    monkeypatch.setattr(ease_line, "pretrain_tiny_clip", lambda **_: None)
+    out = tmp_path / "line.json"
+    ease_line.main(["--seeds", "0,1", "--grid", "0,0.5,0.7,1", "--tag", "fine", "--out", str(out)])
+    assert grids == [(0.0, 0.5, 0.7, 1.0)] * 2
+    report = json.loads(out.read_text())
+    assert report["grid"] == [0.0, 0.5, 0.7, 1.0]
+    assert report["summary"]["rows"]["fixed_0.7"]["forget_r1_signed_gap_pts"] == pytest.approx(80 - 21 - 40)
+    assert "fixed_1.25" not in report["summary"]["rows"]
+    for bad in (["--grid", "0.5,1", "--tag", "x"], ["--grid", "0,1,0.7", "--tag", "x"], ["--grid", "0,0.7,1"]):
+        with pytest.raises(SystemExit):
+            ease_line.main(["--seeds", "0", *bad, "--out", str(out)])
+    assert len(grids) == 2
