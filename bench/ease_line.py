@@ -177,7 +177,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     wrong = [k for k, v in resized.items() if not _fits(getattr(sizes, k), v)]
     if wrong:
         ap.error(f"--sizes: {sorted(wrong)} need the type of their default")
-    grid = tuple(float(x) for x in args.grid.split(",")) if args.grid else GRID
+    try:
+        grid = tuple(float(x) for x in args.grid.split(",")) if args.grid else GRID
+    except ValueError:
+        ap.error(f"--grid: {args.grid!r} is not a comma-separated list of numbers")
     if grid[0] != 0 or any(b <= a for a, b in zip(grid, grid[1:], strict=False)):
         ap.error("--grid: scales from 0, strictly ascending")
     if (resized or grid != GRID) and not args.tag:

@@ -104,7 +104,13 @@ def test_a_finer_grid_reaches_the_scan_the_rows_and_the_results_file(monkeypatch
     assert report["grid"] == [0.0, 0.5, 0.7, 1.0]
     assert report["summary"]["rows"]["fixed_0.7"]["forget_r1_signed_gap_pts"] == pytest.approx(80 - 21 - 40)
     assert "fixed_1.25" not in report["summary"]["rows"]
-    for bad in (["--grid", "0.5,1", "--tag", "x"], ["--grid", "0,1,0.7", "--tag", "x"], ["--grid", "0,0.7,1"]):
+    bad_grids = (
+        ["--grid", "0.5,1", "--tag", "x"],
+        ["--grid", "0,1,0.7", "--tag", "x"],
+        ["--grid", "0,0.7,1"],
+        ["--grid", "0,a", "--tag", "x"],
+    )
+    for bad in bad_grids:
         with pytest.raises(SystemExit):
             ease_line.main(["--seeds", "0", *bad, "--out", str(out)])
     assert len(grids) == 2

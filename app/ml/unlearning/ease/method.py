@@ -748,9 +748,8 @@ class Ease:
             stored = problem.scope == "samples" and _nonmembers(problem) is None and one
             cfg = dataclasses.replace(cfg, holder_excision="stored_updates" if stored else "bke")
         if problem.scope != "client" and cfg.holder_excision == "stored_updates":
-            if cfg.holder_repair_rounds is None:
-                return cfg
-            return dataclasses.replace(cfg, offline_repair_rounds=cfg.holder_repair_rounds)
+            rounds = cfg.offline_repair_rounds if cfg.holder_repair_rounds is None else cfg.holder_repair_rounds
+            return dataclasses.replace(cfg, offline_repair_rounds=rounds)
         if problem.scope == "class":
             rounds = cfg.repair_rounds if cfg.class_repair_rounds is None else cfg.class_repair_rounds
             return dataclasses.replace(cfg, gsd=cfg.replay_gsd, repair_rounds=rounds)
